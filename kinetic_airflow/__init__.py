@@ -1,0 +1,60 @@
+"""kinetic-airflow: run Python functions on TPUs and GPUs from Airflow.
+
+Public names resolve lazily: the runner imports this package inside jobs where
+Airflow is not installed, so importing ``kinetic_airflow`` must not import it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "kinetic_task": "kinetic_airflow.decorators",
+    "KineticRunOperator": "kinetic_airflow.operators",
+    "KineticJobTrigger": "kinetic_airflow.triggers",
+    "Data": "kinetic_airflow.data",
+    "ResultRef": "kinetic_airflow.envelope",
+    "load_result": "kinetic_airflow.loading",
+    "parse_accelerator": "kinetic_airflow.accelerators",
+    "InvalidAcceleratorError": "kinetic_airflow.accelerators",
+    "KineticJobError": "kinetic_airflow.results",
+    "KineticRemoteError": "kinetic_airflow.results",
+    "PayloadError": "kinetic_airflow.payload",
+}
+
+__all__ = [
+    "Data",
+    "InvalidAcceleratorError",
+    "KineticJobError",
+    "KineticJobTrigger",
+    "KineticRemoteError",
+    "KineticRunOperator",
+    "PayloadError",
+    "ResultRef",
+    "kinetic_task",
+    "load_result",
+    "parse_accelerator",
+]
+
+if TYPE_CHECKING:
+    from kinetic_airflow.accelerators import InvalidAcceleratorError, parse_accelerator
+    from kinetic_airflow.data import Data
+    from kinetic_airflow.decorators import kinetic_task
+    from kinetic_airflow.envelope import ResultRef
+    from kinetic_airflow.loading import load_result
+    from kinetic_airflow.operators import KineticRunOperator
+    from kinetic_airflow.payload import PayloadError
+    from kinetic_airflow.results import KineticJobError, KineticRemoteError
+    from kinetic_airflow.triggers import KineticJobTrigger
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kinetic_airflow' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

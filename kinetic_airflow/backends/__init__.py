@@ -1,0 +1,20 @@
+"""Backends: where a job runs. ``get_backend`` maps a JobRef's backend name to its implementation."""
+
+from __future__ import annotations
+
+from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobState
+
+__all__ = ["Backend", "BackendStatus", "JobRef", "JobState", "get_backend"]
+
+
+def get_backend(name: str) -> Backend:
+    if name == "local":
+        from kinetic_airflow.backends.local import LocalBackend
+
+        return LocalBackend()
+    if name in ("gke", "pathways"):
+        raise NotImplementedError(
+            f"backend={name!r} is not available in this version of kinetic-airflow yet; "
+            "use backend='local' (the embedded default) until the GKE backend lands"
+        )
+    raise ValueError(f"unknown backend {name!r}: use 'local', 'gke', 'pathways' or 'auto'")

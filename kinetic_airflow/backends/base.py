@@ -1,0 +1,69 @@
+"""The protocol every backend (local process, GKE Job, Pathways LeaderWorkerSet) speaks.
+
+A job is named by a ``JobRef``: a plain JSON dict (it travels in trigger kwargs,
+events and ``task_state_store``, so it must never hold a secret). Backends only
+create, observe and delete; what a job *returned* is read from storage by the
+watcher, which is why status here is about the process/pod, not the result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Backend", "BackendStatus", "JobRef", "JobState"]
+
+JobRef = dict[str, Any]
+
+
+class JobState(str, enum.Enum):
+    NOT_FOUND = "not_found"
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED)
+
+
+@dataclass
+class BackendStatus:
+    state: JobState
+    exit_code: int | None = None
+    reason: str = ""
+    message: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class Backend:
+    """Subclasses implement the sync methods; the async ones default to a worker thread."""
+
+    name: str = ""
+
+    def submit(self, job: JobRef, *, env: dict[str, str] | None = None) -> None:
+        """Start the job. Idempotent: a job that already exists under this name is adopted."""
+        raise NotImplementedError
+
+    def status(self, job: JobRef) -> BackendStatus:
+        raise NotImplementedError
+
+    def cancel(self, job: JobRef) -> None:
+        """Stop the job and everything it started; a no-op for a finished or missing job."""
+        raise NotImplementedError
+
+    def read_log(self, job: JobRef, offset: int) -> tuple[str, int]:
+        """Log text from byte ``offset`` on, and the new offset."""
+        return "", offset
+
+    async def astatus(self, job: JobRef) -> BackendStatus:
+        return await asyncio.to_thread(self.status, job)
+
+    async def acancel(self, job: JobRef) -> None:
+        await asyncio.to_thread(self.cancel, job)
+
+    async def aread_log(self, job: JobRef, offset: int) -> tuple[str, int]:
+        return await asyncio.to_thread(self.read_log, job, offset)

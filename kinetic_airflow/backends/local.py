@@ -1,0 +1,159 @@
+"""Local backend: the job is a detached process on this machine running the runner.
+
+The process is started in its own session (so it outlives the Airflow worker that
+launched it and is not killed with the worker's process group) under a tiny
+supervisor that records the exit status. Everything about the process lives in
+the job's local state directory: ``launch.json`` (created exclusively, which is
+what makes submit idempotent), ``pid.json``, ``exit.json`` and ``job.log``. With
+``file://`` storage that directory *is* the job's storage prefix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobState
+
+__all__ = ["LocalBackend"]
+
+_CANCEL_GRACE_SECONDS = 10.0
+
+
+def _state_dir(job: JobRef) -> Path:
+    return Path(job["local_dir"])
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited, not yet reaped by its parent) counts as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def submit(self, job: JobRef, *, env: dict[str, str] | None = None) -> None:
+        state = _state_dir(job)
+        state.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(state / "launch.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return  # already launched: adopt it
+        python = job.get("python") or sys.executable
+        command = [
+            python, "-m", "kinetic_airflow.backends.local_supervisor",
+            "--state-dir", str(state),
+            "--log-uri", job["job_uri"] + "/job.log",
+            "--", python, "-m", "kinetic_airflow.runner", "--job-uri", job["job_uri"],
+        ]  # fmt: skip
+        child_env = dict(os.environ)
+        child_env.update(env or {})
+        log_path = state / "supervisor.log"
+        with open(log_path, "ab") as supervisor_log:
+            proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=supervisor_log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+                env=child_env,
+                cwd=str(state),
+            )
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"time": time.time(), "pid": proc.pid, "command": command}, fh)
+
+    def status(self, job: JobRef) -> BackendStatus:
+        state = _state_dir(job)
+        launch = _read_json(state / "launch.json")
+        if launch is None:
+            if (state / "launch.json").exists():
+                return BackendStatus(JobState.PENDING, reason="Launching")
+            return BackendStatus(JobState.NOT_FOUND)
+        exit_record = _read_json(state / "exit.json")
+        if exit_record is not None:
+            code = exit_record.get("returncode")
+            if code == 0:
+                return BackendStatus(JobState.SUCCEEDED, exit_code=0)
+            sig = exit_record.get("signal")
+            reason = "Cancelled" if exit_record.get("cancelled") else ("Signaled" if sig else "Error")
+            message = (
+                f"the job process was killed by signal {sig}"
+                if sig
+                else f"the job process exited with code {code}"
+            )
+            return BackendStatus(
+                JobState.FAILED, exit_code=code, reason=reason, message=message, details=exit_record
+            )
+        pid = launch.get("pid")
+        if pid and _alive(int(pid)):
+            return BackendStatus(JobState.RUNNING)
+        # The supervisor may have just finished: exit.json is written before it exits.
+        exit_record = _read_json(state / "exit.json")
+        if exit_record is not None:
+            return self.status(job)
+        return BackendStatus(
+            JobState.FAILED,
+            exit_code=None,
+            reason="Lost",
+            message="the job process and its supervisor are gone without recording an exit status "
+            "(killed with SIGKILL, or the machine restarted)",
+        )
+
+    def cancel(self, job: JobRef) -> None:
+        state = _state_dir(job)
+        launch = _read_json(state / "launch.json")
+        if not launch or _read_json(state / "exit.json") is not None:
+            return
+        pid = int(launch["pid"])
+        (state / "cancel.json").write_text(json.dumps({"time": time.time()}))
+        try:
+            os.killpg(pid, signal.SIGTERM)  # the supervisor leads its own session: pgid == pid
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + _CANCEL_GRACE_SECONDS
+        while time.monotonic() < deadline:
+            if not _alive(pid):
+                break
+            time.sleep(0.1)
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def read_log(self, job: JobRef, offset: int) -> tuple[str, int]:
+        path = _state_dir(job) / "job.log"
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read(4 * 1024 * 1024)
+        except FileNotFoundError:
+            return "", offset
+        # Only hand out whole lines, unless the job has finished writing.
+        cut = data.rfind(b"\n") + 1
+        if cut == 0 and len(data) < 4 * 1024 * 1024:
+            return "", offset
+        data = data[:cut] if cut else data
+        return data.decode("utf-8", errors="replace"), offset + len(data)

@@ -1,0 +1,87 @@
+"""Settings resolution: task argument > ``[kinetic]`` config > ``KINETIC_*`` env > default.
+
+One place decides precedence so that a single setting (say
+``AIRFLOW__KINETIC__BACKEND=gke``) flips a whole deployment, while a task can
+still override it. ``KINETIC_*`` names match Keras kinetic's own variables
+(``KINETIC_PROJECT``, ``KINETIC_ZONE``, ...), so a laptop set up for
+``@kinetic.run`` works unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+__all__ = ["DEFAULTS", "default_base_uri", "resolve_setting"]
+
+# Built-in defaults. None means "derived" (see default_base_uri) or "unset".
+DEFAULTS: dict[str, Any] = {
+    "backend": "local",
+    "base_uri": None,
+    "project": None,
+    "zone": "us-central1-a",
+    "cluster": "kinetic-cluster",
+    "namespace": "default",
+    "container_image": None,
+    "gcp_conn_id": None,  # None: google_cloud_default if defined, else ambient credentials
+    "kubernetes_conn_id": None,
+    "service_account": "kinetic",
+    "poll_interval": 2.0,
+    "heartbeat_seconds": 30.0,
+    "xcom_max_bytes": 262144,
+    "log_max_lines": 10000,
+    "local_python": None,
+    "local_state_dir": None,
+}
+
+BACKENDS = ("local", "gke", "pathways", "auto")
+
+
+def _airflow_conf_get(key: str) -> str | None:
+    try:
+        from airflow.sdk.configuration import conf
+    except ImportError:  # triggerer / scheduler side, or no task-sdk
+        try:
+            from airflow.configuration import conf  # type: ignore[no-redef]
+        except ImportError:
+            return None
+    try:
+        value = conf.get("kinetic", key, fallback=None)
+    except Exception:
+        return None
+    return value if value not in (None, "") else None
+
+
+def _coerce(value: Any, default: Any) -> Any:
+    if isinstance(default, bool):
+        return str(value).lower() in ("1", "true", "yes", "on")
+    if isinstance(default, float):
+        return float(value)
+    if isinstance(default, int):
+        return int(value)
+    return value
+
+
+def resolve_setting(key: str, explicit: Any = None) -> Any:
+    """The effective value of ``key``; ``explicit`` (a task argument) wins when not None."""
+    default = DEFAULTS.get(key)
+    if explicit is not None:
+        return explicit
+    for value in (_airflow_conf_get(key), os.environ.get(f"KINETIC_{key.upper()}")):
+        if value not in (None, ""):
+            return _coerce(value, default)
+    return default
+
+
+def default_base_uri(backend: str, project: str | None, cluster: str) -> str:
+    """Local runs keep job files on disk; cluster runs use kinetic's per-cluster bucket."""
+    if backend == "local":
+        root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return "file://" + os.path.join(root, "kinetic-airflow")
+    if not project:
+        raise ValueError(
+            f"backend {backend!r} needs a job bucket: set base_uri='gs://bucket/prefix' on the task, "
+            "[kinetic] base_uri / AIRFLOW__KINETIC__BASE_URI, or a project (project=..., "
+            "[kinetic] project or KINETIC_PROJECT) to use kinetic's bucket gs://{project}-kn-{cluster}-jobs"
+        )
+    return f"gs://{project}-kn-{cluster}-jobs"

@@ -1,0 +1,102 @@
+"""``@task.kinetic`` / ``kinetic_task``: the TaskFlow form of KineticRunOperator.
+
+Validation happens when the decorator is applied, i.e. at DAG import, so a wrong
+accelerator string or a classmethod shows up as a DAG import error naming the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, overload
+
+from airflow.sdk.bases.decorator import DecoratedOperator, TaskDecorator, task_decorator_factory
+
+from kinetic_airflow.accelerators import parse_accelerator
+from kinetic_airflow.data import validate_volumes
+from kinetic_airflow.envcapture import validate_capture_patterns
+from kinetic_airflow.operators import KineticRunOperator, _templated
+from kinetic_airflow.validation import ensure_name, validate_backend, validate_callable
+
+__all__ = ["kinetic_task"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _KineticDecoratedOperator(DecoratedOperator, KineticRunOperator):
+    custom_operator_name = "@task.kinetic"
+    template_fields: Sequence[str] = KineticRunOperator.template_fields
+    template_fields_renderers = KineticRunOperator.template_fields_renderers
+    shallow_copy_attrs: Sequence[str] = ("python_callable",)
+
+    def __init__(
+        self,
+        *,
+        python_callable: Callable[..., Any],
+        op_args: Any = None,
+        op_kwargs: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            python_callable=python_callable,
+            op_args=op_args,
+            op_kwargs=op_kwargs,
+            kwargs_to_upstream={
+                "python_callable": python_callable,
+                "op_args": op_args,
+                "op_kwargs": op_kwargs,
+            },
+            **kwargs,
+        )
+
+
+def _validate_options(kwargs: dict[str, Any]) -> None:
+    accelerator = kwargs.get("accelerator", "cpu")
+    if not _templated(accelerator):
+        parse_accelerator(accelerator, spot=kwargs.get("spot") or None)
+    validate_volumes(kwargs.get("volumes"))
+    validate_capture_patterns(kwargs.get("capture_env_vars"))
+    validate_backend(kwargs.get("backend"))
+
+
+@overload
+def kinetic_task(python_callable: F) -> TaskDecorator: ...
+@overload
+def kinetic_task(
+    python_callable: None = None,
+    *,
+    multiple_outputs: bool | None = None,
+    accelerator: str = "cpu",
+    container_image: str | None = None,
+    zone: str | None = None,
+    project: str | None = None,
+    cluster: str | None = None,
+    namespace: str | None = None,
+    backend: str | None = None,
+    capture_env_vars: list[str] | None = None,
+    volumes: dict[str, Any] | None = None,
+    spot: bool = False,
+    output_dir: str | None = None,
+    base_uri: str | None = None,
+    gcp_conn_id: str | None = None,
+    kubernetes_conn_id: str | None = None,
+    deferrable: bool = True,
+    **kwargs: Any,
+) -> Callable[[F], TaskDecorator]: ...
+def kinetic_task(
+    python_callable: Callable[..., Any] | None = None, multiple_outputs: bool | None = None, **kwargs: Any
+) -> Any:
+    """Run the decorated function as a kinetic job (see KineticRunOperator for the options)."""
+    _validate_options(kwargs)
+
+    def decorate(fn: Callable[..., Any]) -> TaskDecorator:
+        validate_callable(fn)
+        return task_decorator_factory(
+            python_callable=ensure_name(fn),
+            multiple_outputs=multiple_outputs,
+            decorated_operator_class=_KineticDecoratedOperator,
+            **kwargs,
+        )
+
+    if python_callable is not None:
+        return decorate(python_callable)
+    return decorate

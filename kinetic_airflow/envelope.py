@@ -1,0 +1,112 @@
+"""The result envelope: what a job hands back, success or failure.
+
+Two objects per host: ``result.pkl`` (cloudpickle of the envelope dict, holding
+the real value or exception) and ``result.json`` (the same minus user objects).
+The trigger and the failure classifier read only the JSON, so they never need
+the user's modules; the worker unpickles the ``.pkl`` only to return the value
+or re-raise the exception. Standard library + cloudpickle only (the runner).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+__all__ = [
+    "PHASES",
+    "ResultRef",
+    "is_result_ref",
+    "summary_from_envelope",
+]
+
+# The steps of a job, in order; an envelope names the one that failed.
+PHASES = ("download", "verify", "unpickle", "setup", "execute", "upload")
+
+_REF_KEY = "__kinetic_result_ref__"
+
+
+def summary_from_envelope(envelope: dict[str, Any]) -> dict[str, Any]:
+    """The JSON-safe part of an envelope."""
+    keys = (
+        "ok",
+        "phase",
+        "error_type",
+        "error_message",
+        "traceback",
+        "host",
+        "timings",
+        "exit_code",
+        "value_type",
+        "value_repr",
+        "fingerprint",
+        "attempt",
+    )
+    return {k: envelope.get(k) for k in keys}
+
+
+def dumps_summary(envelope: dict[str, Any]) -> str:
+    return json.dumps(summary_from_envelope(envelope), default=repr, sort_keys=True)
+
+
+class ResultRef:
+    """A pointer to a job result kept in storage because XCom cannot (or should not) carry it.
+
+    XCom holds ``to_xcom()``'s plain dict; a downstream kinetic task receives the
+    real object (the runner resolves refs before calling the function), and a plain
+    task calls ``kinetic_airflow.load_result(ref)``.
+    """
+
+    def __init__(self, uri: str, key: str | None = None, type_name: str = "", summary: str = "") -> None:
+        self.uri = uri
+        self.key = key
+        self.type_name = type_name
+        self.summary = summary
+
+    def to_xcom(self) -> dict[str, Any]:
+        return {_REF_KEY: self.uri, "key": self.key, "type": self.type_name, "summary": self.summary}
+
+    @classmethod
+    def from_xcom(cls, data: dict[str, Any]) -> ResultRef:
+        return cls(data[_REF_KEY], data.get("key"), data.get("type", ""), data.get("summary", ""))
+
+    def load(self, storage: Any = None) -> Any:
+        """Download the envelope and return the referenced value."""
+        import os
+        import tempfile
+
+        import cloudpickle
+
+        from kinetic_airflow.storage import open_storage
+
+        storage = storage or open_storage(self.uri)
+        fd, tmp = tempfile.mkstemp(prefix="kinetic-ref-")
+        os.close(fd)
+        try:
+            storage.download_file(self.uri, tmp)
+            with open(tmp, "rb") as fh:
+                envelope = cloudpickle.load(fh)
+        finally:
+            os.unlink(tmp)
+        value = envelope["value"]
+        return value[self.key] if self.key is not None else value
+
+    def __repr__(self) -> str:
+        suffix = f"[{self.key!r}]" if self.key is not None else ""
+        return f"ResultRef({self.uri}{suffix}, {self.type_name})"
+
+
+def is_result_ref(obj: Any) -> bool:
+    return isinstance(obj, dict) and _REF_KEY in obj
+
+
+def replace_refs(obj: Any, fn: Any) -> Any:
+    """Apply ``fn`` to every result-ref dict / ResultRef inside lists, tuples and dicts."""
+    if is_result_ref(obj) or isinstance(obj, ResultRef):
+        return fn(obj)
+    if isinstance(obj, list):
+        return [replace_refs(x, fn) for x in obj]
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(replace_refs(x, fn) for x in obj)
+    if isinstance(obj, dict):
+        return {k: replace_refs(v, fn) for k, v in obj.items()}
+    return obj

@@ -1,0 +1,62 @@
+"""Provider metadata read by every Airflow process: a plain dict, no imports."""
+
+
+def get_provider_info() -> dict:
+    def option(description: str, example: str | None, type_: str = "string") -> dict:
+        return {
+            "description": description,
+            "version_added": "0.1.0",
+            "type": type_,
+            "example": example,
+            "default": None,
+        }
+
+    return {
+        "package-name": "kinetic-airflow",
+        "name": "Kinetic",
+        "description": "Run Python functions on TPUs and GPUs (GKE) or locally, with @task.kinetic.",
+        "versions": ["0.1.0"],
+        "task-decorators": [{"name": "kinetic", "class-name": "kinetic_airflow.decorators.kinetic_task"}],
+        "config": {
+            "kinetic": {
+                "description": "Defaults for @task.kinetic / KineticRunOperator. A task argument wins over "
+                "these; these win over KINETIC_* environment variables.",
+                "options": {
+                    "backend": option("Where jobs run: local, gke, pathways or auto (default local).", "gke"),
+                    "base_uri": option(
+                        "Where job files live: gs://bucket/prefix or file:///path. Default: a local cache "
+                        "directory for local, gs://{project}-kn-{cluster}-jobs otherwise.",
+                        "gs://my-bucket/kinetic",
+                    ),
+                    "project": option("GCP project of the cluster and bucket.", "my-project"),
+                    "zone": option("Cluster location (default us-central1-a).", "us-central1-a"),
+                    "cluster": option("GKE cluster name (default kinetic-cluster).", "kinetic-cluster"),
+                    "namespace": option("Kubernetes namespace of jobs (default default).", "ml"),
+                    "container_image": option("Runner image for jobs.", "us-docker.pkg.dev/p/r/kinetic:cpu"),
+                    "gcp_conn_id": option(
+                        "Airflow GCP connection for storage and GKE (default google_cloud_default when "
+                        "defined, else ambient credentials).",
+                        "google_cloud_default",
+                    ),
+                    "poll_interval": option("Seconds between job status checks (default 2).", "5", "float"),
+                    "heartbeat_seconds": option("Runner heartbeat period (default 30).", "30", "float"),
+                    "xcom_max_bytes": option(
+                        "Results larger than this stay in storage; XCom gets a reference (default 262144).",
+                        "1048576",
+                        "integer",
+                    ),
+                    "log_max_lines": option(
+                        "Job log lines copied into the task log per job (default 10000).", "10000", "integer"
+                    ),
+                    "local_python": option(
+                        "Interpreter for local jobs (default: the worker's).", "/usr/bin/python3"
+                    ),
+                    "local_state_dir": option(
+                        "Where local jobs keep pid/exit/log files when storage is gs:// "
+                        "(default ~/.cache/kinetic-airflow/local).",
+                        "/var/lib/kinetic",
+                    ),
+                },
+            }
+        },
+    }

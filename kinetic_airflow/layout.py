@@ -1,0 +1,140 @@
+"""Where a job's files live under the base URI, and how a job is named.
+
+Every party (worker, trigger, runner, backends) derives paths from here so the
+layout is written down once::
+
+    {base}/jobs/{job_id}/manifest.json      runner settings + payload digest + client fingerprint
+    {base}/jobs/{job_id}/payload.pkl        cloudpickle of callable, args, kwargs, env
+    {base}/jobs/{job_id}/result.pkl         result envelope (cloudpickle)
+    {base}/jobs/{job_id}/result.json        the envelope's JSON summary (no user objects)
+    {base}/jobs/{job_id}/status/*.json      dispatched / started / heartbeat / finished
+    {base}/jobs/{job_id}/job.log            the job's log (local backend)
+    {base}/outputs/{dag}/{run}/{task}/{map} KINETIC_OUTPUT_DIR: the same for every try
+    {base}/cache/{sha256}/...               content-addressed volume uploads
+
+Job identity is deterministic from the task instance, its try and the attempt
+within the try, so a second ``execute`` re-finds the job instead of making another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from kinetic_airflow.storage import join_uri
+
+__all__ = ["JobIdentity", "JobLayout", "dns_label", "output_dir_uri"]
+
+_MAX_JOB_ID = 52  # leaves room for "kinetic-" and pod suffixes within 63-char DNS labels
+
+
+def dns_label(text: str, limit: int) -> str:
+    """Lowercase DNS-1123 label fragment: [a-z0-9-], no leading/trailing dash."""
+    slug = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    return slug[:limit].strip("-") or "x"
+
+
+def _path_part(text: str) -> str:
+    """A readable, filesystem- and GCS-safe path segment (run ids contain ':' and '+')."""
+    return re.sub(r"[^A-Za-z0-9._=-]+", "_", text) or "_"
+
+
+@dataclass(frozen=True)
+class JobIdentity:
+    """Which task instance, try and attempt a job belongs to."""
+
+    dag_id: str
+    run_id: str
+    task_id: str
+    map_index: int = -1
+    try_number: int = 1
+    attempt: int = 1
+
+    @property
+    def ti_key(self) -> str:
+        return f"{self.dag_id}/{self.run_id}/{self.task_id}/{self.map_index}"
+
+    @property
+    def job_id(self) -> str:
+        digest = hashlib.sha256(
+            json.dumps(
+                [self.dag_id, self.run_id, self.task_id, self.map_index, self.try_number, self.attempt]
+            ).encode()
+        ).hexdigest()[:10]
+        suffix = f"-{digest}-t{self.try_number}a{self.attempt}"
+        head = dns_label(f"{self.dag_id}-{self.task_id}", _MAX_JOB_ID - len(suffix))
+        return f"{head}{suffix}"
+
+    def labels(self) -> dict[str, str]:
+        """Kubernetes-label-safe values naming the owner task instance."""
+        return {
+            "app": "kinetic",
+            "job-id": self.job_id,
+            "kinetic.airflow/dag-id": dns_label(self.dag_id, 63),
+            "kinetic.airflow/task-id": dns_label(self.task_id, 63),
+            "kinetic.airflow/run-id": hashlib.sha256(self.run_id.encode()).hexdigest()[:16],
+            "kinetic.airflow/map-index": str(self.map_index),
+            "kinetic.airflow/try-number": str(self.try_number),
+            "kinetic.airflow/attempt": str(self.attempt),
+            "kinetic.airflow/ti": hashlib.sha256(self.ti_key.encode()).hexdigest()[:32],
+        }
+
+    def next_attempt(self) -> JobIdentity:
+        return JobIdentity(
+            self.dag_id, self.run_id, self.task_id, self.map_index, self.try_number, self.attempt + 1
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JobIdentity:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+def output_dir_uri(base_uri: str, identity: JobIdentity) -> str:
+    """Stable per task instance (not per try): training resumes from checkpoints on retry."""
+    return join_uri(
+        base_uri,
+        "outputs",
+        _path_part(identity.dag_id),
+        _path_part(identity.run_id),
+        _path_part(identity.task_id),
+        str(identity.map_index),
+    )
+
+
+@dataclass(frozen=True)
+class JobLayout:
+    """URIs of one job's files."""
+
+    job_uri: str
+
+    @classmethod
+    def for_job(cls, base_uri: str, job_id: str) -> JobLayout:
+        return cls(join_uri(base_uri, "jobs", job_id))
+
+    @property
+    def manifest(self) -> str:
+        return join_uri(self.job_uri, "manifest.json")
+
+    @property
+    def payload(self) -> str:
+        return join_uri(self.job_uri, "payload.pkl")
+
+    def result(self, host: int = 0) -> str:
+        return join_uri(self.job_uri, "result.pkl" if host == 0 else f"result-host{host}.pkl")
+
+    def result_summary(self, host: int = 0) -> str:
+        return join_uri(self.job_uri, "result.json" if host == 0 else f"result-host{host}.json")
+
+    def status(self, marker: str, host: int = 0) -> str:
+        name = marker if host == 0 else f"{marker}-host{host}"
+        return join_uri(self.job_uri, "status", f"{name}.json")
+
+    @property
+    def log(self) -> str:
+        return join_uri(self.job_uri, "job.log")

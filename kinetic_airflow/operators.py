@@ -1,0 +1,388 @@
+"""KineticRunOperator: run a Python callable as a job on an accelerator (or locally).
+
+``execute`` finds or creates the one job of this task instance and defers to
+``KineticJobTrigger``; ``execute_complete`` turns the result envelope into XCom
+or re-raises the remote exception. Exactly-once rests on two things: the job's
+name is a function of (dag, run, task, map index, try, attempt), and the job
+reference is written to ``task_state_store`` *before* the job is created, so a
+second ``execute`` of the same task instance (worker crash, duplicate run, a
+retry after a worker died) re-finds the job instead of starting another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowTaskTimeout
+
+from kinetic_airflow.accelerators import parse_accelerator
+from kinetic_airflow.backends import BackendStatus, JobRef, JobState, get_backend
+from kinetic_airflow.config import default_base_uri, resolve_setting
+from kinetic_airflow.connections import storage_for
+from kinetic_airflow.data import Data, validate_volumes
+from kinetic_airflow.envcapture import capture_env, validate_capture_patterns
+from kinetic_airflow.envelope import ResultRef, is_result_ref, replace_refs
+from kinetic_airflow.layout import JobIdentity, JobLayout, output_dir_uri
+from kinetic_airflow.payload import build_payload, manifest_json, register_dag_modules_by_value
+from kinetic_airflow.results import KineticJobError, load_envelope, raise_remote, to_xcom
+from kinetic_airflow.storage import Storage, uri_to_local_path
+from kinetic_airflow.triggers import KineticJobTrigger
+from kinetic_airflow.validation import callable_name, ensure_name, validate_backend, validate_callable
+from kinetic_airflow.watch import JobWatcher, describe_failure
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+__all__ = ["KineticRunOperator"]
+
+log = logging.getLogger(__name__)
+
+STATE_KEY = "kinetic_job"
+# Airflow's own deferral timeout is a safety net behind the trigger's deadline, which
+# stops the job first; the margin lets the trigger's timeout event win the race.
+_DEFERRAL_TIMEOUT_MARGIN = timedelta(minutes=5)
+
+
+def _templated(value: Any) -> bool:
+    return isinstance(value, str) and "{{" in value
+
+
+class KineticRunOperator(BaseOperator):
+    """Run ``python_callable(*op_args, **op_kwargs)`` as a kinetic job and return its value.
+
+    :param python_callable: any callable (function, lambda, ``functools.partial``, callable object).
+    :param op_args: positional arguments (templated).
+    :param op_kwargs: keyword arguments (templated).
+    :param accelerator: kinetic accelerator string: ``cpu``, ``gpu-l4``, ``tpu-v6e-8``, ``...:spot``.
+    :param backend: ``local``, ``gke``, ``pathways`` or ``auto``; default from ``[kinetic] backend``.
+    :param base_uri: where job files live (``gs://bucket/prefix`` or ``file:///path``).
+    :param output_dir: ``KINETIC_OUTPUT_DIR`` for the function; default is stable per task instance.
+    :param capture_env_vars: worker env var names or wildcards to send to the job.
+    :param volumes: ``{"/abs/mount": Data(...)}`` made available before the function runs.
+    :param deferrable: wait in the triggerer (default) or, if False, in the worker.
+    """
+
+    template_fields: Sequence[str] = (
+        "op_args",
+        "op_kwargs",
+        "accelerator",
+        "container_image",
+        "base_uri",
+        "output_dir",
+        "project",
+        "zone",
+        "cluster",
+        "namespace",
+    )
+    template_fields_renderers = {"op_args": "py", "op_kwargs": "py"}
+    ui_color = "#d7e9f7"
+    shallow_copy_attrs: Sequence[str] = ("python_callable",)
+
+    def __init__(
+        self,
+        *,
+        python_callable: Callable[..., Any],
+        op_args: Collection[Any] | None = None,
+        op_kwargs: Mapping[str, Any] | None = None,
+        accelerator: str = "cpu",
+        container_image: str | None = None,
+        zone: str | None = None,
+        project: str | None = None,
+        cluster: str | None = None,
+        namespace: str | None = None,
+        backend: str | None = None,
+        capture_env_vars: list[str] | None = None,
+        volumes: dict[str, Data] | None = None,
+        spot: bool = False,
+        output_dir: str | None = None,
+        base_uri: str | None = None,
+        gcp_conn_id: str | None = None,
+        kubernetes_conn_id: str | None = None,
+        deferrable: bool = True,
+        poll_interval: float | None = None,
+        heartbeat_seconds: float | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        validate_callable(python_callable)
+        self.python_callable = ensure_name(python_callable)
+        self.op_args = op_args if op_args is not None else []
+        self.op_kwargs = op_kwargs if op_kwargs is not None else {}
+        if not _templated(accelerator):
+            parse_accelerator(accelerator, spot=spot or None)
+        validate_backend(backend)
+        self.accelerator = accelerator
+        self.container_image = container_image
+        self.zone = zone
+        self.project = project
+        self.cluster = cluster
+        self.namespace = namespace
+        self.backend = backend
+        self.capture_env_vars = validate_capture_patterns(capture_env_vars)
+        self.volumes = validate_volumes(volumes)
+        self.spot = spot
+        self.output_dir = output_dir
+        self.base_uri = base_uri
+        self.gcp_conn_id = gcp_conn_id
+        self.kubernetes_conn_id = kubernetes_conn_id
+        self.deferrable = deferrable
+        self.poll_interval = poll_interval
+        self.heartbeat_seconds = heartbeat_seconds
+
+    # Settings ---------------------------------------------------------------------------------
+    def _backend_name(self) -> str:
+        backend = resolve_setting("backend", self.backend)
+        validate_backend(backend)
+        if backend == "auto":
+            spec = parse_accelerator(self.accelerator, spot=self.spot or None)
+            backend = "pathways" if spec.kind == "tpu" and spec.multi_host else "gke"
+        return backend
+
+    def _base_uri(self, backend: str) -> str:
+        base = resolve_setting("base_uri", self.base_uri)
+        if base:
+            return base.rstrip("/")
+        return default_base_uri(
+            backend, resolve_setting("project", self.project), resolve_setting("cluster", self.cluster)
+        )
+
+    def _gcp_conn_id(self) -> str | None:
+        return self.gcp_conn_id or resolve_setting("gcp_conn_id")
+
+    def _storage(self, uri: str) -> Storage:
+        return storage_for(uri, self._gcp_conn_id())
+
+    def _job_ref(self, identity: JobIdentity, backend: str, base_uri: str) -> JobRef:
+        layout = JobLayout.for_job(base_uri, identity.job_id)
+        if layout.job_uri.startswith("file://"):
+            local_dir = uri_to_local_path(layout.job_uri)
+        else:
+            root = resolve_setting("local_state_dir") or os.path.join(
+                os.path.expanduser("~"), ".cache", "kinetic-airflow", "local"
+            )
+            local_dir = os.path.join(root, identity.job_id)
+        return {
+            "backend": backend,
+            "job_id": identity.job_id,
+            "job_uri": layout.job_uri,
+            "base_uri": base_uri,
+            "identity": identity.to_dict(),
+            "local_dir": local_dir,
+            "python": resolve_setting("local_python") or sys.executable,
+        }
+
+    # Execute -----------------------------------------------------------------------------------
+    def execute(self, context: Context) -> Any:
+        ti = context["ti"]
+        backend_name = self._backend_name()
+        base_uri = self._base_uri(backend_name)
+        identity = JobIdentity(
+            ti.dag_id, ti.run_id, ti.task_id, ti.map_index if ti.map_index is not None else -1, ti.try_number
+        )
+        store = context.get("task_state_store")
+        record = store.get(STATE_KEY) if store is not None else None
+        if record:
+            outcome = self._resume(context, record, identity)
+            if outcome is not _NEW_JOB:
+                return outcome
+        elif store is None:
+            log.warning("task_state_store is not available: crash recovery is limited to the job name")
+        ref = self._job_ref(identity, backend_name, base_uri)
+        deadline = time.time() + self.execution_timeout.total_seconds() if self.execution_timeout else None
+        existing = self._observe(ref)
+        if existing is not None:  # the deterministic name found a job the store did not know about
+            return self._follow(context, ref, existing, deadline)
+        self._submit(context, ref, store, deadline)
+        return self._wait(context, ref, deadline)
+
+    def _resume(self, context: Context, record: dict[str, Any], identity: JobIdentity) -> Any:
+        """Reattach to this task instance's earlier job, return its result, or ask for a new job."""
+        ref: JobRef = record["job"]
+        same_try = record.get("try_number") == identity.try_number
+        observed = self._observe(ref)
+        if observed is None:
+            if same_try:
+                log.info("job %s was recorded but never started; submitting it now", ref["job_id"])
+                self._submit(context, ref, context.get("task_state_store"), record.get("deadline"))
+                return self._wait(context, ref, record.get("deadline"))
+            return _NEW_JOB
+        summary, status = observed
+        if summary is not None and summary.get("ok"):
+            log.info(
+                "job %s of this task instance (try %s) already finished; returning its stored result "
+                "instead of running it again",
+                ref["job_id"],
+                record.get("try_number"),
+            )
+            return self._follow(context, ref, observed, record.get("deadline"))
+        if summary is None and not status.state.terminal:
+            log.info("reattaching to live job %s (try %s)", ref["job_id"], record.get("try_number"))
+            return self._wait(context, ref, record.get("deadline"))
+        if same_try:
+            return self._follow(context, ref, observed, record.get("deadline"))
+        return _NEW_JOB  # the previous try's job failed: this try gets its own job
+
+    def _observe(self, ref: JobRef) -> tuple[dict[str, Any] | None, BackendStatus] | None:
+        """(result summary, backend status) of an existing job, or None if it does not exist."""
+        storage = self._storage(ref["job_uri"])
+        text = storage.read_text_or_none(JobLayout(ref["job_uri"]).result_summary())
+        summary = json.loads(text) if text else None
+        status = get_backend(ref["backend"]).status(ref)
+        if summary is None and status.state is JobState.NOT_FOUND:
+            return None
+        return summary, status
+
+    def _follow(self, context: Context, ref: JobRef, observed: Any, deadline: float | None) -> Any:
+        summary, status = observed
+        if summary is None and not status.state.terminal:
+            return self._wait(context, ref, deadline)
+        event = asyncio.run(self._watcher(ref, deadline=None).wait())
+        return self.execute_complete(context, event)
+
+    def _resolve_args(self, storage: Storage, base_uri: str) -> tuple[list[Any], dict[str, Any]]:
+        """Stage Data arguments and turn upstream result references into loadable refs."""
+
+        def convert(value: Any) -> Any:
+            value = replace_refs(value, lambda r: ResultRef.from_xcom(r) if is_result_ref(r) else r)
+            return value.stage(storage, base_uri) if isinstance(value, Data) else value
+
+        return [convert(a) for a in self.op_args], {k: convert(v) for k, v in self.op_kwargs.items()}
+
+    def _submit(self, context: Context, ref: JobRef, store: Any, deadline: float | None) -> None:
+        identity = JobIdentity.from_dict(ref["identity"])
+        layout = JobLayout(ref["job_uri"])
+        storage = self._storage(ref["job_uri"])
+        dag = context.get("dag")
+        roots = [_airflow_dags_folder()]
+        if dag is not None and getattr(dag, "fileloc", None):
+            roots.append(os.path.dirname(dag.fileloc))
+        by_value = register_dag_modules_by_value(self.python_callable, roots)
+        if by_value:
+            log.info("pickling DAG-folder modules by value: %s", ", ".join(by_value))
+        args, kwargs = self._resolve_args(storage, ref["base_uri"])
+        volumes = {m: d.stage(storage, ref["base_uri"]) for m, d in self.volumes.items()}
+        env = capture_env(self.capture_env_vars)
+        path, fields = build_payload(
+            self.python_callable, args, kwargs, env=env, volumes=volumes, task_label=f"task {self.task_id!r}"
+        )
+        if store is not None:  # before the job exists: a crash from here on re-finds it
+            store.set(STATE_KEY, {"job": ref, "try_number": identity.try_number, "deadline": deadline})
+        try:
+            storage.upload_file(path, layout.payload)
+        finally:
+            os.unlink(path)
+        output_dir = self.output_dir or output_dir_uri(ref["base_uri"], identity)
+        manifest = {
+            **fields,
+            "job_id": ref["job_id"],
+            "attempt": identity.attempt,
+            "identity": identity.to_dict(),
+            "output_dir": output_dir,
+            "heartbeat_seconds": resolve_setting("heartbeat_seconds", self.heartbeat_seconds),
+            "callable": callable_name(self.python_callable),
+            "created": time.time(),
+        }
+        storage.write_text(layout.manifest, manifest_json(manifest))
+        storage.write_text(layout.status("dispatched"), json.dumps({"time": time.time()}))
+        get_backend(ref["backend"]).submit(ref)
+        log.info(
+            "submitted kinetic job %s (%s, %s, %d-byte payload); files at %s; KINETIC_OUTPUT_DIR=%s",
+            ref["job_id"],
+            ref["backend"],
+            self.accelerator,
+            fields["payload_bytes"],
+            ref["job_uri"],
+            output_dir,
+        )
+
+    def _watcher(self, ref: JobRef, deadline: float | None) -> JobWatcher:
+        return JobWatcher(
+            ref,
+            self._storage(ref["job_uri"]),
+            get_backend(ref["backend"]),
+            poll_interval=self._poll_interval(),
+            deadline=deadline,
+            log_max_lines=int(resolve_setting("log_max_lines")),
+            emit_log=lambda line: log.info("[%s] %s", ref["job_id"], line),
+        )
+
+    def _poll_interval(self) -> float:
+        return float(resolve_setting("poll_interval", self.poll_interval))
+
+    def _wait(self, context: Context, ref: JobRef, deadline: float | None) -> Any:
+        if not self.deferrable:
+            event = asyncio.run(self._watcher(ref, deadline).wait())
+            return self.execute_complete(context, event)
+        timeout = None
+        if deadline is not None:
+            timeout = timedelta(seconds=max(0.0, deadline - time.time())) + _DEFERRAL_TIMEOUT_MARGIN
+        self.defer(
+            trigger=KineticJobTrigger(
+                job=ref,
+                poll_interval=self._poll_interval(),
+                deadline=deadline,
+                gcp_conn_id=self._gcp_conn_id(),
+                log_max_lines=int(resolve_setting("log_max_lines")),
+            ),
+            method_name="execute_complete",
+            timeout=timeout,
+        )
+
+    # Complete ----------------------------------------------------------------------------------
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> Any:
+        if not event or "job" not in event:
+            raise KineticJobError(f"the trigger returned no usable event: {event!r}")
+        ref: JobRef = event["job"]
+        status = event.get("status")
+        storage = self._storage(ref["job_uri"])
+        result_uri = JobLayout(ref["job_uri"]).result()
+        if status == "success":
+            envelope = load_envelope(storage, result_uri)
+            timings = (event.get("summary") or {}).get("timings")
+            log.info("kinetic job %s succeeded (timings %s)", ref["job_id"], timings)
+            return to_xcom(
+                envelope["value"],
+                result_uri,
+                multiple_outputs=bool(self.multiple_outputs),
+                max_bytes=int(resolve_setting("xcom_max_bytes")),
+            )
+        tail = event.get("log_tail") or []
+        if tail:
+            log.error("last log lines of job %s:\n%s", ref["job_id"], "\n".join(tail))
+        if status == "timeout":
+            raise AirflowTaskTimeout(describe_failure(event))
+        summary = event.get("summary")
+        if summary is not None:
+            try:
+                envelope = load_envelope(storage, result_uri)
+            except Exception as exc:  # user classes missing on the worker: keep the text
+                log.warning("could not load the remote exception object: %s", exc)
+                envelope = None
+            raise_remote(envelope, summary, ref["job_id"])
+        raise KineticJobError(describe_failure(event))
+
+
+class _NewJob:
+    def __repr__(self) -> str:
+        return "<new job>"
+
+
+_NEW_JOB = _NewJob()
+
+
+def _airflow_dags_folder() -> str | None:
+    try:
+        from airflow.sdk.configuration import conf
+
+        return conf.get("core", "dags_folder", fallback=None)
+    except Exception:
+        return None

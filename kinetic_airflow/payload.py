@@ -1,0 +1,165 @@
+"""Build the job payload: cloudpickle of the callable, its arguments and captured env.
+
+Why pickling needs care here: production Airflow imports DAG files as modules
+named ``unusual_prefix_<sha1>_<file>`` that do not exist in the job's image, and
+helper modules beside the DAG file are not installed there either. cloudpickle
+pickles module-level functions and classes *by reference*, so the job would fail
+with ModuleNotFoundError. We register those modules to be pickled by value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import IO, Any
+
+import cloudpickle
+
+__all__ = ["PayloadError", "build_payload", "fingerprint", "register_dag_modules_by_value"]
+
+
+class PayloadError(TypeError):
+    """The function or one of its arguments cannot be shipped to the job."""
+
+
+def fingerprint() -> dict[str, str]:
+    return {"python": platform.python_version(), "cloudpickle": cloudpickle.__version__}
+
+
+def _module_file(module: Any) -> Path | None:
+    file = getattr(module, "__file__", None)
+    if not file:
+        return None
+    try:
+        return Path(file).resolve()
+    except OSError:
+        return None
+
+
+_INSTALLED_ROOTS = tuple(
+    Path(p).resolve()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib")
+    if (p := sysconfig.get_paths().get(key))
+)
+
+
+def _is_installed(path: Path) -> bool:
+    parts = set(path.parts)
+    if "site-packages" in parts or "dist-packages" in parts:
+        return True
+    return any(path.is_relative_to(root) for root in _INSTALLED_ROOTS)
+
+
+def _callable_module_name(fn: Any) -> str | None:
+    target = getattr(fn, "func", fn)  # functools.partial
+    name = getattr(target, "__module__", None)
+    if name is None and not isinstance(target, type):
+        name = type(target).__module__
+    return name
+
+
+def register_dag_modules_by_value(fn: Any, roots: Iterable[str | os.PathLike[str]] = ()) -> list[str]:
+    """Pickle DAG-file modules and their sibling modules by value. Returns the module names.
+
+    A module qualifies when Airflow generated its name (``unusual_prefix_``) or its file
+    lies under one of ``roots`` (the DAG folder, the bundle path, the DAG file's
+    directory) and is not an installed package.
+    """
+    root_paths = [Path(r).resolve() for r in roots if r]
+    fn_module = sys.modules.get(_callable_module_name(fn) or "")
+    fn_file = _module_file(fn_module) if fn_module else None
+    if fn_file is not None and not _is_installed(fn_file):
+        if fn_module.__name__.startswith("unusual_prefix_") or any(
+            fn_file.is_relative_to(r) for r in root_paths
+        ):
+            root_paths.append(fn_file.parent)
+    registered = []
+    for name, module in list(sys.modules.items()):
+        if module is None or name in ("__main__", "__mp_main__") or name.startswith("kinetic_airflow"):
+            continue
+        file = _module_file(module)
+        generated = name.startswith("unusual_prefix_")
+        if not generated and (file is None or _is_installed(file)):
+            continue
+        if generated or any(file.is_relative_to(r) for r in root_paths):
+            try:
+                cloudpickle.register_pickle_by_value(module)
+            except ValueError:
+                continue
+            registered.append(name)
+    return sorted(registered)
+
+
+class _HashingWriter:
+    """File wrapper that hashes while cloudpickle streams into it (no second read pass)."""
+
+    def __init__(self, fh: IO[bytes]) -> None:
+        self.fh = fh
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        self.size += len(data)
+        return self.fh.write(data)
+
+
+def _find_unpicklable(payload: dict[str, Any]) -> str:
+    """Name the part of the payload that fails, so the error points at the culprit."""
+    parts: list[tuple[str, Any]] = [("the function", payload["fn"])]
+    parts += [(f"positional argument {i}", a) for i, a in enumerate(payload["args"])]
+    parts += [(f"argument {k!r}", v) for k, v in payload["kwargs"].items()]
+    parts += [(f"volume {k!r}", v) for k, v in (payload.get("volumes") or {}).items()]
+    for label, obj in parts:
+        try:
+            cloudpickle.dumps(obj)
+        except Exception as exc:
+            return f"{label} (a {type(obj).__module__}.{type(obj).__qualname__}) cannot be pickled: {exc}"
+    return "the payload cannot be pickled"
+
+
+def build_payload(
+    fn: Any,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    *,
+    env: dict[str, str] | None = None,
+    volumes: dict[str, Any] | None = None,
+    task_label: str = "",
+) -> tuple[str, dict[str, Any]]:
+    """Pickle to a temp file. Returns (path, manifest fields: sha256, size, fingerprint)."""
+    payload = {"fn": fn, "args": list(args), "kwargs": dict(kwargs), "env": env or {}, "volumes": volumes}
+    fd, path = tempfile.mkstemp(prefix="kinetic-payload-", suffix=".pkl")
+    started = time.perf_counter()
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            writer = _HashingWriter(fh)
+            cloudpickle.dump(payload, writer)
+    except Exception as exc:
+        os.unlink(path)
+        culprit = _find_unpicklable(payload)
+        where = f" for {task_label}" if task_label else ""
+        raise PayloadError(
+            f"cannot build the job payload{where}: {culprit}. Everything the function receives is "
+            "pickled with cloudpickle and sent to the job: pass plain data, paths or Data(...) "
+            "objects instead of open files, locks, clients or connections, and create those inside "
+            "the function."
+        ) from exc
+    return path, {
+        "sha256": writer.digest.hexdigest(),
+        "payload_bytes": writer.size,
+        "fingerprint": fingerprint(),
+        "pickle_seconds": round(time.perf_counter() - started, 3),
+    }
+
+
+def manifest_json(fields: dict[str, Any]) -> str:
+    return json.dumps(fields, sort_keys=True, default=str)

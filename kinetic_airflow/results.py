@@ -1,0 +1,112 @@
+"""Worker side of the result envelope: load it, turn it into XCom, or re-raise the remote error."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from typing import Any
+
+import cloudpickle
+
+from kinetic_airflow.envelope import ResultRef
+from kinetic_airflow.storage import Storage
+
+__all__ = ["KineticJobError", "KineticRemoteError", "load_envelope", "raise_remote", "to_xcom"]
+
+log = logging.getLogger(__name__)
+
+
+class KineticJobError(RuntimeError):
+    """The job failed outside the user's function (exit, kill, preemption, setup), or cannot be read."""
+
+
+class KineticRemoteError(RuntimeError):
+    """The function raised an exception whose type cannot be recreated on the worker."""
+
+    def __init__(self, error_type: str, message: str, remote_traceback: str = "") -> None:
+        super().__init__(f"{error_type}: {message}")
+        self.error_type = error_type
+        self.remote_traceback = remote_traceback
+
+
+def load_envelope(storage: Storage, uri: str) -> dict[str, Any]:
+    """Download to a temp file and unpickle, so a large value is held once in memory."""
+    fd, tmp = tempfile.mkstemp(prefix="kinetic-result-")
+    os.close(fd)
+    try:
+        storage.download_file(uri, tmp)
+        with open(tmp, "rb") as fh:
+            return cloudpickle.load(fh)
+    finally:
+        os.unlink(tmp)
+
+
+def _xcom_size(value: Any) -> int | None:
+    """Serialized size through Airflow's serde, or None when XCom cannot carry the value."""
+    from airflow.sdk.serde import serialize
+
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return None
+    try:
+        return len(json.dumps(serialize(value)))
+    except Exception:
+        return None
+
+
+def _fits(value: Any, max_bytes: int) -> bool:
+    size = _xcom_size(value)
+    return size is not None and size <= max_bytes
+
+
+def _ref(result_uri: str, value: Any, key: str | None) -> dict[str, Any]:
+    type_name = f"{type(value).__module__}.{type(value).__qualname__}"
+    shape = getattr(value, "shape", None)
+    summary = f"shape={tuple(shape)} dtype={getattr(value, 'dtype', '')}" if shape is not None else ""
+    return ResultRef(result_uri, key, type_name, summary).to_xcom()
+
+
+def to_xcom(value: Any, result_uri: str, *, multiple_outputs: bool, max_bytes: int) -> Any:
+    """The value itself when XCom can carry it; else a small reference to the stored envelope."""
+    if multiple_outputs and isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            out[key] = item if _fits(item, max_bytes) else _ref(result_uri, item, key)
+        if _fits(out, max_bytes * max(1, len(out))):
+            return out
+    if _fits(value, max_bytes):
+        return value
+    ref = _ref(result_uri, value, None)
+    log.info(
+        "the result (%s) is not XCom-serializable or exceeds %d bytes; XCom gets a reference to %s. "
+        "Downstream kinetic tasks receive the real object; plain tasks call "
+        "kinetic_airflow.load_result(value).",
+        ref["type"],
+        max_bytes,
+        result_uri,
+    )
+    return ref
+
+
+def _note(exc: BaseException, text: str) -> None:
+    add_note = getattr(exc, "add_note", None)
+    if add_note is not None:
+        add_note(text)
+
+
+def raise_remote(envelope: dict[str, Any] | None, summary: dict[str, Any], job_id: str) -> None:
+    """Re-raise the function's exception with its original type where it can be loaded."""
+    tb = summary.get("traceback") or ""
+    phase = summary.get("phase")
+    if tb:
+        log.error("Remote traceback (job %s, phase %s):\n%s", job_id, phase, tb.rstrip())
+    exc = envelope.get("exception") if envelope else None
+    if phase == "execute" and isinstance(exc, Exception):
+        _note(exc, f"Raised remotely in kinetic job {job_id} (phase execute). Remote traceback:\n{tb}")
+        raise exc
+    error_type = summary.get("error_type") or "Error"
+    message = summary.get("error_message") or "unknown error"
+    if phase == "execute":
+        raise KineticRemoteError(error_type, message, tb)
+    raise KineticJobError(f"kinetic job {job_id} failed in phase {phase!r}: {message}")

@@ -1,0 +1,376 @@
+"""The program that runs inside a job: fetch the payload, run the function, write the envelope.
+
+Usage::
+
+    python -m kinetic_airflow.runner --job-uri gs://bucket/kinetic/jobs/<job_id>
+
+It imports only the standard library, cloudpickle and (for gs://) google-cloud-
+storage, so the runner image needs no Airflow. The order of its steps is the
+contract the trigger relies on: ``status/started.json`` first, heartbeats while
+the function runs, ``result.pkl`` then ``result.json`` (the JSON's presence
+means the result is complete), then ``status/finished.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from typing import Any
+
+from kinetic_airflow.envelope import ResultRef, dumps_summary, is_result_ref, replace_refs
+from kinetic_airflow.layout import JobLayout
+from kinetic_airflow.storage import Storage, open_storage, uri_to_local_path
+
+__all__ = ["main"]
+
+_LOG_PREFIX = "[kinetic]"
+
+
+def log(message: str) -> None:
+    print(f"{_LOG_PREFIX} {message}", file=sys.stderr, flush=True)
+
+
+class PhaseError(Exception):
+    """A failure of the runner's own steps (not the user's function)."""
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _host_index(explicit: int | None) -> int:
+    if explicit is not None:
+        return explicit
+    for name in ("KINETIC_HOST_INDEX", "TPU_WORKER_ID", "LWS_WORKER_INDEX", "JOB_COMPLETION_INDEX"):
+        value = os.environ.get(name)
+        if value and value.isdigit():
+            return int(value)
+    return 0
+
+
+def _qualname(obj: Any) -> str:
+    cls = obj if isinstance(obj, type) else type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _safe_repr(obj: Any, limit: int = 500) -> str:
+    try:
+        text = repr(obj)
+    except Exception as exc:  # repr itself may be broken in user classes
+        text = f"<{_qualname(obj)} (repr failed: {exc})>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class _Heartbeat(threading.Thread):
+    """Rewrites the heartbeat marker so observers can tell a live job from a lost node."""
+
+    def __init__(self, storage: Storage, uri: str, period: float, host: int) -> None:
+        super().__init__(name="kinetic-heartbeat", daemon=True)
+        self.storage, self.uri, self.period, self.host = storage, uri, period, host
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        beat = 0
+        while not self.stop_event.wait(self.period if beat else 0):
+            beat += 1
+            try:
+                self.storage.write_text(
+                    self.uri, json.dumps({"time": _now(), "beat": beat, "host": self.host})
+                )
+            except Exception as exc:  # a missed beat must never kill the job
+                log(f"heartbeat write failed: {exc}")
+
+
+class JobRunner:
+    def __init__(self, job_uri: str, host: int, heartbeat_seconds: float | None) -> None:
+        self.layout = JobLayout(job_uri.rstrip("/"))
+        self.storage = open_storage(job_uri)
+        self.host = host
+        self.heartbeat_seconds = heartbeat_seconds
+        self.timings: dict[str, float] = {}
+        self.phase = "download"
+        self.manifest: dict[str, Any] = {}
+        self.workdir = tempfile.mkdtemp(prefix="kinetic-job-")
+
+    # Markers ------------------------------------------------------------------------------
+    def marker(self, name: str, **extra: Any) -> None:
+        record = {"time": _now(), "host": self.host, "pid": os.getpid(), "hostname": socket.gethostname()}
+        record.update(extra)
+        try:
+            self.storage.write_text(self.layout.status(name, self.host), json.dumps(record))
+        except Exception as exc:
+            log(f"could not write the {name} marker: {exc}")
+
+    def _timed(self, phase: str) -> _PhaseTimer:
+        self.phase = phase
+        return _PhaseTimer(self.timings, phase)
+
+    # Steps --------------------------------------------------------------------------------
+    def load_payload(self) -> dict[str, Any]:
+        import cloudpickle
+
+        with self._timed("download"):
+            self.manifest = json.loads(self.storage.read_text(self.layout.manifest))
+            local_payload = os.path.join(self.workdir, "payload.pkl")
+            self.storage.download_file(self.layout.payload, local_payload)
+        with self._timed("verify"):
+            digest = hashlib.sha256()
+            with open(local_payload, "rb") as fh:
+                while chunk := fh.read(1 << 22):
+                    digest.update(chunk)
+            if digest.hexdigest() != self.manifest.get("sha256"):
+                raise PhaseError(
+                    f"payload digest mismatch: expected {self.manifest.get('sha256')}, got "
+                    f"{digest.hexdigest()}. The payload in {self.layout.payload} was changed or truncated "
+                    "after upload; re-run the task to upload it again."
+                )
+            client = self.manifest.get("fingerprint", {})
+            client_py = str(client.get("python", ""))
+            here_py = platform.python_version()
+            if client_py.split(".")[:2] != here_py.split(".")[:2]:
+                raise PhaseError(
+                    f"Python version mismatch: the payload was pickled on Python {client_py} but this job "
+                    f"runs Python {here_py}. cloudpickle needs the same major.minor version on both sides: "
+                    f"use a runner image with Python {'.'.join(client_py.split('.')[:2])} "
+                    "(container_image=...) or run Airflow on the job's Python version."
+                )
+            if str(client.get("cloudpickle", "")).split(".")[:1] != cloudpickle.__version__.split(".")[:1]:
+                log(
+                    f"warning: cloudpickle {client.get('cloudpickle')} pickled this payload, the job has "
+                    f"{cloudpickle.__version__}; install the same major version in the image if it fails"
+                )
+        with self._timed("unpickle"), open(local_payload, "rb") as fh:
+            payload = cloudpickle.load(fh)
+        os.unlink(local_payload)
+        return payload
+
+    def setup(self, payload: dict[str, Any]) -> tuple[Any, list[Any], dict[str, Any]]:
+        from kinetic_airflow.data import Data, mount
+
+        with self._timed("setup"):
+            env = payload.get("env") or {}
+            os.environ.update({k: str(v) for k, v in env.items()})
+            output_dir = self.manifest.get("output_dir")
+            if output_dir:
+                if output_dir.startswith("file://"):
+                    output_dir = uri_to_local_path(output_dir)
+                    os.makedirs(output_dir, exist_ok=True)
+                os.environ["KINETIC_OUTPUT_DIR"] = output_dir
+            os.environ["KINETIC_JOB_ID"] = str(self.manifest.get("job_id", ""))
+            os.environ["KINETIC_HOST_INDEX"] = str(self.host)
+            os.environ["KINETIC_ATTEMPT"] = str(self.manifest.get("attempt", 1))
+            data_root = os.path.join(self.workdir, "data")
+            for mount_path, data in (payload.get("volumes") or {}).items():
+                local = data.materialize(data_root)
+                mount(local, mount_path)
+                log(f"volume {data.source} available at {mount_path}")
+
+            def resolve(obj: Any) -> Any:
+                if isinstance(obj, Data):
+                    return obj.materialize(data_root)
+                return obj
+
+            def load_ref(ref: Any) -> Any:
+                ref = ResultRef.from_xcom(ref) if is_result_ref(ref) else ref
+                log(f"loading upstream result {ref!r}")
+                return ref.load()
+
+            args = [resolve(replace_refs(a, load_ref)) for a in payload.get("args", ())]
+            kwargs = {k: resolve(replace_refs(v, load_ref)) for k, v in (payload.get("kwargs") or {}).items()}
+            return payload["fn"], args, kwargs
+
+    # The whole job ------------------------------------------------------------------------
+    def run(self) -> int:
+        started = _now()
+        self.marker("started")
+        heartbeat = None
+        envelope: dict[str, Any] = {"ok": False, "host": self.host, "value": None, "exception": None}
+        try:
+            payload = self.load_payload()
+            self.heartbeat_seconds = self.heartbeat_seconds or float(
+                self.manifest.get("heartbeat_seconds") or 30
+            )
+            heartbeat = _Heartbeat(
+                self.storage, self.layout.status("heartbeat", self.host), self.heartbeat_seconds, self.host
+            )
+            heartbeat.start()
+            fn, args, kwargs = self.setup(payload)
+            name = getattr(fn, "__qualname__", None) or _qualname(fn)
+            log(f"running {name} (job {self.manifest.get('job_id')}, host {self.host})")
+            with self._timed("execute"):
+                try:
+                    value = fn(*args, **kwargs)
+                except SystemExit as exc:
+                    if exc.code in (0, None):
+                        value = None
+                    else:
+                        raise
+            envelope.update(ok=True, value=value)
+        except BaseException as exc:
+            envelope.update(self._failure(exc))
+        finally:
+            if heartbeat is not None:
+                heartbeat.stop_event.set()
+        envelope["timings"] = {**self.timings, "total": round(_now() - started, 3)}
+        envelope["fingerprint"] = {"python": platform.python_version(), "hostname": socket.gethostname()}
+        envelope["attempt"] = self.manifest.get("attempt", 1)
+        written = self.write_envelope(envelope)
+        self.marker("finished", ok=envelope["ok"] and written)
+        if envelope["ok"] and written:
+            log(f"finished in {envelope['timings']['total']:.1f}s")
+            return 0
+        log(f"failed in phase {envelope.get('phase')}: {envelope.get('error_message')}")
+        return 1
+
+    def _failure(self, exc: BaseException) -> dict[str, Any]:
+        phase = self.phase
+        if isinstance(exc, SystemExit):
+            message = (
+                f"the function called sys.exit({exc.code!r}). Only sys.exit(0) counts as success; "
+                "return a value or raise an exception to report an error."
+            )
+        elif isinstance(exc, PhaseError):
+            message = str(exc)
+        else:
+            message = _safe_repr(exc, 2000) if not str(exc) else str(exc)
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        sys.stderr.write(tb)
+        return {
+            "ok": False,
+            "phase": phase,
+            "exception": None if isinstance(exc, PhaseError) else exc,
+            "error_type": "kinetic.PhaseError" if isinstance(exc, PhaseError) else _qualname(exc),
+            "error_message": message,
+            "traceback": tb,
+            "exit_code": exc.code if isinstance(exc, SystemExit) else None,
+        }
+
+    def write_envelope(self, envelope: dict[str, Any]) -> bool:
+        """Pickle and upload; an unpicklable value or exception still leaves an envelope."""
+        import cloudpickle
+
+        if self.host != 0 and envelope["ok"]:
+            return True  # only the leader reports a success; workers report only their failures
+        self.phase = "upload"
+        if envelope["ok"]:
+            envelope["value_type"] = _qualname(envelope["value"])
+            envelope["value_repr"] = _safe_repr(envelope["value"])
+        local = os.path.join(self.workdir, "result.pkl")
+        try:
+            with open(local, "wb") as fh:
+                cloudpickle.dump(envelope, fh)
+        except Exception as exc:
+            what = "return value" if envelope["ok"] else "exception"
+            obj = envelope["value"] if envelope["ok"] else envelope["exception"]
+            log(f"the {what} cannot be pickled: {exc}")
+            if envelope["ok"]:
+                envelope.update(
+                    ok=False,
+                    phase="upload",
+                    error_type="kinetic.UnpicklableResult",
+                    error_message=(
+                        f"the function returned a {_qualname(obj)} that cannot be pickled ({exc}); "
+                        f"repr: {_safe_repr(obj)}. Return plain data (numbers, lists, dicts, arrays) "
+                        "or save the object to KINETIC_OUTPUT_DIR and return its path."
+                    ),
+                    traceback="",
+                )
+            else:
+                envelope["error_message"] = (
+                    f"{envelope.get('error_message')} (the {_qualname(obj)} exception itself could not be "
+                    f"pickled: {exc}; repr: {_safe_repr(obj)})"
+                )
+            envelope.update(value=None, exception=None)
+            with open(local, "wb") as fh:
+                cloudpickle.dump(envelope, fh)
+        try:
+            with _PhaseTimer(self.timings, "upload"):
+                self.storage.upload_file(local, self.layout.result(self.host))
+            envelope["timings"]["upload"] = self.timings["upload"]
+            self.storage.write_text(self.layout.result_summary(self.host), dumps_summary(envelope))
+        except Exception as exc:
+            log(f"could not upload the result envelope to {self.layout.result(self.host)}: {exc}")
+            return False
+        finally:
+            if os.path.exists(local):
+                os.unlink(local)
+        return True
+
+
+class _PhaseTimer:
+    def __init__(self, timings: dict[str, float], phase: str) -> None:
+        self.timings, self.phase = timings, phase
+
+    def __enter__(self) -> None:
+        self.start = time.perf_counter()
+
+    def __exit__(self, *_: Any) -> None:
+        self.timings[self.phase] = round(time.perf_counter() - self.start, 3)
+
+
+def _install_sigterm_marker(runner: JobRunner) -> None:
+    """Record that the job was told to stop (preemption, cancel) before dying of SIGTERM."""
+
+    def handler(signum: int, _frame: Any) -> None:
+        runner.marker("terminated", signal=signum)
+        log(f"received signal {signum}; stopping")
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m kinetic_airflow.runner",
+        description=(
+            "Run one kinetic-airflow job: download and verify the payload under JOB_URI, run the "
+            "function, and write the result envelope and status markers back to JOB_URI. Needs only "
+            "cloudpickle and google-cloud-storage (no Airflow)."
+        ),
+    )
+    parser.add_argument(
+        "--job-uri",
+        required=True,
+        help="the job's storage prefix, gs://bucket/.../jobs/<job_id> or file:///.../jobs/<job_id>",
+    )
+    parser.add_argument(
+        "--host-index",
+        type=int,
+        default=None,
+        help="this host's index in a multi-host job (default: $TPU_WORKER_ID / $LWS_WORKER_INDEX / 0); "
+        "only host 0 writes the result, other hosts write only their failures",
+    )
+    parser.add_argument(
+        "--heartbeat-seconds",
+        type=float,
+        default=None,
+        help="period of the heartbeat marker (default: the manifest's value, else 30)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    runner = JobRunner(args.job_uri, _host_index(args.host_index), args.heartbeat_seconds)
+    _install_sigterm_marker(runner)
+    code = runner.run()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code
+
+
+if __name__ == "__main__":
+    # os._exit: the result is written, so lingering non-daemon threads the user started
+    # must not keep the job (and its accelerators) alive.
+    os._exit(main())

@@ -1,0 +1,381 @@
+"""One small storage interface over ``gs://`` and ``file://`` URIs.
+
+The worker, the trigger and the runner all move the same few objects (payload,
+manifest, markers, result envelope, logs), so they share this one interface
+instead of each speaking GCS or the filesystem directly. Only the standard
+library and, for ``gs://``, google-cloud-storage are imported: the runner uses
+this module inside the job, where Airflow is not installed.
+
+Credentials are not decided here. The worker passes a client built from its
+Airflow connection; the runner lets google-cloud-storage find ambient
+credentials (Workload Identity on GKE, ``STORAGE_EMULATOR_HOST`` in tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import unquote, urlparse
+
+__all__ = [
+    "FileStorage",
+    "GCSStorage",
+    "Storage",
+    "StorageError",
+    "StorageNotFound",
+    "join_uri",
+    "open_storage",
+    "uri_to_local_path",
+]
+
+# Big enough that large payloads stream in few requests, small enough to bound memory.
+_CHUNK_SIZE = 32 * 1024 * 1024
+
+
+class StorageError(RuntimeError):
+    """A storage operation failed for a reason the user can act on."""
+
+
+class StorageNotFound(StorageError, FileNotFoundError):
+    """The object does not exist."""
+
+
+def join_uri(base: str, *parts: str) -> str:
+    """Join URI path parts with single slashes (URIs are not OS paths)."""
+    out = base.rstrip("/")
+    for part in parts:
+        part = str(part).strip("/")
+        if part:
+            out = f"{out}/{part}"
+    return out
+
+
+def uri_to_local_path(uri: str) -> str:
+    """``file:///a/b`` -> ``/a/b``; plain absolute paths pass through."""
+    if uri.startswith("file://"):
+        parsed = urlparse(uri)
+        if parsed.netloc not in ("", "localhost"):
+            raise StorageError(f"file:// URIs must be absolute and local, got {uri!r}")
+        return unquote(parsed.path)
+    if uri.startswith("/"):
+        return uri
+    raise StorageError(f"not a file:// URI: {uri!r}")
+
+
+def _split_gs(uri: str) -> tuple[str, str]:
+    parsed = urlparse(uri)
+    if parsed.scheme != "gs" or not parsed.netloc:
+        raise StorageError(f"not a gs:// URI: {uri!r}")
+    return parsed.netloc, parsed.path.lstrip("/")
+
+
+class Storage:
+    """Operations every scheme supports. URIs passed in are absolute (scheme included)."""
+
+    scheme: str = ""
+
+    def write_bytes(self, uri: str, data: bytes, *, if_absent: bool = False) -> bool:
+        """Write ``data``; with ``if_absent`` only when nothing is there yet. Returns False if skipped."""
+        raise NotImplementedError
+
+    def read_bytes(self, uri: str) -> bytes:
+        raise NotImplementedError
+
+    def exists(self, uri: str) -> bool:
+        raise NotImplementedError
+
+    def upload_file(self, local_path: str, uri: str) -> None:
+        raise NotImplementedError
+
+    def download_file(self, uri: str, local_path: str) -> None:
+        raise NotImplementedError
+
+    def list(self, prefix_uri: str) -> list[str]:
+        """All object URIs under ``prefix_uri`` (recursive)."""
+        raise NotImplementedError
+
+    def delete(self, uri: str) -> None:
+        raise NotImplementedError
+
+    def size(self, uri: str) -> int:
+        raise NotImplementedError
+
+    # Text helpers -------------------------------------------------------------------------
+    def write_text(self, uri: str, text: str, *, if_absent: bool = False) -> bool:
+        return self.write_bytes(uri, text.encode("utf-8"), if_absent=if_absent)
+
+    def read_text(self, uri: str) -> str:
+        return self.read_bytes(uri).decode("utf-8")
+
+    def read_text_or_none(self, uri: str) -> str | None:
+        try:
+            return self.read_text(uri)
+        except StorageNotFound:
+            return None
+
+    # Async wrappers for the trigger: the triggerer's event loop must never block on I/O,
+    # and both backends here are blocking clients, so each call runs in a worker thread.
+    async def aread_bytes(self, uri: str) -> bytes:
+        return await asyncio.to_thread(self.read_bytes, uri)
+
+    async def aread_text_or_none(self, uri: str) -> str | None:
+        return await asyncio.to_thread(self.read_text_or_none, uri)
+
+    async def aexists(self, uri: str) -> bool:
+        return await asyncio.to_thread(self.exists, uri)
+
+    async def awrite_text(self, uri: str, text: str) -> bool:
+        return await asyncio.to_thread(self.write_text, uri, text)
+
+    async def alist(self, prefix_uri: str) -> list[str]:
+        return await asyncio.to_thread(self.list, prefix_uri)
+
+
+class FileStorage(Storage):
+    """``file://`` storage: a directory tree. Writes are atomic (temp file + rename)."""
+
+    scheme = "file"
+
+    def _path(self, uri: str) -> Path:
+        return Path(uri_to_local_path(uri))
+
+    def write_bytes(self, uri: str, data: bytes, *, if_absent: bool = False) -> bool:
+        path = self._path(uri)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if if_absent:
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            return True
+        with self._atomic_writer(path) as fh:
+            fh.write(data)
+        return True
+
+    def _atomic_writer(self, path: Path) -> _AtomicFile:
+        return _AtomicFile(path)
+
+    def read_bytes(self, uri: str) -> bytes:
+        try:
+            return self._path(uri).read_bytes()
+        except FileNotFoundError:
+            raise StorageNotFound(f"{uri} does not exist") from None
+
+    def exists(self, uri: str) -> bool:
+        return self._path(uri).exists()
+
+    def upload_file(self, local_path: str, uri: str) -> None:
+        path = self._path(uri)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(local_path, "rb") as src, self._atomic_writer(path) as dst:
+            shutil.copyfileobj(src, dst, _CHUNK_SIZE)
+
+    def download_file(self, uri: str, local_path: str) -> None:
+        try:
+            shutil.copyfile(self._path(uri), local_path)
+        except FileNotFoundError:
+            raise StorageNotFound(f"{uri} does not exist") from None
+
+    def list(self, prefix_uri: str) -> list[str]:
+        root = self._path(prefix_uri)
+        if root.is_file():
+            return [prefix_uri]
+        if not root.is_dir():
+            return []
+        base = prefix_uri.rstrip("/")
+        return sorted(
+            f"{base}/{p.relative_to(root).as_posix()}"
+            for p in root.rglob("*")
+            if p.is_file() and not p.name.startswith(".tmp-")
+        )
+
+    def delete(self, uri: str) -> None:
+        path = self._path(uri)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+    def size(self, uri: str) -> int:
+        try:
+            return self._path(uri).stat().st_size
+        except FileNotFoundError:
+            raise StorageNotFound(f"{uri} does not exist") from None
+
+    def open_append(self, uri: str) -> IO[bytes]:
+        """Only file:// can append: the local backend writes its live log this way."""
+        path = self._path(uri)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return open(path, "ab")
+
+
+class _AtomicFile:
+    """Write to a temp file beside the target and rename on success, so readers never see halves."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        fd, self.tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+        self.fh = os.fdopen(fd, "wb")
+
+    def __enter__(self) -> IO[bytes]:
+        return self.fh
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        self.fh.close()
+        if exc_type is None:
+            os.replace(self.tmp, self.path)
+        else:
+            os.unlink(self.tmp)
+
+
+class GCSStorage(Storage):
+    """``gs://`` storage through google-cloud-storage."""
+
+    scheme = "gs"
+
+    def __init__(self, client: Any = None) -> None:
+        self._client = client
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            from google.cloud import storage
+
+            self._client = _ambient_client(storage)
+        return self._client
+
+    def _blob(self, uri: str) -> Any:
+        bucket, name = _split_gs(uri)
+        return self.client.bucket(bucket).blob(name, chunk_size=_CHUNK_SIZE)
+
+    def _translate(self, uri: str, exc: Exception) -> Exception:
+        from google.api_core import exceptions as gexc
+
+        if isinstance(exc, gexc.NotFound):
+            bucket, _ = _split_gs(uri)
+            message = str(exc)
+            if "bucket" in message.lower() and "does not exist" in message.lower():
+                return StorageError(
+                    f"the bucket gs://{bucket} does not exist (while accessing {uri}). Create it "
+                    f"(`gcloud storage buckets create gs://{bucket}`) or point [kinetic] base_uri / "
+                    "the operator's base_uri at a bucket you can write to."
+                )
+            return StorageNotFound(f"{uri} does not exist")
+        if isinstance(exc, gexc.Forbidden):
+            return StorageError(
+                f"permission denied on {uri}: the credentials in use cannot access this bucket "
+                f"({exc}). Grant roles/storage.objectAdmin on the bucket to the account of the "
+                "Airflow GCP connection (worker) and of the job's Kubernetes service account."
+            )
+        return exc
+
+    def _bucket_exists_or_raise(self, uri: str, exc: Exception) -> Exception:
+        """A 404 on upload means the bucket is missing; say so instead of 'object not found'."""
+        from google.api_core import exceptions as gexc
+
+        if isinstance(exc, gexc.NotFound):
+            bucket, _ = _split_gs(uri)
+            return StorageError(
+                f"the bucket gs://{bucket} does not exist (while writing {uri}). Create it "
+                f"(`gcloud storage buckets create gs://{bucket}`) or set [kinetic] base_uri "
+                "to a bucket you can write to."
+            )
+        return self._translate(uri, exc)
+
+    def write_bytes(self, uri: str, data: bytes, *, if_absent: bool = False) -> bool:
+        from google.api_core import exceptions as gexc
+
+        blob = self._blob(uri)
+        try:
+            # Small writes go multipart, where the emulator and GCS both enforce the precondition.
+            blob.upload_from_string(data, if_generation_match=0 if if_absent else None)
+        except gexc.PreconditionFailed:
+            return False
+        except Exception as exc:
+            raise self._bucket_exists_or_raise(uri, exc) from exc
+        return True
+
+    def read_bytes(self, uri: str) -> bytes:
+        try:
+            return self._blob(uri).download_as_bytes()
+        except Exception as exc:
+            raise self._translate(uri, exc) from exc
+
+    def exists(self, uri: str) -> bool:
+        try:
+            return bool(self._blob(uri).exists())
+        except Exception as exc:
+            raise self._translate(uri, exc) from exc
+
+    def upload_file(self, local_path: str, uri: str) -> None:
+        try:
+            self._blob(uri).upload_from_filename(local_path)
+        except Exception as exc:
+            raise self._bucket_exists_or_raise(uri, exc) from exc
+
+    def download_file(self, uri: str, local_path: str) -> None:
+        try:
+            self._blob(uri).download_to_filename(local_path)
+        except Exception as exc:
+            if os.path.exists(local_path) and os.path.getsize(local_path) == 0:
+                os.unlink(local_path)
+            raise self._translate(uri, exc) from exc
+
+    def list(self, prefix_uri: str) -> list[str]:
+        bucket, name = _split_gs(prefix_uri)
+        prefix = name.rstrip("/") + "/" if name else ""
+        try:
+            blobs = self.client.list_blobs(bucket, prefix=prefix)
+            out = [f"gs://{bucket}/{b.name}" for b in blobs]
+        except Exception as exc:
+            raise self._translate(prefix_uri, exc) from exc
+        if not out and name and self.exists(prefix_uri):
+            return [prefix_uri]
+        return sorted(out)
+
+    def delete(self, uri: str) -> None:
+        for item in self.list(uri):
+            try:
+                self._blob(item).delete()
+            except Exception as exc:
+                translated = self._translate(item, exc)
+                if not isinstance(translated, StorageNotFound):
+                    raise translated from exc
+
+    def size(self, uri: str) -> int:
+        blob = self._blob(uri)
+        try:
+            blob.reload()
+        except Exception as exc:
+            raise self._translate(uri, exc) from exc
+        return int(blob.size or 0)
+
+
+def _ambient_client(storage_module: Any) -> Any:
+    """A client from ambient credentials; anonymous against an emulator (tests, local runs)."""
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        from google.auth.credentials import AnonymousCredentials
+
+        return storage_module.Client(
+            project=os.environ.get("GOOGLE_CLOUD_PROJECT", "test-project"),
+            credentials=AnonymousCredentials(),
+        )
+    return storage_module.Client()
+
+
+def open_storage(uri: str, *, gcs_client: Any = None) -> Storage:
+    """The storage that serves ``uri``'s scheme."""
+    if uri.startswith("gs://"):
+        return GCSStorage(gcs_client)
+    if uri.startswith("file://") or uri.startswith("/"):
+        return FileStorage()
+    raise StorageError(
+        f"unsupported storage URI {uri!r}: use gs://bucket/prefix or file:///absolute/path "
+        "(set [kinetic] base_uri or the operator's base_uri)"
+    )

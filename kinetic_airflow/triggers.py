@@ -1,0 +1,71 @@
+"""KineticJobTrigger: waits for a job in the triggerer without holding a worker slot.
+
+It only observes (backend status, the runner's markers and result summary in
+storage, the job log) and yields exactly one event. Its kwargs are stored as
+plain JSON in the metadata DB and logged, so they hold the job reference,
+connection *ids* and public settings only, never a token or a key. Rebuilt from
+those kwargs after a triggerer restart, ``run`` simply observes again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from kinetic_airflow.backends import get_backend
+from kinetic_airflow.connections import storage_for
+from kinetic_airflow.watch import JobWatcher
+
+__all__ = ["KineticJobTrigger"]
+
+
+class KineticJobTrigger(BaseTrigger):
+    def __init__(
+        self,
+        job: dict[str, Any],
+        poll_interval: float = 2.0,
+        deadline: float | None = None,
+        gcp_conn_id: str | None = None,
+        log_max_lines: int = 10000,
+    ) -> None:
+        super().__init__()
+        self.job = job
+        self.poll_interval = poll_interval
+        self.deadline = deadline
+        self.gcp_conn_id = gcp_conn_id
+        self.log_max_lines = log_max_lines
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            "kinetic_airflow.triggers.KineticJobTrigger",
+            {
+                "job": self.job,
+                "poll_interval": self.poll_interval,
+                "deadline": self.deadline,
+                "gcp_conn_id": self.gcp_conn_id,
+                "log_max_lines": self.log_max_lines,
+            },
+        )
+
+    def _watcher(self) -> JobWatcher:
+        return JobWatcher(
+            self.job,
+            storage_for(self.job["job_uri"], self.gcp_conn_id),
+            get_backend(self.job["backend"]),
+            poll_interval=self.poll_interval,
+            deadline=self.deadline,
+            log_max_lines=self.log_max_lines,
+            emit_log=lambda line: self.log.info("[%s] %s", self.job["job_id"], line),
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        self.log.info("watching kinetic job %s at %s", self.job["job_id"], self.job["job_uri"])
+        event = await self._watcher().wait()
+        yield TriggerEvent(event)
+
+    async def on_kill(self) -> None:
+        """The user marked the deferred task failed/success or cleared it: stop the job."""
+        self.log.info("task was stopped by the user; cancelling kinetic job %s", self.job["job_id"])
+        await get_backend(self.job["backend"]).acancel(self.job)

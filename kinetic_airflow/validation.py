@@ -1,0 +1,61 @@
+"""Parse-time checks of the callable, so mistakes are DAG import errors, not 3 a.m. failures."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+__all__ = ["callable_name", "validate_backend", "validate_callable"]
+
+
+def validate_callable(fn: Any) -> None:
+    if isinstance(fn, classmethod):
+        raise TypeError(
+            f"kinetic cannot run a classmethod object ({fn.__func__.__qualname__}): decorate a plain "
+            "function, or pass the bound method (MyClass.method) after the class is defined."
+        )
+    if isinstance(fn, staticmethod):
+        raise TypeError(
+            f"kinetic cannot run a staticmethod object ({fn.__func__.__qualname__}): decorate a plain "
+            "module-level function, or pass MyClass.method after the class is defined."
+        )
+    if hasattr(fn, "cache_info") and hasattr(fn, "cache_clear"):
+        wrapped = getattr(getattr(fn, "__wrapped__", None), "__qualname__", "the function")
+        raise TypeError(
+            f"kinetic cannot run a functools.lru_cache/cache wrapper ({wrapped}): the cache would "
+            "live in a throwaway job process and never be reused. Decorate the undecorated function "
+            "and apply caching inside it if you need it."
+        )
+    if not callable(fn):
+        raise TypeError(
+            f"kinetic needs a callable (a function, lambda, functools.partial or an object with "
+            f"__call__), got {type(fn).__name__}: {fn!r}"
+        )
+
+
+def callable_name(fn: Any) -> str:
+    """A readable name for functions, partials and callable instances (used in logs and task ids)."""
+    if isinstance(fn, functools.partial):
+        return callable_name(fn.func)
+    name = getattr(fn, "__name__", None)
+    if isinstance(name, str) and name:
+        return "lambda" if name == "<lambda>" else name
+    return type(fn).__name__
+
+
+def ensure_name(fn: Any) -> Any:
+    """Give partials and callable instances a ``__name__`` (the @task machinery needs one)."""
+    if getattr(fn, "__name__", None):
+        return fn
+    try:
+        fn.__name__ = callable_name(fn)
+    except (AttributeError, TypeError):
+        pass
+    return fn
+
+
+def validate_backend(backend: Any) -> None:
+    from kinetic_airflow.config import BACKENDS
+
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is not one of {', '.join(BACKENDS)}")

@@ -1,0 +1,189 @@
+"""Observe one job until it ends and describe how it ended, as one event dict.
+
+Shared by the deferrable trigger and the in-worker wait (``deferrable=False``) so
+both report the same outcome the same way. It only observes; the one exception
+is the deadline (``execution_timeout``), where it stops the job it was told to
+watch, because Airflow does not enforce that timeout while a task is deferred.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobState
+from kinetic_airflow.layout import JobLayout
+from kinetic_airflow.storage import Storage
+
+__all__ = ["JobWatcher", "describe_failure"]
+
+_NOT_FOUND_GRACE_SECONDS = 60.0
+_DRAIN_SECONDS = 5.0
+_TAIL_LINES = 20
+
+
+def describe_failure(event: dict[str, Any]) -> str:
+    """The task's error text: cause, job, hint and the last log lines."""
+    job = event.get("job") or {}
+    lines = [f"kinetic job {job.get('job_id')} ({job.get('backend')}) failed: {event.get('message')}"]
+    if event.get("hint"):
+        lines.append(f"Hint: {event['hint']}")
+    tail = event.get("log_tail") or []
+    if tail:
+        lines.append("Last log lines:")
+        lines.extend(f"  | {line}" for line in tail)
+    lines.append(f"Job files: {job.get('job_uri')}")
+    return "\n".join(lines)
+
+
+def _classify_exit(status: BackendStatus) -> tuple[str, str, str]:
+    """(cause, message, hint) for a process that ended without writing a result."""
+    sig = status.details.get("signal") if status.details else None
+    if status.reason == "Cancelled":
+        return "cancelled", "the job was cancelled", ""
+    if status.reason == "OOMKilled" or sig == 9 or status.exit_code == 137:
+        return (
+            "oom_killed" if status.reason == "OOMKilled" else "killed",
+            f"the job process was killed ({status.reason or 'SIGKILL'}) before it wrote a result",
+            "This is usually running out of memory: use a larger accelerator/machine or reduce the "
+            "batch size.",
+        )
+    if sig == 15:
+        return (
+            "terminated",
+            "the job process was terminated (SIGTERM) before it wrote a result",
+            "Something stopped the job from outside (preemption, node shutdown or a cancel).",
+        )
+    if status.reason == "Lost":
+        return "lost", status.message, "The machine or node running the job went away."
+    return (
+        "exit",
+        f"{status.message or 'the job process failed'} without writing a result envelope",
+        "The process died outside the function (a crash in a native library, os._exit, or the "
+        "runner could not start): check the log lines below.",
+    )
+
+
+class JobWatcher:
+    def __init__(
+        self,
+        job: JobRef,
+        storage: Storage,
+        backend: Backend,
+        *,
+        poll_interval: float = 2.0,
+        deadline: float | None = None,
+        log_max_lines: int = 10000,
+        emit_log: Callable[[str], None] | None = None,
+    ) -> None:
+        self.job = job
+        self.layout = JobLayout(job["job_uri"])
+        self.storage = storage
+        self.backend = backend
+        self.poll_interval = poll_interval
+        self.deadline = deadline
+        self.log_max_lines = log_max_lines
+        self.emit_log = emit_log or (lambda line: None)
+        self.log_offset = 0
+        self.lines_emitted = 0
+        self.tail: deque[str] = deque(maxlen=_TAIL_LINES)
+
+    async def _pump_logs(self) -> None:
+        while True:
+            text, new_offset = await self.backend.aread_log(self.job, self.log_offset)
+            if new_offset == self.log_offset:
+                return
+            self.log_offset = new_offset
+            for line in text.splitlines():
+                self.tail.append(line)
+                self.lines_emitted += 1
+                if self.lines_emitted <= self.log_max_lines:
+                    self.emit_log(line)
+                elif self.lines_emitted == self.log_max_lines + 1:
+                    self.emit_log(
+                        f"[kinetic] log capped at {self.log_max_lines} lines here ([kinetic] "
+                        f"log_max_lines); the full log is kept at {self.layout.log}"
+                    )
+
+    async def _drain(self) -> None:
+        """Let a finishing process flush its last lines, then read them."""
+        end = time.monotonic() + _DRAIN_SECONDS
+        while time.monotonic() < end:
+            if (await self.backend.astatus(self.job)).state.terminal:
+                break
+            await asyncio.sleep(0.1)
+        await self._pump_logs()
+
+    async def _summary(self) -> dict[str, Any] | None:
+        text = await self.storage.aread_text_or_none(self.layout.result_summary())
+        return json.loads(text) if text else None
+
+    def _event(self, status: str, **fields: Any) -> dict[str, Any]:
+        return {
+            "status": status,
+            "job": self.job,
+            "log_tail": list(self.tail),
+            "log_uri": self.layout.log,
+            **fields,
+        }
+
+    def _result_event(self, summary: dict[str, Any]) -> dict[str, Any]:
+        if summary.get("ok"):
+            return self._event("success", summary=summary)
+        phase = summary.get("phase")
+        user = phase == "execute"
+        return self._event(
+            "failed",
+            summary=summary,
+            cause="user_error" if user else f"{phase}_error",
+            message=(
+                f"{summary.get('error_type')}: {summary.get('error_message')}"
+                if user
+                else f"the job failed in phase {phase!r}: {summary.get('error_message')}"
+            ),
+            hint="" if user else "This is a failure of the job's setup, not of your function.",
+        )
+
+    async def wait(self) -> dict[str, Any]:
+        not_found_since: float | None = None
+        while True:
+            await self._pump_logs()
+            summary = await self._summary()
+            if summary is not None:
+                await self._drain()
+                return self._result_event(summary)
+            status = await self.backend.astatus(self.job)
+            if status.state.terminal:
+                summary = await self._summary()  # it may have landed between the two reads
+                await self._drain()
+                if summary is not None:
+                    return self._result_event(summary)
+                cause, message, hint = _classify_exit(status)
+                return self._event(
+                    "failed", cause=cause, message=message, hint=hint, exit_code=status.exit_code
+                )
+            if status.state is JobState.NOT_FOUND:
+                not_found_since = not_found_since or time.monotonic()
+                if time.monotonic() - not_found_since > _NOT_FOUND_GRACE_SECONDS:
+                    return self._event(
+                        "failed",
+                        cause="not_found",
+                        message="the job does not exist (deleted, or never created)",
+                        hint="Clear the task to start a new job.",
+                    )
+            else:
+                not_found_since = None
+            if self.deadline is not None and time.time() >= self.deadline:
+                await self.backend.acancel(self.job)
+                await self._drain()
+                return self._event(
+                    "timeout",
+                    cause="timeout",
+                    message="the task's execution_timeout passed while the job was running; the job "
+                    "was stopped",
+                )
+            await asyncio.sleep(self.poll_interval)
