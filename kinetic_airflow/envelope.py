@@ -110,3 +110,37 @@ def replace_refs(obj: Any, fn: Any) -> Any:
     if isinstance(obj, dict):
         return {k: replace_refs(v, fn) for k, v in obj.items()}
     return obj
+
+
+def _rebuild_exception(cls: type, args: tuple, state: dict[str, Any] | None) -> BaseException:
+    """Recreate an exception without calling its ``__init__`` (see ``dump_envelope``)."""
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    if state:
+        exc.__dict__.update(state)
+    return exc
+
+
+def dump_envelope(envelope: dict[str, Any], fh: Any) -> None:
+    """cloudpickle the envelope, keeping exceptions faithful.
+
+    Plain pickling rebuilds an exception by calling ``cls(*exc.args)``, which breaks
+    the many user exceptions whose ``__init__`` takes other arguments than it passes
+    to ``super().__init__`` (``MyError(step=42)`` comes back as ``MyError("...")``).
+    Exceptions without their own ``__reduce__`` are rebuilt from ``args`` and
+    ``__dict__`` instead, so type, message and attributes all survive.
+    """
+    import cloudpickle
+
+    class _Pickler(cloudpickle.Pickler):
+        def reducer_override(self, obj: Any) -> Any:
+            if isinstance(obj, BaseException):
+                cls = type(obj)
+                if (
+                    cls.__reduce__ is BaseException.__reduce__
+                    and cls.__reduce_ex__ is BaseException.__reduce_ex__
+                ):
+                    return _rebuild_exception, (cls, obj.args, dict(obj.__dict__) or None)
+            return super().reducer_override(obj)
+
+    _Pickler(fh, protocol=5).dump(envelope)

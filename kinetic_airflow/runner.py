@@ -27,7 +27,7 @@ import time
 import traceback
 from typing import Any
 
-from kinetic_airflow.envelope import ResultRef, dumps_summary, is_result_ref, replace_refs
+from kinetic_airflow.envelope import ResultRef, dump_envelope, dumps_summary, is_result_ref, replace_refs
 from kinetic_airflow.layout import JobLayout
 from kinetic_airflow.storage import Storage, open_storage, uri_to_local_path
 
@@ -257,8 +257,6 @@ class JobRunner:
 
     def write_envelope(self, envelope: dict[str, Any]) -> bool:
         """Pickle and upload; an unpicklable value or exception still leaves an envelope."""
-        import cloudpickle
-
         if self.host != 0 and envelope["ok"]:
             return True  # only the leader reports a success; workers report only their failures
         self.phase = "upload"
@@ -268,7 +266,7 @@ class JobRunner:
         local = os.path.join(self.workdir, "result.pkl")
         try:
             with open(local, "wb") as fh:
-                cloudpickle.dump(envelope, fh)
+                dump_envelope(envelope, fh)
         except Exception as exc:
             what = "return value" if envelope["ok"] else "exception"
             obj = envelope["value"] if envelope["ok"] else envelope["exception"]
@@ -292,7 +290,7 @@ class JobRunner:
                 )
             envelope.update(value=None, exception=None)
             with open(local, "wb") as fh:
-                cloudpickle.dump(envelope, fh)
+                dump_envelope(envelope, fh)
         try:
             with _PhaseTimer(self.timings, "upload"):
                 self.storage.upload_file(local, self.layout.result(self.host))

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Set up, lint, and run the whole test suite. Exits non-zero if anything fails or no test ran.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+set +e
+.venv/bin/python -m pytest tests "$@"
+code=$?
+set -e
+if [ "$code" -eq 5 ]; then
+  echo "no tests were collected: failing" >&2
+  exit 1
+fi
+exit "$code"

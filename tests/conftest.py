@@ -1,0 +1,50 @@
+"""Test session setup: a throwaway AIRFLOW_HOME with a migrated SQLite DB, and fixtures.
+
+Environment is set at import time because Airflow reads its configuration when
+first imported, which happens while test modules are collected.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+_HOME = tempfile.mkdtemp(prefix="kinetic-airflow-tests-")
+sys.path.insert(0, str(TESTS / "dags"))
+os.environ["AIRFLOW_HOME"] = _HOME
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(TESTS / "dags")
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+os.environ["AIRFLOW__CORE__ALLOWED_DESERIALIZATION_CLASSES"] = "airflow.* kinetic_airflow.*"
+os.environ["AIRFLOW__LOGGING__LOGGING_LEVEL"] = "INFO"
+os.environ["KINETIC_POLL_INTERVAL"] = "0.3"
+os.environ["KINETIC_HEARTBEAT_SECONDS"] = "1"
+os.environ.pop("KINETIC_BASE_URI", None)
+
+pytest_plugins = ["kinetic_airflow.testing.gcs"]
+
+
+def airflow_bin() -> str:
+    return str(Path(sys.executable).parent / "airflow")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def airflow_db() -> str:
+    subprocess.run([airflow_bin(), "db", "migrate"], check=True, capture_output=True, env=os.environ)
+    return _HOME
+
+
+@pytest.fixture(params=["file", "gs"])
+def base_uri(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Job storage for a test, on local disk or in fake GCS; set as KINETIC_BASE_URI."""
+    if request.param == "file":
+        uri = f"file://{tmp_path}/kinetic"
+    else:
+        uri = request.getfixturevalue("gcs_bucket") + "/kinetic"
+    monkeypatch.setenv("KINETIC_BASE_URI", uri)
+    return uri

@@ -1,0 +1,170 @@
+"""DAGs the end-to-end tests run with dag.test(). Storage comes from KINETIC_BASE_URI."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pendulum
+from airflow.sdk import dag, task
+
+from kinetic_airflow import Data, load_result
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "volume_src"
+MOUNT = f"/tmp/kinetic-test-mount-{os.getuid()}"
+START = pendulum.datetime(2026, 1, 1, tz="UTC")
+
+
+class TrainingDiverged(Exception):
+    """A user exception class defined in the DAG file (pickled by value)."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"loss is NaN at step {step}")
+        self.step = step
+
+
+def record_failure(context):
+    """on_failure_callback: write what the task failed with where the test can read it."""
+    out = os.environ.get("KN_TEST_FAILURES")
+    if out:
+        exc = context.get("exception")
+        name = f"{context['ti'].task_id}.txt"
+        Path(out, name).write_text(f"{type(exc).__module__}.{type(exc).__qualname__}\n{exc}")
+
+
+@task.kinetic(accelerator="cpu")
+def add(a: int, b: int) -> int:
+    print(f"adding {a} and {b}")
+    return a + b
+
+
+@task.kinetic(multiple_outputs=True)
+def stats(values: list[float]) -> dict:
+    return {"mean": sum(values) / len(values), "n": len(values)}
+
+
+@task.kinetic
+def square(x: int) -> int:
+    return x * x
+
+
+@task.kinetic
+def make_array(n: int):
+    import numpy as np
+
+    return np.arange(n, dtype="float64")
+
+
+@task.kinetic
+def array_total(arr) -> float:
+    import numpy as np
+
+    assert isinstance(arr, np.ndarray), type(arr)
+    return float(arr.sum())
+
+
+@task
+def plain_total(ref) -> float:
+    return float(load_result(ref).sum())
+
+
+@task.kinetic(capture_env_vars=["KN_TEST_*"])
+def read_env() -> dict:
+    return {k: v for k, v in os.environ.items() if k.startswith("KN_TEST_")}
+
+
+@task.kinetic(volumes={MOUNT: Data(str(DATA_DIR))})
+def read_volume(single_file) -> dict:
+    return {
+        "mounted": sorted(p.relative_to(MOUNT).as_posix() for p in Path(MOUNT).rglob("*") if p.is_file()),
+        "arg_lines": Path(single_file).read_text().split(),
+    }
+
+
+@dag(schedule=None, start_date=START, catchup=False)
+def kn_values():
+    add(2, 3)
+    stats([1.0, 2.0, 3.0, 6.0])
+    square.expand(x=[1, 2, 3, 4])
+    arr = make_array(1000)
+    array_total(arr)
+    plain_total(arr)
+    read_env()
+    read_volume(Data(str(DATA_DIR / "lines.txt")))
+
+
+@task.kinetic(on_failure_callback=record_failure)
+def diverge():
+    raise TrainingDiverged(step=42)
+
+
+@task.kinetic(on_failure_callback=record_failure)
+def exits_nonzero():
+    print("about to exit")
+    sys.exit(3)
+
+
+@task.kinetic(on_failure_callback=record_failure)
+def exits_zero():
+    sys.exit(0)
+
+
+@task.kinetic(on_failure_callback=record_failure)
+def returns_unpicklable():
+    import threading
+
+    return threading.Lock()
+
+
+@dag(schedule=None, start_date=START, catchup=False)
+def kn_failures():
+    diverge()
+    exits_nonzero()
+    exits_zero()
+    returns_unpicklable()
+
+
+def _read(path: str) -> str | None:
+    if path.startswith("gs://"):
+        from google.cloud import storage
+        from google.auth.credentials import AnonymousCredentials
+
+        bucket, name = path[5:].split("/", 1)
+        client = storage.Client(project="test-project", credentials=AnonymousCredentials())
+        blob = client.bucket(bucket).blob(name)
+        return blob.download_as_text() if blob.exists() else None
+    p = Path(path)
+    return p.read_text() if p.exists() else None
+
+
+def _write(path: str, text: str) -> None:
+    if path.startswith("gs://"):
+        from google.cloud import storage
+        from google.auth.credentials import AnonymousCredentials
+
+        bucket, name = path[5:].split("/", 1)
+        client = storage.Client(project="test-project", credentials=AnonymousCredentials())
+        client.bucket(bucket).blob(name).upload_from_string(text)
+    else:
+        Path(path).write_text(text)
+
+
+@task.kinetic(retries=1, retry_delay=pendulum.duration(seconds=0))
+def resumable_training() -> dict:
+    ckpt = os.environ["KINETIC_OUTPUT_DIR"].rstrip("/") + "/checkpoint.txt"
+    found = _read(ckpt)
+    if found is None:
+        _write(ckpt, f"step-100 written by job {os.environ['KINETIC_JOB_ID']}")
+        raise RuntimeError("simulated crash after the first checkpoint")
+    return {"resumed_from": found, "job": os.environ["KINETIC_JOB_ID"]}
+
+
+@dag(schedule=None, start_date=START, catchup=False)
+def kn_retry():
+    resumable_training()
+
+
+kn_values()
+kn_failures()
+kn_retry()

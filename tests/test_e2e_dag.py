@@ -1,0 +1,71 @@
+"""End to end through real Airflow (dag.test) on the local backend, file:// and gs:// storage."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from helpers import ti_states, ti_try_numbers, xcom
+
+
+def _dag(name: str):
+    import kn_e2e
+
+    return getattr(kn_e2e, name)()
+
+
+def test_values_multiple_outputs_expand_arrays_env_volumes(base_uri, monkeypatch):
+    monkeypatch.setenv("KN_TEST_SECRET_TOKEN", "s3cr3t")
+    monkeypatch.setenv("KN_TEST_COLOR", "blue")
+    dr = _dag("kn_values").test()
+    assert dr.state == "success", ti_states(dr)
+    assert xcom(dr, "add") == 5
+    assert xcom(dr, "stats", key="mean") == 3.0
+    assert xcom(dr, "stats", key="n") == 4
+    assert [xcom(dr, "square", map_index=i) for i in range(4)] == [1, 4, 9, 16]
+    ref = xcom(dr, "make_array")
+    assert ref["__kinetic_result_ref__"].startswith(base_uri)
+    assert ref["type"] == "numpy.ndarray"
+    assert xcom(dr, "array_total") == sum(range(1000))
+    assert xcom(dr, "plain_total") == sum(range(1000))
+    assert xcom(dr, "read_env") == {"KN_TEST_SECRET_TOKEN": "s3cr3t", "KN_TEST_COLOR": "blue"}
+    volume = xcom(dr, "read_volume")
+    assert volume["mounted"] == ["lines.txt", "sub/inner.txt"]
+    assert volume["arg_lines"] == ["alpha", "beta", "gamma"]
+
+
+def test_failures_keep_type_message_and_cause(base_uri, tmp_path, monkeypatch):
+    out = tmp_path / "failures"
+    out.mkdir()
+    monkeypatch.setenv("KN_TEST_FAILURES", str(out))
+    dr = _dag("kn_failures").test()
+    states = ti_states(dr)
+    assert states == {
+        "diverge": "failed",
+        "exits_nonzero": "failed",
+        "exits_zero": "success",
+        "returns_unpicklable": "failed",
+    }
+    kind, message = (out / "diverge.txt").read_text().split("\n", 1)
+    assert kind.endswith("TrainingDiverged")
+    assert message.startswith("loss is NaN at step 42")
+    kind, message = (out / "exits_nonzero.txt").read_text().split("\n", 1)
+    assert kind == "kinetic_airflow.results.KineticRemoteError"
+    assert "sys.exit(3)" in message and "Only sys.exit(0) counts as success" in message
+    kind, message = (out / "returns_unpicklable.txt").read_text().split("\n", 1)
+    assert kind == "kinetic_airflow.results.KineticJobError"
+    assert "phase 'upload'" in message
+    assert "cannot be pickled" in message and "_thread.lock" in message
+
+
+def test_retry_finds_checkpoint_in_output_dir(base_uri):
+    dr = _dag("kn_retry").test()
+    assert dr.state == "success", ti_states(dr)
+    assert ti_try_numbers(dr)["resumable_training"] == 2
+    value = xcom(dr, "resumable_training")
+    assert value["resumed_from"].startswith("step-100 written by job ")
+    first_job = value["resumed_from"].rsplit(" ", 1)[1]
+    assert first_job.endswith("-t1a1") and value["job"].endswith("-t2a1")
