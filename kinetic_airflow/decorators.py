@@ -15,7 +15,7 @@ from kinetic_airflow.accelerators import parse_accelerator
 from kinetic_airflow.data import validate_volumes
 from kinetic_airflow.envcapture import validate_capture_patterns
 from kinetic_airflow.operators import KineticRunOperator, _templated
-from kinetic_airflow.validation import ensure_name, validate_backend, validate_callable
+from kinetic_airflow.validation import as_function, validate_backend, validate_callable
 
 __all__ = ["kinetic_task"]
 
@@ -91,7 +91,7 @@ def kinetic_task(
     def decorate(fn: Callable[..., Any]) -> TaskDecorator:
         validate_callable(fn)
         return task_decorator_factory(
-            python_callable=ensure_name(fn),
+            python_callable=as_function(fn),
             multiple_outputs=multiple_outputs,
             decorated_operator_class=_KineticDecoratedOperator,
             **kwargs,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import inspect
+import types
 from typing import Any
 
 __all__ = ["callable_name", "validate_backend", "validate_callable"]
@@ -44,7 +46,7 @@ def callable_name(fn: Any) -> str:
 
 
 def ensure_name(fn: Any) -> Any:
-    """Give partials and callable instances a ``__name__`` (the @task machinery needs one)."""
+    """Give partials and callable instances a ``__name__`` (used in task ids and logs)."""
     if getattr(fn, "__name__", None):
         return fn
     try:
@@ -52,6 +54,25 @@ def ensure_name(fn: Any) -> Any:
     except (AttributeError, TypeError):
         pass
     return fn
+
+
+def as_function(fn: Any) -> Any:
+    """A plain function for partials and callable objects, which @task's machinery requires.
+
+    The wrapper keeps the callable's signature (for argument binding at DAG parse time)
+    and calls it unchanged in the job.
+    """
+    if isinstance(fn, (types.FunctionType, types.MethodType)):
+        return fn
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = callable_name(fn)
+    call.__doc__ = getattr(fn, "__doc__", None)
+    call.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
+    call.__annotations__ = dict(getattr(getattr(fn, "func", fn), "__annotations__", {}) or {})
+    return call
 
 
 def validate_backend(backend: Any) -> None:

@@ -24,6 +24,7 @@ os.environ["AIRFLOW__CORE__ALLOWED_DESERIALIZATION_CLASSES"] = "airflow.* kineti
 os.environ["AIRFLOW__LOGGING__LOGGING_LEVEL"] = "INFO"
 os.environ["KINETIC_POLL_INTERVAL"] = "0.3"
 os.environ["KINETIC_HEARTBEAT_SECONDS"] = "1"
+os.environ["KINETIC_LOCAL_STATE_DIR"] = os.path.join(_HOME, "local-jobs")
 os.environ.pop("KINETIC_BASE_URI", None)
 
 pytest_plugins = ["kinetic_airflow.testing.gcs"]

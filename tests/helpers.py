@@ -6,7 +6,6 @@ from typing import Any
 
 
 def xcom(dag_run: Any, task_id: str, map_index: int = -1, key: str = "return_value") -> Any:
-    from sqlalchemy import select
 
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
@@ -38,7 +37,9 @@ def ti_states(dag_run: Any) -> dict[str, str]:
             )
         ).all()
         return {
-            (ti.task_id if ti.map_index < 0 else f"{ti.task_id}[{ti.map_index}]"): str(ti.state.value if hasattr(ti.state, "value") else ti.state)
+            (ti.task_id if ti.map_index < 0 else f"{ti.task_id}[{ti.map_index}]"): str(
+                ti.state.value if hasattr(ti.state, "value") else ti.state
+            )
             for ti in rows
         }
 

@@ -6,8 +6,6 @@ import json
 import os
 from pathlib import Path
 
-import pytest
-
 from helpers import ti_states, ti_try_numbers, xcom
 
 
@@ -69,3 +67,43 @@ def test_retry_finds_checkpoint_in_output_dir(base_uri):
     assert value["resumed_from"].startswith("step-100 written by job ")
     first_job = value["resumed_from"].rsplit(" ", 1)[1]
     assert first_job.endswith("-t1a1") and value["job"].endswith("-t2a1")
+
+
+def _local_dir(base_uri: str, job: str) -> Path:
+    if base_uri.startswith("file://"):
+        return Path(base_uri[len("file://") :]) / "jobs" / job
+    return Path(os.environ["KINETIC_LOCAL_STATE_DIR"]) / job
+
+
+def _job_dirs(base_uri: str, task_id: str) -> list[str]:
+    from kinetic_airflow.storage import open_storage
+
+    storage = open_storage(base_uri)
+    jobs = {uri.split("/jobs/", 1)[1].split("/", 1)[0] for uri in storage.list(base_uri + "/jobs")}
+    return sorted(j for j in jobs if f"-{task_id.replace('_', '-')}-" in j)
+
+
+def test_duplicate_execute_timeout_and_in_worker_wait(base_uri, tmp_path, monkeypatch):
+    out = tmp_path / "failures"
+    out.mkdir()
+    monkeypatch.setenv("KN_TEST_FAILURES", str(out))
+    dr = _dag("kn_semantics").test()
+    assert ti_states(dr) == {"slow_once": "success", "runs_too_long": "failed", "in_worker": "success"}
+
+    # execute ran twice for slow_once (pre_execute hook): one job, and the value is from it
+    jobs = _job_dirs(base_uri, "slow_once")
+    assert len(jobs) == 1, jobs
+    assert isinstance(xcom(dr, "slow_once"), int)
+
+    # execution_timeout while deferred: the task fails with a timeout and the job is stopped
+    kind, message = (out / "runs_too_long.txt").read_text().split("\n", 1)
+    assert kind == "airflow.sdk.exceptions.AirflowTaskTimeout"
+    assert "execution_timeout passed" in message and "the job was stopped" in message
+    (job,) = _job_dirs(base_uri, "runs_too_long")
+    from kinetic_airflow.storage import open_storage
+
+    summary = open_storage(base_uri).read_text_or_none(f"{base_uri}/jobs/{job}/result.json")
+    assert summary is None  # it never finished on its own
+    exit_record = json.loads((_local_dir(base_uri, job) / "exit.json").read_text())
+    assert exit_record["cancelled"] is True and exit_record["returncode"] != 0
+    assert xcom(dr, "in_worker") == 42

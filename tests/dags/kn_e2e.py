@@ -127,8 +127,8 @@ def kn_failures():
 
 def _read(path: str) -> str | None:
     if path.startswith("gs://"):
-        from google.cloud import storage
         from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
 
         bucket, name = path[5:].split("/", 1)
         client = storage.Client(project="test-project", credentials=AnonymousCredentials())
@@ -140,8 +140,8 @@ def _read(path: str) -> str | None:
 
 def _write(path: str, text: str) -> None:
     if path.startswith("gs://"):
-        from google.cloud import storage
         from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
 
         bucket, name = path[5:].split("/", 1)
         client = storage.Client(project="test-project", credentials=AnonymousCredentials())
@@ -165,6 +165,49 @@ def kn_retry():
     resumable_training()
 
 
+def execute_twice(context):
+    """pre_execute hook: run the operator's execute once more, as a duplicate worker would."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    store = context["task_state_store"]
+    if store.get("test_duplicate_done"):
+        return  # the resume after deferral also passes through here
+    store.set("test_duplicate_done", True)
+    try:
+        context["task"].execute(context)
+    except TaskDeferred:
+        pass
+
+
+@task.kinetic(pre_execute=execute_twice)
+def slow_once() -> int:
+    import time
+
+    time.sleep(2)
+    return os.getpid()
+
+
+@task.kinetic(execution_timeout=pendulum.duration(seconds=3), on_failure_callback=record_failure)
+def runs_too_long():
+    import time
+
+    print(f"pid {os.getpid()}", flush=True)
+    time.sleep(600)
+
+
+@task.kinetic(deferrable=False)
+def in_worker(x: int) -> int:
+    return x + 1
+
+
+@dag(schedule=None, start_date=START, catchup=False)
+def kn_semantics():
+    slow_once()
+    runs_too_long()
+    in_worker(41)
+
+
 kn_values()
 kn_failures()
 kn_retry()
+kn_semantics()

@@ -1,0 +1,84 @@
+"""The runner on its own: markers, envelope, verification, and not hanging on stray threads."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import cloudpickle
+from jobkit import make_job, run_runner
+
+from kinetic_airflow.storage import open_storage
+
+
+def _hello(name):
+    return f"hello {name}"
+
+
+def _leaves_a_thread():
+    import threading
+    import time
+
+    threading.Thread(target=time.sleep, args=(3600,), daemon=False).start()
+    return "done"
+
+
+def test_success_writes_markers_and_envelope(tmp_path):
+    layout = make_job(f"file://{tmp_path}", _hello, ("world",))
+    proc, summary = run_runner(layout)
+    assert proc.returncode == 0, proc.stderr
+    assert summary["ok"] is True and summary["value_repr"] == "'hello world'"
+    assert set(summary["timings"]) >= {"download", "verify", "unpickle", "execute", "upload", "total"}
+    storage = open_storage(layout.job_uri)
+    for marker in ("started", "heartbeat", "finished"):
+        assert storage.exists(layout.status(marker)), marker
+    with open(tmp_path / "jobs/job-1/result.pkl", "rb") as fh:
+        assert cloudpickle.load(fh)["value"] == "hello world"
+
+
+def test_lingering_non_daemon_thread_does_not_hang_the_job(tmp_path):
+    layout = make_job(f"file://{tmp_path}", _leaves_a_thread)
+    # subprocess.run's timeout only guards against a hang; without os._exit the job never ends
+    proc, summary = run_runner(layout, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert summary["ok"] is True
+
+
+def test_tampered_payload_is_refused_before_unpickling(tmp_path):
+    layout = make_job(f"file://{tmp_path}", _hello, ("x",))
+    payload = tmp_path / "jobs/job-1/payload.pkl"
+    payload.write_bytes(payload.read_bytes() + b"evil")
+    proc, summary = run_runner(layout)
+    assert proc.returncode == 1
+    assert summary["ok"] is False and summary["phase"] == "verify"
+    assert "payload digest mismatch" in summary["error_message"]
+
+
+def test_python_version_mismatch_is_explained(tmp_path):
+    layout = make_job(
+        f"file://{tmp_path}",
+        _hello,
+        ("x",),
+        manifest_overrides={"fingerprint": {"python": "3.9.1", "cloudpickle": cloudpickle.__version__}},
+    )
+    # the digest still matches; only the fingerprint is off
+    _, summary = run_runner(layout)
+    assert summary["phase"] == "verify"
+    assert "pickled on Python 3.9.1" in summary["error_message"]
+    assert "use a runner image with Python 3.9" in summary["error_message"]
+
+
+def test_runner_help_documents_arguments():
+    out = subprocess.run(
+        [sys.executable, "-m", "kinetic_airflow.runner", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    for flag in ("--job-uri", "--host-index", "--heartbeat-seconds"):
+        assert flag in out
+
+
+def test_runner_on_gcs(gcs_bucket):
+    layout = make_job(gcs_bucket + "/k", _hello, ("gcs",))
+    proc, summary = run_runner(layout)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(json.dumps(summary))["value_repr"] == "'hello gcs'"
