@@ -15,8 +15,8 @@ def _dag(name: str):
     return getattr(kn_e2e, name)()
 
 
-def test_values_multiple_outputs_expand_arrays_env_volumes(base_uri, monkeypatch):
-    monkeypatch.setenv("KN_TEST_SECRET_TOKEN", "s3cr3t")
+def test_values_multiple_outputs_expand_arrays_env_volumes(base_uri, monkeypatch, capfd):
+    monkeypatch.setenv("KN_TEST_SECRET_TOKEN", "s3cr3t-v4lue")
     monkeypatch.setenv("KN_TEST_COLOR", "blue")
     dr = _dag("kn_values").test()
     assert dr.state == "success", ti_states(dr)
@@ -29,7 +29,17 @@ def test_values_multiple_outputs_expand_arrays_env_volumes(base_uri, monkeypatch
     assert ref["type"] == "numpy.ndarray"
     assert xcom(dr, "array_total") == sum(range(1000))
     assert xcom(dr, "plain_total") == sum(range(1000))
-    assert xcom(dr, "read_env") == {"KN_TEST_SECRET_TOKEN": "s3cr3t", "KN_TEST_COLOR": "blue"}
+    assert xcom(dr, "read_env") == {
+        "names": ["KN_TEST_COLOR", "KN_TEST_SECRET_TOKEN"],
+        "color": "blue",
+        "secret_ok": True,
+    }
+    # No secret in the task logs (stdout here) nor anywhere in the metadata DB
+    # (XCom, trigger kwargs, next_kwargs events, rendered fields).
+    out, err = capfd.readouterr()
+    assert "s3cr3t-v4lue" not in out + err
+    db = Path(os.environ["AIRFLOW_HOME"], "airflow.db").read_bytes()
+    assert b"s3cr3t-v4lue" not in db
     volume = xcom(dr, "read_volume")
     assert volume["mounted"] == ["lines.txt", "sub/inner.txt"]
     assert volume["arg_lines"] == ["alpha", "beta", "gamma"]

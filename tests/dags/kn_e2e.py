@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from kinetic_airflow import Data, load_result
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "volume_src"
 MOUNT = f"/tmp/kinetic-test-mount-{os.getuid()}"
+SECRET_SHA256 = "8fc72cfd7a91177d2946599f2135f3d324baaa5fdb5c843aa971784afdb4269f"
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 
 
@@ -71,7 +73,13 @@ def plain_total(ref) -> float:
 
 @task.kinetic(capture_env_vars=["KN_TEST_*"])
 def read_env() -> dict:
-    return {k: v for k, v in os.environ.items() if k.startswith("KN_TEST_")}
+    # The secret's value must reach the job but never Airflow's plain-text stores (this
+    # file's source is one of them: only the secret's digest appears here).
+    return {
+        "names": sorted(k for k in os.environ if k.startswith("KN_TEST_")),
+        "color": os.environ["KN_TEST_COLOR"],
+        "secret_ok": hashlib.sha256(os.environ["KN_TEST_SECRET_TOKEN"].encode()).hexdigest() == SECRET_SHA256,
+    }
 
 
 @task.kinetic(volumes={MOUNT: Data(str(DATA_DIR))})

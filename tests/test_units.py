@@ -1,0 +1,112 @@
+"""Small pure pieces: settings precedence, identity, XCom conversion, storage and Data."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kinetic_airflow.config import default_base_uri, resolve_setting
+from kinetic_airflow.data import Data
+from kinetic_airflow.envelope import ResultRef, is_result_ref
+from kinetic_airflow.layout import JobIdentity
+from kinetic_airflow.results import to_xcom
+from kinetic_airflow.storage import FileStorage, open_storage
+
+
+def test_settings_precedence(monkeypatch):
+    monkeypatch.delenv("AIRFLOW__KINETIC__ZONE", raising=False)
+    monkeypatch.delenv("KINETIC_ZONE", raising=False)
+    assert resolve_setting("zone") == "us-central1-a"
+    monkeypatch.setenv("KINETIC_ZONE", "europe-west4-a")
+    assert resolve_setting("zone") == "europe-west4-a"
+    monkeypatch.setenv("AIRFLOW__KINETIC__ZONE", "us-east5-b")
+    assert resolve_setting("zone") == "us-east5-b"
+    assert resolve_setting("zone", "asia-east1-c") == "asia-east1-c"
+    monkeypatch.setenv("KINETIC_POLL_INTERVAL", "7")
+    assert resolve_setting("poll_interval") == 7.0
+
+
+def test_default_base_uris():
+    assert default_base_uri("local", None, "c").startswith("file:///")
+    assert default_base_uri("gke", "proj", "kinetic-cluster") == "gs://proj-kn-kinetic-cluster-jobs"
+    with pytest.raises(ValueError, match="needs a job bucket"):
+        default_base_uri("gke", None, "c")
+
+
+def test_job_identity_is_deterministic_and_dns_safe():
+    a = JobIdentity("My_DAG.v2", "manual__2026-01-01T00:00:00+00:00", "train.step", 3, 2)
+    b = JobIdentity("My_DAG.v2", "manual__2026-01-01T00:00:00+00:00", "train.step", 3, 2)
+    assert a.job_id == b.job_id
+    assert a.job_id != JobIdentity("My_DAG.v2", a.run_id, "train.step", 4, 2).job_id
+    assert a.job_id.endswith("-t2a1") and a.next_attempt().job_id.endswith("-t2a2")
+    import re
+
+    assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", a.job_id) and len(a.job_id) <= 52
+    long = JobIdentity("d" * 200, "r", "t" * 200)
+    assert len(long.job_id) <= 52 and len("kinetic-" + long.job_id) <= 63
+    assert all(len(v) <= 63 for v in a.labels().values())
+
+
+def test_to_xcom_keeps_small_values_and_refs_the_rest():
+    uri = "gs://b/jobs/j/result.pkl"
+    assert to_xcom({"a": 1}, uri, multiple_outputs=False, max_bytes=1000) == {"a": 1}
+    for value in (np.zeros(3), b"raw bytes", "x" * 5000):
+        ref = to_xcom(value, uri, multiple_outputs=False, max_bytes=1000)
+        assert is_result_ref(ref) and ref["__kinetic_result_ref__"] == uri and ref["key"] is None
+    mixed = to_xcom({"loss": 0.1, "weights": np.ones(2)}, uri, multiple_outputs=True, max_bytes=1000)
+    assert mixed["loss"] == 0.1
+    assert mixed["weights"]["key"] == "weights" and mixed["weights"]["type"] == "numpy.ndarray"
+
+
+def test_result_ref_loads_keyed_values(tmp_path):
+    import cloudpickle
+
+    (tmp_path / "result.pkl").write_bytes(cloudpickle.dumps({"value": {"w": np.arange(3)}}))
+    ref = ResultRef(f"file://{tmp_path}/result.pkl", key="w")
+    assert ref.load().tolist() == [0, 1, 2]
+
+
+def test_file_storage_atomic_and_exclusive(tmp_path):
+    storage = open_storage(f"file://{tmp_path}")
+    assert isinstance(storage, FileStorage)
+    uri = f"file://{tmp_path}/a/b.txt"
+    assert storage.write_text(uri, "1", if_absent=True) is True
+    assert storage.write_text(uri, "2", if_absent=True) is False
+    assert storage.read_text(uri) == "1"
+    assert storage.list(f"file://{tmp_path}/a") == [uri]
+
+
+def test_data_stages_once_and_materializes(tmp_path, gcs_bucket):
+    src = tmp_path / "ds"
+    (src / "x").mkdir(parents=True)
+    (src / "x" / "a.txt").write_text("A")
+    storage = open_storage(gcs_bucket)
+    staged = Data(str(src)).stage(storage, gcs_bucket + "/k")
+    before = storage.list(gcs_bucket + "/k/cache")
+    again = Data(str(src)).stage(storage, gcs_bucket + "/k")
+    assert again.staged_uri == staged.staged_uri and storage.list(gcs_bucket + "/k/cache") == before
+    local = staged.materialize(str(tmp_path / "out"))
+    assert (tmp_path / "out").exists() and open(f"{local}/x/a.txt").read() == "A"
+    # a gs:// Data object is used in place, file or prefix
+    storage.write_text(gcs_bucket + "/raw/one.csv", "1,2")
+    path = Data(gcs_bucket + "/raw/one.csv").stage(storage, "unused").materialize(str(tmp_path / "g"))
+    assert open(path).read() == "1,2"
+    with pytest.raises(FileNotFoundError, match="does not exist on the Airflow worker"):
+        Data(str(tmp_path / "missing")).stage(storage, gcs_bucket)
+
+
+def test_provider_is_registered_with_airflow():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "airflow"), "providers", "list", "-o", "plain"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "kinetic-airflow" in out
+    from airflow.sdk import task
+
+    assert callable(task.kinetic)
