@@ -106,13 +106,15 @@ class _HashingWriter:
         self.digest = hashlib.sha256()
         self.size = 0
 
-    def write(self, data: bytes) -> int:
-        self.digest.update(data)
-        self.size += len(data)
-        return self.fh.write(data)
+    def write(self, data: Any) -> int:
+        # Large buffers arrive as pickle.PickleBuffer (protocol 5): view them as raw bytes.
+        view = memoryview(data).cast("B")
+        self.digest.update(view)
+        self.size += view.nbytes
+        return self.fh.write(view)
 
 
-def _find_unpicklable(payload: dict[str, Any]) -> str:
+def _find_unpicklable(payload: dict[str, Any], error: Exception) -> str:
     """Name the part of the payload that fails, so the error points at the culprit."""
     parts: list[tuple[str, Any]] = [("the function", payload["fn"])]
     parts += [(f"positional argument {i}", a) for i, a in enumerate(payload["args"])]
@@ -123,7 +125,7 @@ def _find_unpicklable(payload: dict[str, Any]) -> str:
             cloudpickle.dumps(obj)
         except Exception as exc:
             return f"{label} (a {type(obj).__module__}.{type(obj).__qualname__}) cannot be pickled: {exc}"
-    return "the payload cannot be pickled"
+    return f"the payload cannot be pickled ({error})"
 
 
 def build_payload(
@@ -145,7 +147,7 @@ def build_payload(
             cloudpickle.dump(payload, writer)
     except Exception as exc:
         os.unlink(path)
-        culprit = _find_unpicklable(payload)
+        culprit = _find_unpicklable(payload, exc)
         where = f" for {task_label}" if task_label else ""
         raise PayloadError(
             f"cannot build the job payload{where}: {culprit}. Everything the function receives is "

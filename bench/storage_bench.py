@@ -1,0 +1,148 @@
+"""Payload upload + result download of a large numpy array: kinetic-airflow vs raw GCS calls.
+
+Both sides talk to the same fake-gcs-server in one run. Each measured step runs
+in a fresh subprocess so its peak RSS (ru_maxrss) belongs to that step alone.
+
+    python bench/storage_bench.py [--mib 256] [--repeat 3]
+
+Prints per-step seconds and MiB/s, the throughput ratio kinetic/raw (target
+>= 0.8) and peak memory over the object size (target <= 2; the array itself
+counts as 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _peak_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _identity(x):
+    return x
+
+
+def step(mode: str, bucket: str, mib: int) -> dict:
+    """One measured step, in its own process."""
+    import numpy as np
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage as gcs
+
+    from kinetic_airflow.envelope import dump_envelope
+    from kinetic_airflow.layout import JobLayout
+    from kinetic_airflow.payload import build_payload
+    from kinetic_airflow.results import load_envelope
+    from kinetic_airflow.storage import GCSStorage
+
+    client = gcs.Client(project="bench", credentials=AnonymousCredentials())
+    base_rss = _rss_bytes()
+    size = mib * 1024 * 1024
+    layout = JobLayout.for_job(f"gs://{bucket}/kinetic", "bench-job")
+    raw_name = "raw/object.bin"
+    if mode in ("kinetic-upload", "raw-upload"):
+        arr = np.random.default_rng(0).random(size // 8)
+    else:
+        arr = None
+    start = time.perf_counter()
+    if mode == "kinetic-upload":
+        path, _ = build_payload(_identity, [arr], {})
+        GCSStorage(client).upload_file(path, layout.payload)
+        os.unlink(path)
+    elif mode == "kinetic-download":
+        value = load_envelope(GCSStorage(client), layout.result())["value"]
+        assert value.nbytes == size
+    elif mode == "raw-upload":
+        client.bucket(bucket).blob(raw_name).upload_from_string(arr.tobytes())
+    elif mode == "raw-download":
+        value = np.frombuffer(client.bucket(bucket).blob(raw_name).download_as_bytes(), dtype="float64")
+        assert value.nbytes == size
+    elif mode == "prepare":
+        import tempfile
+
+        arr = np.random.default_rng(1).random(size // 8)
+        with tempfile.NamedTemporaryFile() as fh:
+            dump_envelope({"ok": True, "value": arr}, fh)
+            fh.flush()
+            GCSStorage(client).upload_file(fh.name, layout.result())
+        client.bucket(bucket).blob(raw_name).upload_from_string(arr.tobytes())
+        return {}
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "peak_over_size": (_peak_bytes() - base_rss) / size}
+
+
+def _run_step(mode: str, bucket: str, mib: int, env: dict) -> dict:
+    out: Any = subprocess.run(
+        [sys.executable, __file__, "--step", mode, "--bucket", bucket, "--mib", str(mib)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"step {mode} failed:\n{out.stderr[-3000:]}")
+    out = out.stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mib", type=int, default=256)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--step", default=None)
+    parser.add_argument("--bucket", default="bench")
+    args = parser.parse_args()
+    if args.step:
+        print(json.dumps(step(args.step, args.bucket, args.mib)))
+        return
+
+    from kinetic_airflow.testing.gcs import FakeGCS
+
+    with FakeGCS() as server:
+        env = {**os.environ, **server.environ()}
+        os.environ.update(server.environ())
+        server.create_bucket(args.bucket)
+        _run_step("prepare", args.bucket, args.mib, env)
+        results: dict[str, list[dict]] = {}
+        for _ in range(args.repeat):  # interleaved so drift hits both sides alike
+            for mode in ("raw-upload", "kinetic-upload", "raw-download", "kinetic-download"):
+                results.setdefault(mode, []).append(_run_step(mode, args.bucket, args.mib, env))
+    print(f"object: {args.mib} MiB numpy float64 array, {args.repeat} runs each, median shown")
+    summary = {}
+    for mode, runs in results.items():
+        seconds = statistics.median(r["seconds"] for r in runs)
+        peak = max(r["peak_over_size"] for r in runs)
+        summary[mode] = (seconds, peak)
+        print(
+            f"  {mode:17s} {seconds:6.2f} s  {args.mib / seconds:7.1f} MiB/s  peak memory {peak:4.2f}x object"
+        )
+    raw = summary["raw-upload"][0] + summary["raw-download"][0]
+    ours = summary["kinetic-upload"][0] + summary["kinetic-download"][0]
+    ratio = raw / ours
+    peak = max(summary["kinetic-upload"][1], summary["kinetic-download"][1])
+    print(f"throughput ratio kinetic/raw (upload+download): {ratio:.2f}  (target >= 0.8)")
+    print(f"kinetic peak memory / object size: {peak:.2f}  (target <= 2)")
+    raw_peak = max(summary["raw-upload"][1], summary["raw-download"][1])
+    print(f"raw google-cloud-storage peak memory / object size: {raw_peak:.2f}")
+
+
+if __name__ == "__main__":
+    main()
