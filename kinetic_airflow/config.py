@@ -32,6 +32,11 @@ DEFAULTS: dict[str, Any] = {
     "log_max_lines": 10000,
     "local_python": None,
     "local_state_dir": None,
+    # Cluster backends. The startup timeout allows for TPU/GPU node pool scale-up (often 5-15 min).
+    "startup_timeout": 1800.0,
+    "heartbeat_timeout": 300.0,
+    "preemption_retries": 3,
+    "runner_python": "python",
 }
 
 BACKENDS = ("local", "gke", "pathways", "auto")

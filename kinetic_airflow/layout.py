@@ -76,7 +76,8 @@ class JobIdentity:
             "kinetic.airflow/dag-id": dns_label(self.dag_id, 63),
             "kinetic.airflow/task-id": dns_label(self.task_id, 63),
             "kinetic.airflow/run-id": hashlib.sha256(self.run_id.encode()).hexdigest()[:16],
-            "kinetic.airflow/map-index": str(self.map_index),
+            # label values must start with an alphanumeric character: "-1" is not allowed
+            "kinetic.airflow/map-index": str(self.map_index) if self.map_index >= 0 else "none",
             "kinetic.airflow/try-number": str(self.try_number),
             "kinetic.airflow/attempt": str(self.attempt),
             "kinetic.airflow/ti": hashlib.sha256(self.ti_key.encode()).hexdigest()[:32],

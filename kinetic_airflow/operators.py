@@ -32,6 +32,7 @@ from kinetic_airflow.data import Data, validate_volumes
 from kinetic_airflow.envcapture import capture_env, validate_capture_patterns
 from kinetic_airflow.envelope import ResultRef, is_result_ref, replace_refs
 from kinetic_airflow.layout import JobIdentity, JobLayout, output_dir_uri
+from kinetic_airflow.links import LINKS_XCOM_KEY, KineticJobConsoleLink, KineticJobLogsLink, job_links
 from kinetic_airflow.payload import build_payload, manifest_json, register_dag_modules_by_value
 from kinetic_airflow.results import KineticJobError, load_envelope, raise_remote, to_xcom
 from kinetic_airflow.storage import Storage, uri_to_local_path
@@ -69,6 +70,9 @@ class KineticRunOperator(BaseOperator):
     :param capture_env_vars: worker env var names or wildcards to send to the job.
     :param volumes: ``{"/abs/mount": Data(...)}`` made available before the function runs.
     :param deferrable: wait in the triggerer (default) or, if False, in the worker.
+    :param startup_timeout: cluster backends: seconds a job may stay unschedulable (node scale-up).
+    :param preemption_retries: cluster backends: resubmissions after preemption, not counted as retries.
+    :param container_env: plain (non-secret) environment variables for the job's container.
     """
 
     template_fields: Sequence[str] = (
@@ -85,6 +89,7 @@ class KineticRunOperator(BaseOperator):
     )
     template_fields_renderers = {"op_args": "py", "op_kwargs": "py"}
     ui_color = "#d7e9f7"
+    operator_extra_links = (KineticJobConsoleLink(), KineticJobLogsLink())
     shallow_copy_attrs: Sequence[str] = ("python_callable",)
 
     def __init__(
@@ -110,6 +115,9 @@ class KineticRunOperator(BaseOperator):
         deferrable: bool = True,
         poll_interval: float | None = None,
         heartbeat_seconds: float | None = None,
+        startup_timeout: float | None = None,
+        preemption_retries: int | None = None,
+        container_env: dict[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -137,6 +145,9 @@ class KineticRunOperator(BaseOperator):
         self.deferrable = deferrable
         self.poll_interval = poll_interval
         self.heartbeat_seconds = heartbeat_seconds
+        self.startup_timeout = startup_timeout
+        self.preemption_retries = preemption_retries
+        self.container_env = dict(container_env or {})
 
     # Settings ---------------------------------------------------------------------------------
     def _backend_name(self) -> str:
@@ -170,7 +181,7 @@ class KineticRunOperator(BaseOperator):
                 os.path.expanduser("~"), ".cache", "kinetic-airflow", "local"
             )
             local_dir = os.path.join(root, identity.job_id)
-        return {
+        ref: JobRef = {
             "backend": backend,
             "job_id": identity.job_id,
             "job_uri": layout.job_uri,
@@ -178,6 +189,39 @@ class KineticRunOperator(BaseOperator):
             "identity": identity.to_dict(),
             "local_dir": local_dir,
             "python": resolve_setting("local_python") or sys.executable,
+        }
+        if backend != "local":
+            ref.update(self._cluster_fields())
+        return ref
+
+    def _cluster_fields(self) -> dict[str, Any]:
+        """What a cluster backend needs; all of it public (ids, names, endpoint, CA)."""
+        from kinetic_airflow.backends.gke.client import resolve_gke_cluster
+        from kinetic_airflow.backends.gke.manifest import default_image
+
+        spec = parse_accelerator(self.accelerator, spot=self.spot or None)
+        cluster = resolve_gke_cluster(
+            {
+                "kubernetes_conn_id": resolve_setting("kubernetes_conn_id", self.kubernetes_conn_id),
+                "gcp_conn_id": self._gcp_conn_id(),
+                "project": resolve_setting("project", self.project),
+                "location": resolve_setting("zone", self.zone),
+                "name": resolve_setting("cluster", self.cluster),
+            }
+        )
+        deadline = int(self.execution_timeout.total_seconds()) if self.execution_timeout else None
+        return {
+            "cluster": cluster,
+            "namespace": resolve_setting("namespace", self.namespace),
+            "accelerator": spec.text,
+            "node_selectors": spec.node_selectors,
+            "image": resolve_setting("container_image", self.container_image) or default_image(spec),
+            "runner_python": resolve_setting("runner_python"),
+            "service_account": resolve_setting("service_account") or None,
+            "active_deadline_seconds": deadline,
+            "container_env": self.container_env,
+            "startup_timeout": float(resolve_setting("startup_timeout", self.startup_timeout)),
+            "heartbeat_timeout": float(resolve_setting("heartbeat_timeout")),
         }
 
     # Execute -----------------------------------------------------------------------------------
@@ -318,7 +362,21 @@ class KineticRunOperator(BaseOperator):
     def _poll_interval(self) -> float:
         return float(resolve_setting("poll_interval", self.poll_interval))
 
+    def _push_links(self, context: Context, ref: JobRef) -> None:
+        if "cluster" not in ref:
+            return
+        cluster = ref["cluster"]
+        links = job_links(
+            project=cluster.get("project"),
+            location=cluster.get("location") or "",
+            cluster=cluster.get("name") or "",
+            namespace=ref["namespace"],
+            job_name=f"kinetic-{ref['job_id']}",
+        )
+        context["ti"].xcom_push(key=LINKS_XCOM_KEY, value=links)
+
     def _wait(self, context: Context, ref: JobRef, deadline: float | None) -> Any:
+        self._push_links(context, ref)
         if not self.deferrable:
             event = asyncio.run(self._watcher(ref, deadline).wait())
             return self.execute_complete(context, event)
@@ -345,10 +403,16 @@ class KineticRunOperator(BaseOperator):
         status = event.get("status")
         storage = self._storage(ref["job_uri"])
         result_uri = JobLayout(ref["job_uri"]).result()
+        identity = JobIdentity.from_dict(ref["identity"])
         if status == "success":
             envelope = load_envelope(storage, result_uri)
             timings = (event.get("summary") or {}).get("timings")
-            log.info("kinetic job %s succeeded (timings %s)", ref["job_id"], timings)
+            log.info(
+                "kinetic job %s succeeded on attempt %d (timings %s)",
+                ref["job_id"],
+                identity.attempt,
+                timings,
+            )
             return to_xcom(
                 envelope["value"],
                 result_uri,
@@ -360,6 +424,8 @@ class KineticRunOperator(BaseOperator):
             log.error("last log lines of job %s:\n%s", ref["job_id"], "\n".join(tail))
         if status == "timeout":
             raise AirflowTaskTimeout(describe_failure(event))
+        if status == "preempted":
+            return self._resubmit_after_preemption(context, event)
         summary = event.get("summary")
         if summary is not None:
             try:
@@ -369,6 +435,32 @@ class KineticRunOperator(BaseOperator):
                 envelope = None
             raise_remote(envelope, summary, ref["job_id"])
         raise KineticJobError(describe_failure(event))
+
+    def _resubmit_after_preemption(self, context: Context, event: dict[str, Any]) -> Any:
+        """A preempted attempt runs again as a new attempt of the same try: no Airflow retry used."""
+        ref: JobRef = event["job"]
+        identity = JobIdentity.from_dict(ref["identity"])
+        limit = int(resolve_setting("preemption_retries", self.preemption_retries))
+        if identity.attempt > limit:
+            raise KineticJobError(
+                describe_failure(event)
+                + f"\nThe job was preempted {identity.attempt} times (preemption_retries={limit})."
+            )
+        store = context.get("task_state_store")
+        record = store.get(STATE_KEY) if store is not None else None
+        deadline = (record or {}).get("deadline")
+        new_ref = self._job_ref(identity.next_attempt(), ref["backend"], ref["base_uri"])
+        log.warning(
+            "kinetic job %s was preempted (%s); resubmitting as attempt %d (up to %d more) as %s. "
+            "KINETIC_OUTPUT_DIR is unchanged, so checkpoints carry over; no Airflow retry is used.",
+            ref["job_id"],
+            event.get("message"),
+            identity.attempt + 1,
+            limit - identity.attempt,
+            new_ref["job_id"],
+        )
+        self._submit(context, new_ref, store, deadline)
+        return self._wait(context, new_ref, deadline)
 
 
 class _NewJob:

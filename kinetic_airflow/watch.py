@@ -45,10 +45,31 @@ def _classify_exit(status: BackendStatus) -> tuple[str, str, str]:
     sig = status.details.get("signal") if status.details else None
     if status.reason == "Cancelled":
         return "cancelled", "the job was cancelled", ""
+    if status.reason == "ImagePullFailed":
+        return (
+            "image_pull",
+            status.message,
+            "Check the image name and tag (container_image= or [kinetic] container_image) and that the "
+            "cluster's node service account may pull from the registry.",
+        )
+    if status.reason == "DeadlineExceeded":
+        return (
+            "deadline_exceeded",
+            status.message,
+            "The Job's activeDeadlineSeconds comes from the task's execution_timeout: raise it, or make "
+            "the function checkpoint to KINETIC_OUTPUT_DIR so a retry resumes.",
+        )
+    if status.reason == "Preempted":
+        return (
+            "preempted",
+            status.message,
+            "The node was reclaimed (Spot preemption, maintenance or node loss).",
+        )
     if status.reason == "OOMKilled" or sig == 9 or status.exit_code == 137:
         return (
             "oom_killed" if status.reason == "OOMKilled" else "killed",
-            f"the job process was killed ({status.reason or 'SIGKILL'}) before it wrote a result",
+            f"the job process was killed ({status.reason or 'SIGKILL'}) before it wrote a result"
+            + (f": {status.message}" if status.message else ""),
             "This is usually running out of memory: use a larger accelerator/machine or reduce the "
             "batch size.",
         )
@@ -81,6 +102,10 @@ class JobWatcher:
         emit_log: Callable[[str], None] | None = None,
     ) -> None:
         self.job = job
+        self.startup_timeout = job.get("startup_timeout")
+        self.heartbeat_timeout = job.get("heartbeat_timeout")
+        self.submitted_at = float(job.get("submitted_at") or time.time())
+        self.last_heartbeat_check = 0.0
         self.layout = JobLayout(job["job_uri"])
         self.storage = storage
         self.backend = backend
@@ -89,8 +114,28 @@ class JobWatcher:
         self.log_max_lines = log_max_lines
         self.emit_log = emit_log or (lambda line: None)
         self.log_offset = 0
+        self.saved_offset = 0
         self.lines_emitted = 0
         self.tail: deque[str] = deque(maxlen=_TAIL_LINES)
+
+    @property
+    def _cursor_uri(self) -> str:
+        return self.layout.status("log-cursor")
+
+    async def _load_cursor(self) -> None:
+        """Resume after the lines an earlier trigger (before a triggerer restart) already showed."""
+        text = await self.storage.aread_text_or_none(self._cursor_uri)
+        if text:
+            cursor = json.loads(text)
+            self.log_offset = self.saved_offset = int(cursor.get("offset", 0))
+            self.lines_emitted = int(cursor.get("lines", 0))
+
+    async def _save_cursor(self) -> None:
+        if self.log_offset != self.saved_offset:
+            await self.storage.awrite_text(
+                self._cursor_uri, json.dumps({"offset": self.log_offset, "lines": self.lines_emitted})
+            )
+            self.saved_offset = self.log_offset
 
     async def _pump_logs(self) -> None:
         while True:
@@ -115,8 +160,20 @@ class JobWatcher:
         while time.monotonic() < end:
             if (await self.backend.astatus(self.job)).state.terminal:
                 break
+            await asyncio.sleep(0.2)
+        end = time.monotonic() + _DRAIN_SECONDS  # a log stream may trail the process's exit
+        while not await asyncio.to_thread(self.backend.log_complete, self.job) and time.monotonic() < end:
+            await self._pump_logs()
             await asyncio.sleep(0.1)
         await self._pump_logs()
+        await self._save_cursor()
+
+    async def _heartbeat_age(self) -> float | None:
+        """Seconds since the runner's last heartbeat, or None before it started beating."""
+        text = await self.storage.aread_text_or_none(self.layout.status("heartbeat"))
+        if not text:
+            return None
+        return time.time() - float(json.loads(text).get("time", 0))
 
     async def _summary(self) -> dict[str, Any] | None:
         text = await self.storage.aread_text_or_none(self.layout.result_summary())
@@ -150,8 +207,13 @@ class JobWatcher:
 
     async def wait(self) -> dict[str, Any]:
         not_found_since: float | None = None
+        polls = 0
+        await self._load_cursor()
         while True:
+            polls += 1
             await self._pump_logs()
+            if polls % 10 == 0:
+                await self._save_cursor()
             summary = await self._summary()
             if summary is not None:
                 await self._drain()
@@ -164,7 +226,11 @@ class JobWatcher:
                     return self._result_event(summary)
                 cause, message, hint = _classify_exit(status)
                 return self._event(
-                    "failed", cause=cause, message=message, hint=hint, exit_code=status.exit_code
+                    "preempted" if cause == "preempted" else "failed",
+                    cause=cause,
+                    message=message,
+                    hint=hint,
+                    exit_code=status.exit_code,
                 )
             if status.state is JobState.NOT_FOUND:
                 not_found_since = not_found_since or time.monotonic()
@@ -177,6 +243,40 @@ class JobWatcher:
                     )
             else:
                 not_found_since = None
+            if (
+                status.state is JobState.PENDING
+                and status.reason == "Unschedulable"
+                and self.startup_timeout is not None
+                and time.time() - self.submitted_at > self.startup_timeout
+            ):
+                await self.backend.acancel(self.job)
+                selectors = json.dumps(self.job.get("node_selectors") or {}, sort_keys=True)
+                return self._event(
+                    "failed",
+                    cause="unschedulable",
+                    message=(
+                        f"the job could not be scheduled within startup_timeout={self.startup_timeout:.0f}s: "
+                        f"no node matches its nodeSelector {selectors} ({status.message})"
+                    ),
+                    hint="Create a node pool with these labels (or enable node auto-provisioning), check "
+                    "accelerator quota in the zone, or pick another accelerator.",
+                )
+            if (
+                status.state is JobState.RUNNING
+                and self.heartbeat_timeout
+                and time.monotonic() - self.last_heartbeat_check > min(15.0, self.heartbeat_timeout / 4)
+            ):
+                self.last_heartbeat_check = time.monotonic()
+                age = await self._heartbeat_age()
+                if age is not None and age > self.heartbeat_timeout:
+                    await self.backend.acancel(self.job)
+                    return self._event(
+                        "preempted",
+                        cause="heartbeat_stale",
+                        message=f"the runner's heartbeat stopped {age:.0f}s ago while the pod still looked "
+                        "alive: the node was most likely lost",
+                        hint="",
+                    )
             if self.deadline is not None and time.time() >= self.deadline:
                 await self.backend.acancel(self.job)
                 await self._drain()

@@ -12,9 +12,13 @@ def get_backend(name: str) -> Backend:
         from kinetic_airflow.backends.local import LocalBackend
 
         return LocalBackend()
-    if name in ("gke", "pathways"):
+    if name == "gke":
+        from kinetic_airflow.backends.gke.backend import GKEBackend
+
+        return GKEBackend()
+    if name == "pathways":
         raise NotImplementedError(
-            f"backend={name!r} is not available in this version of kinetic-airflow yet; "
-            "use backend='local' (the embedded default) until the GKE backend lands"
+            "backend='pathways' (multi-host TPU on a LeaderWorkerSet) is not available in this version "
+            "of kinetic-airflow yet; use a single-host accelerator with backend='gke', or backend='local'"
         )
     raise ValueError(f"unknown backend {name!r}: use 'local', 'gke', 'pathways' or 'auto'")

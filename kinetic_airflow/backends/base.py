@@ -59,6 +59,10 @@ class Backend:
         """Log text from byte ``offset`` on, and the new offset."""
         return "", offset
 
+    def log_complete(self, job: JobRef) -> bool:
+        """True once everything the (finished) job logged can be read with ``read_log``."""
+        return True
+
     async def astatus(self, job: JobRef) -> BackendStatus:
         return await asyncio.to_thread(self.status, job)
 

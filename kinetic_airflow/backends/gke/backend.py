@@ -1,0 +1,218 @@
+"""GKE backend: one batch/v1 Job per attempt.
+
+The worker submits (POST; a 409 for a Job labelled as this task instance's is
+adopted) and reads status directly; triggers read status from the shared watch
+of the namespace and follow pod logs with one streaming request per pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from typing import Any
+
+from kinetic_airflow.accelerators import parse_accelerator
+from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobState
+from kinetic_airflow.backends.gke.classify import classify
+from kinetic_airflow.backends.gke.client import ApiError, KubeApi, kube_api
+from kinetic_airflow.backends.gke.manifest import CONTAINER_NAME, build_job_manifest
+from kinetic_airflow.backends.gke.watch_cache import shared_watch
+from kinetic_airflow.layout import JobIdentity
+
+__all__ = ["GKEBackend", "JobOwnershipError", "k8s_job_name"]
+
+log = logging.getLogger(__name__)
+
+TI_LABEL = "kinetic.airflow/ti"
+
+
+class JobOwnershipError(RuntimeError):
+    """A Job with our deterministic name exists but belongs to another task instance."""
+
+
+def k8s_job_name(job: JobRef) -> str:
+    return f"kinetic-{job['job_id']}"
+
+
+def _owner_label(job: JobRef) -> str:
+    return JobIdentity.from_dict(job["identity"]).labels()[TI_LABEL]
+
+
+class _LogFollower(threading.Thread):
+    """Streams one pod's log (follow=true) into memory: one request per pod, not per poll."""
+
+    def __init__(self, api: KubeApi, namespace: str, pod: str) -> None:
+        super().__init__(name=f"kinetic-log-{pod}", daemon=True)
+        self.api, self.namespace, self.pod = api, namespace, pod
+        self.lines: list[str] = []
+        self.done = threading.Event()
+        self.lock = threading.Lock()
+
+    def run(self) -> None:
+        received = 0
+        for _ in range(20):  # reconnects after dropped streams; skip what we already have
+            try:
+                response = self.api.request(
+                    "GET",
+                    f"{KubeApi.pods_path(self.namespace, self.pod)}/log",
+                    query={"follow": "true", "container": CONTAINER_NAME},
+                    stream=True,
+                    timeout=(10, None),
+                )
+            except ApiError as exc:
+                if exc.status in (400, 404):  # not started yet / gone
+                    self.done.wait(1.0)
+                    continue
+                break
+            seen, buffer = 0, b""
+            try:
+                for chunk in response.stream(65536, decode_content=True):
+                    buffer += chunk
+                    *complete, buffer = buffer.split(b"\n")
+                    for raw in complete:
+                        seen += 1
+                        if seen > received:
+                            with self.lock:
+                                self.lines.append(raw.decode("utf-8", "replace"))
+                            received = seen
+                if buffer:
+                    with self.lock:
+                        self.lines.append(buffer.decode("utf-8", "replace"))
+                    received += 1
+                self.done.set()
+                return
+            except Exception:
+                continue
+            finally:
+                response.release_conn()
+        self.done.set()
+
+
+class GKEBackend(Backend):
+    name = "gke"
+
+    def __init__(self) -> None:
+        self._followers: dict[str, _LogFollower] = {}
+
+    @staticmethod
+    def _api(job: JobRef) -> KubeApi:
+        return kube_api(job["cluster"])
+
+    # Submit -----------------------------------------------------------------------------------
+    def manifest(self, job: JobRef) -> dict[str, Any]:
+        identity = JobIdentity.from_dict(job["identity"])
+        return build_job_manifest(
+            name=k8s_job_name(job),
+            namespace=job["namespace"],
+            labels=identity.labels(),
+            annotations={
+                "kinetic.airflow/task-instance": identity.ti_key,
+                "kinetic.airflow/job-uri": job["job_uri"],
+            },
+            spec=parse_accelerator(job["accelerator"]),
+            image=job["image"],
+            job_uri=job["job_uri"],
+            python=job.get("runner_python") or "python",
+            service_account=job.get("service_account"),
+            active_deadline_seconds=job.get("active_deadline_seconds"),
+            env=job.get("container_env"),
+        )
+
+    def submit(self, job: JobRef, *, env: dict[str, str] | None = None) -> None:
+        api = self._api(job)
+        path = KubeApi.jobs_path(job["namespace"])
+        try:
+            api.request("POST", path, body=self.manifest(job))
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            existing = api.get_or_none(KubeApi.jobs_path(job["namespace"], k8s_job_name(job))) or {}
+            owner = existing.get("metadata", {}).get("labels", {}).get(TI_LABEL)
+            if owner != _owner_label(job):
+                raise JobOwnershipError(
+                    f"a Job named {k8s_job_name(job)} already exists in namespace {job['namespace']} but is "
+                    f"not labelled as this task instance's ({TI_LABEL}={owner!r}, expected "
+                    f"{_owner_label(job)!r}); kinetic will not adopt or delete it. Delete it if it is stale."
+                ) from None
+            log.info("Job %s already exists for this task instance; adopting it", k8s_job_name(job))
+
+    # Status -----------------------------------------------------------------------------------
+    def status(self, job: JobRef) -> BackendStatus:
+        api = self._api(job)
+        name = k8s_job_name(job)
+        found = api.get_or_none(KubeApi.jobs_path(job["namespace"], name))
+        if found is None:
+            return BackendStatus(JobState.NOT_FOUND)
+        pods = api.request(
+            "GET", KubeApi.pods_path(job["namespace"]), query={"labelSelector": f"job-name={name}"}
+        ).get("items", [])
+        return classify(found, pods)
+
+    def _cached_status(self, job: JobRef) -> BackendStatus:
+        watch = shared_watch(job["cluster"], job["namespace"])
+        if not watch.wait_synced(30):
+            return self.status(job)
+        name = k8s_job_name(job)
+        found = watch.job(name)
+        if found is None:  # just created and not seen yet, or really gone: ask once
+            return self.status(job)
+        return classify(found, watch.pods_of(name))
+
+    async def astatus(self, job: JobRef) -> BackendStatus:
+        return await asyncio.to_thread(self._cached_status, job)
+
+    # Cancel -----------------------------------------------------------------------------------
+    def cancel(self, job: JobRef) -> None:
+        api = self._api(job)
+        path = KubeApi.jobs_path(job["namespace"], k8s_job_name(job))
+        existing = api.get_or_none(path)
+        if existing is None:
+            return
+        if existing.get("metadata", {}).get("labels", {}).get(TI_LABEL) != _owner_label(job):
+            log.warning("not deleting Job %s: it is not labelled as this task instance's", k8s_job_name(job))
+            return
+        try:
+            api.request(
+                "DELETE",
+                path,
+                body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Foreground"},
+            )
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+
+    # Logs -------------------------------------------------------------------------------------
+    def log_complete(self, job: JobRef) -> bool:
+        self.read_log(job, 0 if k8s_job_name(job) not in self._followers else 10**9)  # start following
+        follower = self._followers.get(k8s_job_name(job))
+        return follower is not None and follower.done.is_set()
+
+    def read_log(self, job: JobRef, offset: int) -> tuple[str, int]:
+        """Offset counts lines: a rebuilt trigger skips what an earlier one already showed."""
+        name = k8s_job_name(job)
+        follower = self._followers.get(name)
+        if follower is None:
+            watch = shared_watch(job["cluster"], job["namespace"])
+            pods = [
+                p
+                for p in watch.pods_of(name)
+                if p.get("status", {}).get("phase") in ("Running", "Succeeded", "Failed")
+            ]
+            if not pods:
+                return "", offset
+            pod = max(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "")
+            follower = self._followers[name] = _LogFollower(
+                self._api(job), job["namespace"], pod["metadata"]["name"]
+            )
+            follower.start()
+        with follower.lock:
+            lines = follower.lines[offset:]
+        if not lines:
+            return "", offset
+        return "\n".join(lines) + "\n", offset + len(lines)
+
+
+def describe_selectors(job: JobRef) -> str:
+    return json.dumps(parse_accelerator(job["accelerator"]).node_selectors, sort_keys=True)

@@ -1,0 +1,141 @@
+"""Job + pods (as API dicts) -> BackendStatus with a cause a person can act on.
+
+The order of checks matters: a preempted pod also has a non-zero exit code, and
+an OOM-killed one was "killed", so the most specific explanation wins.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kinetic_airflow.backends.base import BackendStatus, JobState
+
+__all__ = ["IMAGE_PULL_REASONS", "classify"]
+
+IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
+# Pod-level reasons GKE/kubelet use when a node goes away or shuts down.
+_NODE_LOSS_REASONS = {"Terminated", "NodeShutdown", "NodeLost", "Shutdown", "Evicted", "NodeAffinity"}
+
+
+def _conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c.get("type"): c for c in (obj.get("status", {}).get("conditions") or [])}
+
+
+def _newest(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
+    if not pods:
+        return None
+    return max(pods, key=lambda p: (p["metadata"].get("creationTimestamp") or "", p["metadata"]["name"]))
+
+
+def _container_states(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    status = pod.get("status", {})
+    return list(status.get("initContainerStatuses") or []) + list(status.get("containerStatuses") or [])
+
+
+def _pod_status(pod: dict[str, Any]) -> BackendStatus | None:
+    """A terminal or otherwise decisive status read off one pod; None if it is just running."""
+    name = pod["metadata"]["name"]
+    status = pod.get("status", {})
+    conditions = _conditions(pod)
+    disruption = conditions.get("DisruptionTarget")
+    if disruption and disruption.get("status") == "True":
+        return BackendStatus(
+            JobState.FAILED,
+            reason="Preempted",
+            message=f"pod {name} was disrupted ({disruption.get('reason')}: {disruption.get('message', '')})",
+            details={"preempted": True, "pod": name},
+        )
+    for cs in _container_states(pod):
+        state = cs.get("state") or {}
+        waiting = state.get("waiting") or {}
+        if waiting.get("reason") in IMAGE_PULL_REASONS:
+            return BackendStatus(
+                JobState.FAILED,
+                reason="ImagePullFailed",
+                message=(
+                    f"the image {cs.get('image')!r} cannot be pulled ({waiting.get('reason')}: "
+                    f"{waiting.get('message', '')})"
+                ),
+                details={"image": cs.get("image"), "pod": name},
+            )
+        terminated = state.get("terminated") or {}
+        if terminated.get("reason") == "OOMKilled":
+            return BackendStatus(
+                JobState.FAILED,
+                exit_code=terminated.get("exitCode", 137),
+                reason="OOMKilled",
+                message=f"container {cs.get('name')} of pod {name} was OOMKilled (exit code 137)",
+                details={"pod": name},
+            )
+    phase = status.get("phase")
+    if phase == "Failed":
+        if status.get("reason") in _NODE_LOSS_REASONS:
+            return BackendStatus(
+                JobState.FAILED,
+                reason="Preempted",
+                message=f"pod {name} failed with {status.get('reason')}: {status.get('message', '')}",
+                details={"preempted": True, "pod": name},
+            )
+        codes = [
+            (cs.get("state") or {}).get("terminated", {}).get("exitCode")
+            for cs in _container_states(pod)
+            if (cs.get("state") or {}).get("terminated")
+        ]
+        code = next((c for c in codes if c), None)
+        return BackendStatus(
+            JobState.FAILED,
+            exit_code=code,
+            reason="Error",
+            message=f"pod {name} failed (exit code {code})",
+            details={"pod": name},
+        )
+    if phase == "Succeeded":
+        return BackendStatus(JobState.SUCCEEDED, exit_code=0, details={"pod": name})
+    if phase == "Unknown":
+        return BackendStatus(
+            JobState.FAILED,
+            reason="Preempted",
+            message=f"the node of pod {name} stopped reporting (phase Unknown)",
+            details={"preempted": True, "pod": name},
+        )
+    scheduled = conditions.get("PodScheduled")
+    if phase == "Pending" and scheduled and scheduled.get("status") == "False":
+        return BackendStatus(
+            JobState.PENDING,
+            reason=scheduled.get("reason") or "Unschedulable",
+            message=scheduled.get("message", ""),
+            details={"pod": name},
+        )
+    return None
+
+
+def classify(job: dict[str, Any] | None, pods: list[dict[str, Any]]) -> BackendStatus:
+    if job is None:
+        return BackendStatus(JobState.NOT_FOUND)
+    conditions = _conditions(job)
+    pod = _newest(pods)
+    pod_status = _pod_status(pod) if pod is not None else None
+    if conditions.get("Complete", {}).get("status") == "True":
+        return BackendStatus(JobState.SUCCEEDED, exit_code=0)
+    failed = conditions.get("Failed") or conditions.get("FailureTarget")
+    if failed and failed.get("status") == "True":
+        if failed.get("reason") == "DeadlineExceeded":
+            return BackendStatus(
+                JobState.FAILED,
+                reason="DeadlineExceeded",
+                message=f"the Job exceeded activeDeadlineSeconds ({failed.get('message', '')})",
+            )
+        if pod_status is not None and pod_status.state is JobState.FAILED:
+            return pod_status
+        return BackendStatus(
+            JobState.FAILED, reason=failed.get("reason") or "Failed", message=failed.get("message", "")
+        )
+    if pod_status is not None:
+        return pod_status
+    if pod is None:
+        return BackendStatus(
+            JobState.PENDING, reason="NoPod", message="waiting for the Job's pod to be created"
+        )
+    if pod.get("status", {}).get("phase") == "Running":
+        return BackendStatus(JobState.RUNNING, details={"pod": pod["metadata"]["name"]})
+    return BackendStatus(JobState.PENDING, reason=pod.get("status", {}).get("phase") or "Pending")

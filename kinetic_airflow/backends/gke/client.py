@@ -1,0 +1,159 @@
+"""Kubernetes API clients from Airflow connections, plus the few raw calls the backend makes.
+
+Two ways to reach a cluster, both from connection *ids* (the JobRef carries only
+ids and public endpoint data, never a token):
+
+* ``kubernetes_conn_id``: any cluster through cncf-kubernetes' KubernetesHook
+  (kubeconfig in the connection, a kubeconfig path, or in-cluster);
+* GKE: the GCP connection + project/location/cluster. GKEHook resolves the
+  endpoint and CA once at submit time; GKEKubernetesHook mints short-lived
+  tokens from the GCP connection and refreshes them, so jobs that run for hours
+  keep working without kubeconfig or gcloud.
+
+Calls go through ``_preload_content=False`` and plain JSON: the backend works on
+dicts, which is cheaper than the client's model objects and what the watch
+cache stores.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+__all__ = ["ApiError", "KubeApi", "cluster_key", "kube_api"]
+
+
+class ApiError(RuntimeError):
+    def __init__(self, status: int, reason: str, body: str = "") -> None:
+        self.status = status
+        self.reason = reason
+        self.body = body
+        try:
+            message = json.loads(body).get("message", body)
+        except (ValueError, AttributeError):
+            message = body
+        super().__init__(f"Kubernetes API error {status} {reason}: {message}")
+
+
+_RETRYABLE = {429, 500, 502, 503, 504}
+
+
+def cluster_key(cluster: dict[str, Any]) -> str:
+    return json.dumps(
+        {k: cluster.get(k) for k in ("kubernetes_conn_id", "gcp_conn_id", "project", "location", "name")},
+        sort_keys=True,
+    )
+
+
+def _api_client(cluster: dict[str, Any]) -> Any:
+    if cluster.get("kubernetes_conn_id"):
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+        return KubernetesHook(conn_id=cluster["kubernetes_conn_id"]).get_conn()
+    from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEKubernetesHook
+
+    if not cluster.get("endpoint"):
+        raise ValueError("a GKE cluster reference needs its endpoint; resolve_gke_cluster() fills it in")
+    return GKEKubernetesHook(
+        cluster_url=f"https://{cluster['endpoint']}",
+        ssl_ca_cert=cluster["ca"],
+        gcp_conn_id=cluster.get("gcp_conn_id") or "google_cloud_default",
+    ).get_conn()
+
+
+def resolve_gke_cluster(cluster: dict[str, Any]) -> dict[str, Any]:
+    """Fill in a GKE cluster's endpoint and CA certificate (public data) from the GKE API."""
+    if cluster.get("kubernetes_conn_id") or cluster.get("endpoint"):
+        return cluster
+    from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook
+
+    hook = GKEHook(
+        gcp_conn_id=cluster.get("gcp_conn_id") or "google_cloud_default", location=cluster["location"]
+    )
+    info = hook.get_cluster(name=cluster["name"], project_id=cluster["project"])
+    return {**cluster, "endpoint": info.endpoint, "ca": info.master_auth.cluster_ca_certificate}
+
+
+class KubeApi:
+    """The backend's Kubernetes calls, with retries for transient errors (429/5xx, resets)."""
+
+    def __init__(self, api_client: Any, retries: int = 5) -> None:
+        self.api_client = api_client
+        self.retries = retries
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: dict[str, Any] | None = None,
+        body: Any = None,
+        stream: bool = False,
+        timeout: float | tuple[float, float] | None = 30,
+        retry: bool = True,
+    ) -> Any:
+        """JSON of the response (or the raw streaming response); 429/5xx/resets are retried."""
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                response = self.api_client.call_api(
+                    path,
+                    method,
+                    query_params=[(k, v) for k, v in (query or {}).items() if v is not None],
+                    header_params={"Accept": "application/json", "Content-Type": "application/json"},
+                    body=body,
+                    auth_settings=["BearerToken"],
+                    _return_http_data_only=True,
+                    _preload_content=False,
+                    _request_timeout=timeout,
+                )
+                return response if stream else json.loads(response.data or b"{}")
+            except ApiException as exc:
+                if not retry or exc.status not in _RETRYABLE or attempt > self.retries:
+                    raise ApiError(exc.status, exc.reason or "", exc.body or "") from None
+                retry_after = (exc.headers or {}).get("Retry-After")
+                delay = float(retry_after) if retry_after else min(0.2 * 2 ** (attempt - 1), 5.0)
+            except (HTTPError, ConnectionError) as exc:
+                if not retry or attempt > self.retries:
+                    raise ApiError(0, type(exc).__name__, str(exc)) from exc
+                delay = min(0.2 * 2 ** (attempt - 1), 5.0)
+            time.sleep(delay)
+
+    # Paths -----------------------------------------------------------------------------------
+    @staticmethod
+    def jobs_path(namespace: str, name: str | None = None) -> str:
+        base = f"/apis/batch/v1/namespaces/{namespace}/jobs"
+        return f"{base}/{name}" if name else base
+
+    @staticmethod
+    def pods_path(namespace: str, name: str | None = None) -> str:
+        base = f"/api/v1/namespaces/{namespace}/pods"
+        return f"{base}/{name}" if name else base
+
+    def get_or_none(self, path: str) -> dict[str, Any] | None:
+        try:
+            return self.request("GET", path)
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+
+_CLIENTS: dict[str, KubeApi] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def kube_api(cluster: dict[str, Any]) -> KubeApi:
+    """One client per cluster per process: triggers of one triggerer share its connection pool."""
+    key = cluster_key(cluster)
+    with _CLIENTS_LOCK:
+        api = _CLIENTS.get(key)
+        if api is None:
+            api = _CLIENTS[key] = KubeApi(_api_client(cluster))
+        return api

@@ -1,0 +1,187 @@
+"""One list+watch of kinetic's Jobs and Pods per cluster and namespace, shared by all triggers.
+
+Two hundred deferred tasks must not mean two hundred pollers: every trigger in
+a triggerer process that watches jobs of the same cluster and namespace reads
+from one in-memory copy kept current by two long-lived watch requests
+(``app=kinetic`` Jobs and Pods). A dropped watch resumes from the last
+resourceVersion; a ``410 Gone`` relists; errors back off. The cache stops
+itself when nobody has asked for anything for a while.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+from kinetic_airflow.backends.gke.client import ApiError, KubeApi, cluster_key, kube_api
+
+__all__ = ["ClusterWatch", "shared_watch"]
+
+log = logging.getLogger(__name__)
+
+LABEL_SELECTOR = "app=kinetic"
+_WATCH_TIMEOUT_SECONDS = 240
+_IDLE_STOP_SECONDS = 300.0
+
+
+class _Collection(threading.Thread):
+    """Keeps ``objects`` (name -> dict) in step with the API for one resource type."""
+
+    def __init__(self, owner: ClusterWatch, path: str) -> None:
+        super().__init__(name=f"kinetic-watch{path}", daemon=True)
+        self.owner = owner
+        self.path = path
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.synced = threading.Event()
+        self.resource_version: str | None = None
+        self.lock = threading.Lock()
+
+    def _relist(self) -> None:
+        listing = self.owner.api.request("GET", self.path, query={"labelSelector": LABEL_SELECTOR})
+        with self.lock:
+            self.objects = {item["metadata"]["name"]: item for item in listing.get("items", [])}
+        self.resource_version = listing.get("metadata", {}).get("resourceVersion")
+        self.synced.set()
+
+    def _watch_once(self) -> None:
+        response = self.owner.api.request(
+            "GET",
+            self.path,
+            query={
+                "labelSelector": LABEL_SELECTOR,
+                "watch": "true",
+                "resourceVersion": self.resource_version,
+                "allowWatchBookmarks": "true",
+                "timeoutSeconds": _WATCH_TIMEOUT_SECONDS,
+            },
+            stream=True,
+            timeout=(10, _WATCH_TIMEOUT_SECONDS + 30),
+        )
+        buffer = b""
+        try:
+            for chunk in response.stream(65536, decode_content=True):
+                if self.owner.stopped.is_set():
+                    return
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip():
+                        self._apply(json.loads(line))
+        finally:
+            response.release_conn()
+
+    def _apply(self, event: dict[str, Any]) -> None:
+        kind, obj = event.get("type"), event.get("object") or {}
+        if kind == "ERROR":
+            code = obj.get("code")
+            raise ApiError(code or 500, obj.get("reason", "WatchError"), json.dumps(obj))
+        rv = obj.get("metadata", {}).get("resourceVersion")
+        if rv:
+            self.resource_version = rv
+        if kind == "BOOKMARK":
+            return
+        name = obj["metadata"]["name"]
+        with self.lock:
+            if kind == "DELETED":
+                self.objects.pop(name, None)
+            else:
+                self.objects[name] = obj
+        self.owner.changed.set()
+
+    def run(self) -> None:
+        backoff = 0.2
+        while not self.owner.stopped.is_set():
+            try:
+                if self.resource_version is None:
+                    self._relist()
+                self._watch_once()
+                backoff = 0.2
+            except ApiError as exc:
+                if exc.status == 410:  # our resourceVersion is too old: start over
+                    self.resource_version = None
+                    continue
+                log.warning("watch of %s failed (%s); retrying in %.1fs", self.path, exc, backoff)
+                self.owner.stopped.wait(backoff)
+                backoff = min(backoff * 2, 15.0)
+                self.resource_version = None if exc.status in (0, 500) else self.resource_version
+            except Exception as exc:  # a dropped connection: resume from the last version
+                log.info("watch of %s interrupted (%s); resuming", self.path, exc)
+                self.owner.stopped.wait(backoff)
+                backoff = min(backoff * 2, 15.0)
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        with self.lock:
+            return self.objects.get(name)
+
+    def select(self, label: str, value: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return [o for o in self.objects.values() if o["metadata"].get("labels", {}).get(label) == value]
+
+
+class ClusterWatch:
+    def __init__(self, api: KubeApi, namespace: str) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.stopped = threading.Event()
+        self.changed = threading.Event()
+        self.last_used = time.monotonic()
+        self.jobs = _Collection(self, KubeApi.jobs_path(namespace))
+        self.pods = _Collection(self, KubeApi.pods_path(namespace))
+        self.jobs.start()
+        self.pods.start()
+
+    def wait_synced(self, timeout: float = 30.0) -> bool:
+        return self.jobs.synced.wait(timeout) and self.pods.synced.wait(timeout)
+
+    def job(self, name: str) -> dict[str, Any] | None:
+        self.last_used = time.monotonic()
+        return self.jobs.get(name)
+
+    def pods_of(self, job_name: str) -> list[dict[str, Any]]:
+        self.last_used = time.monotonic()
+        return self.pods.select("job-name", job_name)
+
+    def pods_with(self, label: str, value: str) -> list[dict[str, Any]]:
+        self.last_used = time.monotonic()
+        return self.pods.select(label, value)
+
+    @property
+    def idle(self) -> bool:
+        return time.monotonic() - self.last_used > _IDLE_STOP_SECONDS
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+_WATCHES: dict[tuple[str, str], ClusterWatch] = {}
+_WATCHES_LOCK = threading.Lock()
+
+
+def shared_watch(cluster: dict[str, Any], namespace: str) -> ClusterWatch:
+    """The process-wide watch of (cluster, namespace), started on first use."""
+    key = (cluster_key(cluster), namespace)
+    with _WATCHES_LOCK:
+        for other_key, other in list(_WATCHES.items()):
+            if other.idle and other_key != key:
+                other.stop()
+                del _WATCHES[other_key]
+        watch = _WATCHES.get(key)
+        if watch is None or watch.stopped.is_set():
+            watch = _WATCHES[key] = ClusterWatch(kube_api(cluster), namespace)
+        watch.last_used = time.monotonic()
+        return watch
+
+
+def reset_shared_state() -> None:
+    """Stop all watches and forget cached clients (tests point one connection id at new clusters)."""
+    from kinetic_airflow.backends.gke import client
+
+    with _WATCHES_LOCK:
+        for watch in _WATCHES.values():
+            watch.stop()
+        _WATCHES.clear()
+    with client._CLIENTS_LOCK:
+        client._CLIENTS.clear()

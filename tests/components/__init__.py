@@ -1,0 +1,1 @@
+"""Helpers for tests that run real Airflow services (see airflow_services.py)."""

@@ -1,0 +1,293 @@
+"""Run real Airflow 3.3 services (api-server, scheduler, dag-processor, triggerer) for tests.
+
+``AirflowServices`` makes a throwaway AIRFLOW_HOME with its own SQLite metadata
+DB (Airflow 3 accepts SQLite with the LocalExecutor: task processes reach the DB
+only through the api-server's execution API, and ``airflow standalone`` runs the
+same shape), migrates it, starts the four services as subprocesses with an
+explicit environment, waits until ``/api/v2/monitor/health`` reports them all
+healthy, and stops them again. The REST API runs with the simple auth manager in
+"all admins" mode, so requests need no token.
+
+Each service runs in its own session (process group). ``stop`` sends SIGTERM to
+every service, waits for each, and then SIGKILLs whatever is left in their
+process groups (LocalExecutor workers, parsing processes, uvicorn workers).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+__all__ = ["AirflowServices", "ServiceError", "poll", "process_alive"]
+
+T = TypeVar("T")
+
+SERVICES = ("api-server", "scheduler", "dag-processor", "triggerer")
+# Stop the producers of work first; the api-server serves the execution API to running tasks.
+STOP_ORDER = ("scheduler", "triggerer", "dag-processor", "api-server")
+
+
+class ServiceError(AssertionError):
+    """A service did not come up, died, or a wait timed out (message carries diagnostics)."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def process_alive(pid: int) -> bool:
+    """True while ``pid`` runs; a zombie (exited, not yet reaped) counts as gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # Zombies keep a group "alive" for killpg(0); only count members that still run.
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
+def poll(
+    check: Callable[[], T],
+    *,
+    timeout: float,
+    what: str,
+    interval: float = 0.5,
+    diagnostics: Callable[[], str] | None = None,
+) -> T:
+    """Call ``check`` until it returns a truthy value; raise ServiceError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last_error: BaseException | None = None
+    while True:
+        try:
+            value = check()
+        except ServiceError:
+            raise
+        except Exception as exc:  # not ready yet (connection refused, 404, half-written file)
+            value, last_error = None, exc
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            detail = f" (last error: {last_error!r})" if last_error else ""
+            extra = f"\n{diagnostics()}" if diagnostics else ""
+            raise ServiceError(f"timed out after {timeout:.0f}s waiting for {what}{detail}{extra}")
+        time.sleep(interval)
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        return f"<cannot read {path}: {exc}>"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class AirflowServices:
+    def __init__(
+        self,
+        root: Path,
+        dags_folder: Path,
+        *,
+        extra_env: dict[str, str] | None = None,
+        parallelism: int = 4,
+    ) -> None:
+        self.root = Path(root)
+        self.home = self.root / "airflow-home"
+        self.logs = self.root / "service-logs"
+        self.dags_folder = Path(dags_folder)
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.env = self._environment(extra_env or {}, parallelism)
+
+    # Environment ------------------------------------------------------------------------------
+    def _environment(self, extra: dict[str, str], parallelism: int) -> dict[str, str]:
+        # Start from the caller's environment minus every Airflow/kinetic setting: the in-process
+        # tests (tests/conftest.py) set their own AIRFLOW_HOME etc. in os.environ.
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("AIRFLOW_", "AIRFLOW__", "KINETIC_", "PYTEST_"))
+        }
+        venv_bin = str(Path(sys.executable).parent)  # airflow's console scripts; not resolved on purpose
+        env["PATH"] = os.pathsep.join([venv_bin, env.get("PATH", "/usr/bin:/bin")])
+        fernet_key = base64.urlsafe_b64encode(secrets.token_bytes(32)).decode()
+        env.update(
+            {
+                "AIRFLOW_HOME": str(self.home),
+                "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
+                "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+                "AIRFLOW__CORE__PARALLELISM": str(parallelism),
+                "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+                "AIRFLOW__CORE__FERNET_KEY": fernet_key,
+                "AIRFLOW__CORE__ALLOWED_DESERIALIZATION_CLASSES": "airflow.* kinetic_airflow.*",
+                "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.base_url}/execution/",
+                "AIRFLOW__CORE__AUTH_MANAGER": (
+                    "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
+                ),
+                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.home / 'airflow.db'}",
+                "AIRFLOW__API__HOST": "127.0.0.1",
+                "AIRFLOW__API__PORT": str(self.port),
+                "AIRFLOW__API__BASE_URL": self.base_url,
+                "AIRFLOW__API__WORKERS": "1",
+                # One secret for every process: the scheduler signs the task JWTs the api-server checks.
+                "AIRFLOW__API__SECRET_KEY": secrets.token_hex(16),
+                "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
+                "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
+                "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+                "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+                "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        env.update(extra)
+        return env
+
+    # Lifecycle --------------------------------------------------------------------------------
+    def migrate(self) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        out = self.logs / "db-migrate.log"
+        with open(out, "wb") as fh:
+            code = subprocess.run(
+                ["airflow", "db", "migrate"], env=self.env, stdout=fh, stderr=subprocess.STDOUT, check=False
+            ).returncode
+        if code != 0:
+            raise ServiceError(f"airflow db migrate failed with code {code}:\n{_tail(out, 60)}")
+
+    def start(self, timeout: float = 120.0) -> None:
+        self.migrate()
+        for name in SERVICES:
+            command = ["airflow", name]
+            if name in ("scheduler", "triggerer"):
+                command.append("--skip-serve-logs")  # the tests read log files directly
+            with open(self.logs / f"{name}.log", "ab") as fh:
+                self.procs[name] = subprocess.Popen(
+                    command,
+                    env=self.env,
+                    cwd=str(self.root),
+                    stdin=subprocess.DEVNULL,
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+        self.wait_healthy(timeout)
+
+    def check_running(self) -> None:
+        dead = {name: p.returncode for name, p in self.procs.items() if p.poll() is not None}
+        if dead:
+            raise ServiceError(f"Airflow services exited: {dead}\n{self.diagnostics()}")
+
+    def wait_healthy(self, timeout: float) -> dict[str, Any]:
+        def healthy() -> dict[str, Any] | None:
+            self.check_running()
+            health = self.api("GET", "/api/v2/monitor/health")
+            parts = ("metadatabase", "scheduler", "triggerer", "dag_processor")
+            ok = all((health.get(p) or {}).get("status") == "healthy" for p in parts)
+            return health if ok else None
+
+        return poll(
+            healthy, timeout=timeout, what="all Airflow services healthy", diagnostics=self.diagnostics
+        )
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM each service, wait, then SIGKILL anything left in its process group."""
+        for name in STOP_ORDER:
+            proc = self.procs.get(name)
+            if proc is not None and proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for name in STOP_ORDER:
+            proc = self.procs.get(name)
+            if proc is None:
+                continue
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        # The leaders are gone; their children (task workers, parsers, uvicorn workers) must be too.
+        for name in STOP_ORDER:
+            proc = self.procs.get(name)
+            if proc is None:
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(ServiceError):
+                poll(lambda p=proc: not group_alive(p.pid), timeout=5, interval=0.2, what="group exit")
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    # REST API ---------------------------------------------------------------------------------
+    def api(self, method: str, path: str, body: Any = None, *, timeout: float = 30.0) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(
+            self.base_url + path,
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json", "Accept": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                text = response.read().decode()
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")
+            raise RuntimeError(f"{method} {path} -> HTTP {exc.code}: {detail}") from None
+        return json.loads(text) if text else None
+
+    # Diagnostics ------------------------------------------------------------------------------
+    def task_log_files(self, dag_id: str | None = None) -> list[Path]:
+        base = self.home / "logs"
+        pattern = f"dag_id={dag_id}/**/*.log" if dag_id else "dag_id=*/**/*.log"
+        return sorted(base.glob(pattern))
+
+    def diagnostics(self, dag_id: str | None = None, lines: int = 40, extra: Iterable[Path] = ()) -> str:
+        parts = []
+        for name in SERVICES:
+            proc = self.procs.get(name)
+            state = "not started" if proc is None else f"pid {proc.pid}, returncode {proc.poll()}"
+            parts.append(f"----- {name} ({state}), last {lines} lines -----")
+            parts.append(_tail(self.logs / f"{name}.log", lines))
+        for path in [*self.task_log_files(dag_id), *extra]:
+            parts.append(f"----- {path} -----")
+            parts.append(_tail(path, lines))
+        return "\n".join(parts)
