@@ -125,9 +125,9 @@ class KineticRunOperator(BaseOperator):
         self.python_callable = ensure_name(python_callable)
         self.op_args = op_args if op_args is not None else []
         self.op_kwargs = op_kwargs if op_kwargs is not None else {}
-        if not _templated(accelerator):
-            parse_accelerator(accelerator, spot=spot or None)
         validate_backend(backend)
+        if not _templated(accelerator):
+            _check_backend_fits(backend, parse_accelerator(accelerator, spot=spot or None))
         self.accelerator = accelerator
         self.container_image = container_image
         self.zone = zone
@@ -200,6 +200,7 @@ class KineticRunOperator(BaseOperator):
         from kinetic_airflow.backends.gke.manifest import default_image
 
         spec = parse_accelerator(self.accelerator, spot=self.spot or None)
+        _check_backend_fits(self._backend_name(), spec)
         cluster = resolve_gke_cluster(
             {
                 "kubernetes_conn_id": resolve_setting("kubernetes_conn_id", self.kubernetes_conn_id),
@@ -469,6 +470,14 @@ class _NewJob:
 
 
 _NEW_JOB = _NewJob()
+
+
+def _check_backend_fits(backend: str | None, spec: Any) -> None:
+    if backend == "gke" and spec.multi_host:
+        raise ValueError(
+            f"accelerator {spec.text!r} spans {spec.hosts} hosts; backend='gke' runs single-host Jobs. "
+            "Multi-host TPU slices run as a LeaderWorkerSet: use backend='pathways' or backend='auto'."
+        )
 
 
 def _airflow_dags_folder() -> str | None:
