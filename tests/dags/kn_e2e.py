@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pendulum
 from airflow.sdk import dag, task
+from kn_storage_util import read_text, write_text
 
 from kinetic_airflow import Data, load_result
 
@@ -133,37 +134,12 @@ def kn_failures():
     returns_unpicklable()
 
 
-def _read(path: str) -> str | None:
-    if path.startswith("gs://"):
-        from google.auth.credentials import AnonymousCredentials
-        from google.cloud import storage
-
-        bucket, name = path[5:].split("/", 1)
-        client = storage.Client(project="test-project", credentials=AnonymousCredentials())
-        blob = client.bucket(bucket).blob(name)
-        return blob.download_as_text() if blob.exists() else None
-    p = Path(path)
-    return p.read_text() if p.exists() else None
-
-
-def _write(path: str, text: str) -> None:
-    if path.startswith("gs://"):
-        from google.auth.credentials import AnonymousCredentials
-        from google.cloud import storage
-
-        bucket, name = path[5:].split("/", 1)
-        client = storage.Client(project="test-project", credentials=AnonymousCredentials())
-        client.bucket(bucket).blob(name).upload_from_string(text)
-    else:
-        Path(path).write_text(text)
-
-
 @task.kinetic(retries=1, retry_delay=pendulum.duration(seconds=0))
 def resumable_training() -> dict:
     ckpt = os.environ["KINETIC_OUTPUT_DIR"].rstrip("/") + "/checkpoint.txt"
-    found = _read(ckpt)
+    found = read_text(ckpt)
     if found is None:
-        _write(ckpt, f"step-100 written by job {os.environ['KINETIC_JOB_ID']}")
+        write_text(ckpt, f"step-100 written by job {os.environ['KINETIC_JOB_ID']}")
         raise RuntimeError("simulated crash after the first checkpoint")
     return {"resumed_from": found, "job": os.environ["KINETIC_JOB_ID"]}
 
