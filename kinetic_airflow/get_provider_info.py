@@ -48,6 +48,32 @@ def get_provider_info() -> dict:
                     "log_max_lines": option(
                         "Job log lines copied into the task log per job (default 10000).", "10000", "integer"
                     ),
+                    "kubernetes_conn_id": option(
+                        "Kubernetes connection for clusters other than GKE (default: use GKE through the "
+                        "GCP connection).",
+                        "kubernetes_default",
+                    ),
+                    "service_account": option(
+                        "Kubernetes service account of job pods (default kinetic).", "kinetic"
+                    ),
+                    "startup_timeout": option(
+                        "Seconds a job may stay unschedulable before failing (default 1800: room for "
+                        "accelerator node scale-up).",
+                        "1800",
+                        "float",
+                    ),
+                    "heartbeat_timeout": option(
+                        "A running job whose runner heartbeat is older than this is treated as lost "
+                        "(default 300).",
+                        "300",
+                        "float",
+                    ),
+                    "preemption_retries": option(
+                        "Resubmissions of a preempted job, not counted as Airflow retries (default 3).",
+                        "3",
+                        "integer",
+                    ),
+                    "runner_python": option("Interpreter in the runner image (default python).", "python3"),
                     "local_python": option(
                         "Interpreter for local jobs (default: the worker's).", "/usr/bin/python3"
                     ),

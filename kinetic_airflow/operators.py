@@ -243,8 +243,10 @@ class KineticRunOperator(BaseOperator):
             log.warning("task_state_store is not available: crash recovery is limited to the job name")
         ref = self._job_ref(identity, backend_name, base_uri)
         deadline = time.time() + self.execution_timeout.total_seconds() if self.execution_timeout else None
-        existing = self._observe(ref)
-        if existing is not None:  # the deterministic name found a job the store did not know about
+        # Without a state store the deterministic name is the only memory: look before creating.
+        # With one, "no record" means no job yet (a backend's create is idempotent anyway).
+        existing = self._observe(ref) if store is None else None
+        if existing is not None:
             return self._follow(context, ref, existing, deadline)
         self._submit(context, ref, store, deadline)
         return self._wait(context, ref, deadline)
@@ -303,7 +305,35 @@ class KineticRunOperator(BaseOperator):
         return [convert(a) for a in self.op_args], {k: convert(v) for k, v in self.op_kwargs.items()}
 
     def _submit(self, context: Context, ref: JobRef, store: Any, deadline: float | None) -> None:
+        """Record the job, create it, then ship the payload.
+
+        Creating first lets the cluster's scheduling, node scale-up and image pull overlap the
+        upload (the runner waits for the manifest). If the payload cannot be built or uploaded,
+        the job just created is cancelled before the error is raised, so nothing is left running.
+        """
         identity = JobIdentity.from_dict(ref["identity"])
+        ref["submitted_at"] = time.time()
+        if store is not None:  # before the job exists: a crash from here on re-finds it
+            store.set(STATE_KEY, {"job": ref, "try_number": identity.try_number, "deadline": deadline})
+        backend = get_backend(ref["backend"])
+        backend.submit(ref)
+        try:
+            payload_bytes, output_dir = self._ship_payload(context, ref, identity)
+        except BaseException:
+            log.error("could not ship the payload of job %s; cancelling the job", ref["job_id"])
+            backend.cancel(ref)
+            raise
+        log.info(
+            "submitted kinetic job %s (%s, %s, %d-byte payload); files at %s; KINETIC_OUTPUT_DIR=%s",
+            ref["job_id"],
+            ref["backend"],
+            self.accelerator,
+            payload_bytes,
+            ref["job_uri"],
+            output_dir,
+        )
+
+    def _ship_payload(self, context: Context, ref: JobRef, identity: JobIdentity) -> tuple[int, str]:
         layout = JobLayout(ref["job_uri"])
         storage = self._storage(ref["job_uri"])
         dag = context.get("dag")
@@ -319,8 +349,6 @@ class KineticRunOperator(BaseOperator):
         path, fields = build_payload(
             self.python_callable, args, kwargs, env=env, volumes=volumes, task_label=f"task {self.task_id!r}"
         )
-        if store is not None:  # before the job exists: a crash from here on re-finds it
-            store.set(STATE_KEY, {"job": ref, "try_number": identity.try_number, "deadline": deadline})
         try:
             storage.upload_file(path, layout.payload)
         finally:
@@ -336,18 +364,10 @@ class KineticRunOperator(BaseOperator):
             "callable": callable_name(self.python_callable),
             "created": time.time(),
         }
+        # The manifest goes last: its presence tells the runner the payload is complete.
         storage.write_text(layout.manifest, manifest_json(manifest))
         storage.write_text(layout.status("dispatched"), json.dumps({"time": time.time()}))
-        get_backend(ref["backend"]).submit(ref)
-        log.info(
-            "submitted kinetic job %s (%s, %s, %d-byte payload); files at %s; KINETIC_OUTPUT_DIR=%s",
-            ref["job_id"],
-            ref["backend"],
-            self.accelerator,
-            fields["payload_bytes"],
-            ref["job_uri"],
-            output_dir,
-        )
+        return fields["payload_bytes"], output_dir
 
     def _watcher(self, ref: JobRef, deadline: float | None) -> JobWatcher:
         return JobWatcher(

@@ -18,7 +18,6 @@ import sysconfig
 import tempfile
 import time
 from collections.abc import Iterable
-from pathlib import Path
 from typing import IO, Any
 
 import cloudpickle
@@ -34,28 +33,24 @@ def fingerprint() -> dict[str, str]:
     return {"python": platform.python_version(), "cloudpickle": cloudpickle.__version__}
 
 
-def _module_file(module: Any) -> Path | None:
-    file = getattr(module, "__file__", None)
-    if not file:
-        return None
-    try:
-        return Path(file).resolve()
-    except OSError:
-        return None
-
-
-_INSTALLED_ROOTS = tuple(
-    Path(p).resolve()
-    for key in ("stdlib", "platstdlib", "purelib", "platlib")
-    if (p := sysconfig.get_paths().get(key))
+_INSTALLED_PREFIXES = tuple(
+    sorted(
+        {
+            os.path.join(path, "")
+            for key in ("stdlib", "platstdlib", "purelib", "platlib")
+            if (raw := sysconfig.get_paths().get(key))
+            for path in (raw, os.path.realpath(raw))
+        }
+    )
 )
 
 
-def _is_installed(path: Path) -> bool:
-    parts = set(path.parts)
-    if "site-packages" in parts or "dist-packages" in parts:
-        return True
-    return any(path.is_relative_to(root) for root in _INSTALLED_ROOTS)
+# Modules that can never qualify (installed or file-less), remembered across submits in a process.
+_SKIP: dict[str, Any] = {}
+
+
+def _is_installed(file: str) -> bool:
+    return "site-packages" in file or "dist-packages" in file or file.startswith(_INSTALLED_PREFIXES)
 
 
 def _callable_module_name(fn: Any) -> str | None:
@@ -66,35 +61,49 @@ def _callable_module_name(fn: Any) -> str | None:
     return name
 
 
-def register_dag_modules_by_value(fn: Any, roots: Iterable[str | os.PathLike[str]] = ()) -> list[str]:
+def _dir_prefixes(paths: Iterable[str | os.PathLike[str] | None]) -> tuple[str, ...]:
+    out = set()
+    for path in paths:
+        if path:
+            for variant in (os.path.abspath(path), os.path.realpath(path)):
+                out.add(os.path.join(variant, ""))
+    return tuple(sorted(out))
+
+
+def register_dag_modules_by_value(fn: Any, roots: Iterable[str | os.PathLike[str] | None] = ()) -> list[str]:
     """Pickle DAG-file modules and their sibling modules by value. Returns the module names.
 
     A module qualifies when Airflow generated its name (``unusual_prefix_``) or its file
     lies under one of ``roots`` (the DAG folder, the bundle path, the DAG file's
-    directory) and is not an installed package.
+    directory) and is not an installed package. Only string prefixes are compared (no
+    filesystem calls): this runs on every submit, over every module the worker imported.
     """
-    root_paths = [Path(r).resolve() for r in roots if r]
+    roots = list(roots)
     fn_module = sys.modules.get(_callable_module_name(fn) or "")
-    fn_file = _module_file(fn_module) if fn_module else None
-    if fn_file is not None and not _is_installed(fn_file):
-        if fn_module.__name__.startswith("unusual_prefix_") or any(
-            fn_file.is_relative_to(r) for r in root_paths
-        ):
-            root_paths.append(fn_file.parent)
+    fn_file = vars(fn_module).get("__file__") if fn_module is not None else None
+    prefixes = _dir_prefixes(roots)
+    if fn_file and not _is_installed(fn_file):
+        if fn_module.__name__.startswith("unusual_prefix_") or fn_file.startswith(prefixes):
+            prefixes = _dir_prefixes([*roots, os.path.dirname(fn_file)])
     registered = []
     for name, module in list(sys.modules.items()):
         if module is None or name in ("__main__", "__mp_main__") or name.startswith("kinetic_airflow"):
             continue
-        file = _module_file(module)
-        generated = name.startswith("unusual_prefix_")
-        if not generated and (file is None or _is_installed(file)):
+        if _SKIP.get(name) is module:  # an installed module seen before: never qualifies
             continue
-        if generated or any(file.is_relative_to(r) for r in root_paths):
-            try:
-                cloudpickle.register_pickle_by_value(module)
-            except ValueError:
+        if not name.startswith("unusual_prefix_"):
+            # vars(): a plain dict lookup; getattr would run lazy modules' __getattr__ hooks
+            file = vars(module).get("__file__") if hasattr(module, "__dict__") else None
+            if not file or _is_installed(file):
+                _SKIP[name] = module
                 continue
-            registered.append(name)
+            if not file.startswith(prefixes):
+                continue
+        try:
+            cloudpickle.register_pickle_by_value(module)
+        except ValueError:
+            continue
+        registered.append(name)
     return sorted(registered)
 
 

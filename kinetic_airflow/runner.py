@@ -116,11 +116,28 @@ class JobRunner:
         return _PhaseTimer(self.timings, phase)
 
     # Steps --------------------------------------------------------------------------------
+    def _wait_for_manifest(self) -> str:
+        """The job is created before its payload is uploaded: wait for the manifest (written last)."""
+        limit = float(os.environ.get("KINETIC_PAYLOAD_WAIT_SECONDS", "600"))
+        deadline = time.monotonic() + limit
+        delay = 0.1
+        while True:
+            text = self.storage.read_text_or_none(self.layout.manifest)
+            if text is not None:
+                return text
+            if time.monotonic() > deadline:
+                raise PhaseError(
+                    f"the job's payload did not arrive at {self.layout.job_uri} within {limit:.0f}s: the "
+                    "Airflow worker that created the job failed to upload it (see that task's log)"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
     def load_payload(self) -> dict[str, Any]:
         import cloudpickle
 
         with self._timed("download"):
-            self.manifest = json.loads(self.storage.read_text(self.layout.manifest))
+            self.manifest = json.loads(self._wait_for_manifest())
             local_payload = os.path.join(self.workdir, "payload.pkl")
             self.storage.download_file(self.layout.payload, local_payload)
         with self._timed("verify"):
