@@ -98,7 +98,14 @@ def test_duplicate_execute_timeout_and_in_worker_wait(base_uri, tmp_path, monkey
     out.mkdir()
     monkeypatch.setenv("KN_TEST_FAILURES", str(out))
     dr = _dag("kn_semantics").test()
-    assert ti_states(dr) == {"slow_once": "success", "runs_too_long": "failed", "in_worker": "success"}
+    assert ti_states(dr) == {
+        "slow_once": "success",
+        "runs_too_long": "failed",
+        "in_worker": "success",
+        "classic_lambda": "success",
+        "classic_partial": "success",
+    }
+    assert xcom(dr, "classic_lambda") == 42 and xcom(dr, "classic_partial") == 1024
 
     # execute ran twice for slow_once (pre_execute hook): one job, and the value is from it
     jobs = _job_dirs(base_uri, "slow_once")

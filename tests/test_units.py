@@ -110,3 +110,51 @@ def test_provider_is_registered_with_airflow():
     from airflow.sdk import task
 
     assert callable(task.kinetic)
+
+
+def test_cli_check_and_accelerators():
+    from kinetic_airflow.cli import main
+
+    assert main(["check", "gpu-a100x4"]) == 0
+    assert main(["check", "tpu-v9-8"]) == 2
+    assert main(["accelerators"]) == 0
+
+
+def test_log_lines_are_not_repeated_by_a_rebuilt_watcher(tmp_path):
+    """A triggerer restart rebuilds the trigger; the log cursor in job storage prevents repeats."""
+    import asyncio
+    import sys
+
+    from jobkit import make_job
+
+    from kinetic_airflow.backends.local import LocalBackend
+    from kinetic_airflow.storage import open_storage
+    from kinetic_airflow.watch import JobWatcher
+
+    def chatty():
+        for i in range(5):
+            print(f"line {i}", flush=True)
+        return "ok"
+
+    layout = make_job(f"file://{tmp_path}", chatty)
+    ref = {
+        "backend": "local",
+        "job_id": "job-1",
+        "job_uri": layout.job_uri,
+        "local_dir": str(tmp_path / "jobs/job-1"),
+        "python": sys.executable,
+    }
+    LocalBackend().submit(ref)
+
+    def watch() -> list[str]:
+        lines: list[str] = []
+        watcher = JobWatcher(
+            ref, open_storage(layout.job_uri), LocalBackend(), poll_interval=0.1, emit_log=lines.append
+        )
+        event = asyncio.run(watcher.wait())
+        assert event["status"] == "success"
+        return lines
+
+    first = watch()
+    assert [line for line in first if line.startswith("line ")] == [f"line {i}" for i in range(5)]
+    assert watch() == []  # the rebuilt watcher resumes after what was already shown

@@ -184,11 +184,21 @@ def in_worker(x: int) -> int:
     return x + 1
 
 
+def _power(base: int, exp: int) -> int:
+    return base**exp
+
+
 @dag(schedule=None, start_date=START, catchup=False)
 def kn_semantics():
+    from functools import partial
+
+    from kinetic_airflow import KineticRunOperator
+
     slow_once()
     runs_too_long()
     in_worker(41)
+    KineticRunOperator(task_id="classic_lambda", python_callable=lambda x, y: x * y, op_args=[6, 7])
+    KineticRunOperator(task_id="classic_partial", python_callable=partial(_power, 2), op_kwargs={"exp": 10})
 
 
 kn_values()

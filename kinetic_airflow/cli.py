@@ -1,0 +1,89 @@
+"""``kinetic-airflow``: small command-line helpers around the accelerator catalog and job files.
+
+kinetic-airflow accelerators            list accelerator strings by generation/type
+kinetic-airflow check tpu-v6e-8         show what a string resolves to (selectors, resources)
+kinetic-airflow show JOB_URI            a job's manifest, markers and result summary
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from kinetic_airflow.accelerators import (
+    GPU_TYPES,
+    TPU_GENERATIONS,
+    InvalidAcceleratorError,
+    parse_accelerator,
+)
+
+
+def _accelerators() -> None:
+    print("cpu")
+    for name, gpu in GPU_TYPES.items():
+        print(f"gpu-{name}  counts {', '.join(map(str, gpu.counts))}")
+    for name, gen in TPU_GENERATIONS.items():
+        print(f"tpu-{name}  chips {', '.join(map(str, gen.chip_counts()))}")
+    print("append ':spot' to any of them for Spot VMs")
+
+
+def _check(text: str) -> int:
+    try:
+        spec = parse_accelerator(text)
+    except InvalidAcceleratorError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print(
+        json.dumps(
+            {
+                "accelerator": spec.text,
+                "kind": spec.kind,
+                "hosts": spec.hosts,
+                "chips_per_host": spec.chips_per_host,
+                "machine_type": spec.machine_type,
+                "node_selectors": spec.node_selectors,
+                "resources": spec.resources,
+                "tolerations": [t.to_k8s() for t in spec.tolerations],
+            },
+            indent=2,
+        )
+    )
+    return 0
+
+
+def _show(job_uri: str) -> int:
+    from kinetic_airflow.layout import JobLayout
+    from kinetic_airflow.storage import open_storage
+
+    layout = JobLayout(job_uri.rstrip("/"))
+    storage = open_storage(job_uri)
+    for label, uri in (("manifest", layout.manifest), ("result", layout.result_summary())):
+        text = storage.read_text_or_none(uri)
+        print(f"== {label}: {uri}")
+        print(json.dumps(json.loads(text), indent=2) if text else "(none)")
+    print("== status markers")
+    for uri in storage.list(layout.job_uri + "/status"):
+        print(f"{uri.rsplit('/', 1)[-1]}: {storage.read_text(uri)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kinetic-airflow", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("accelerators", help="list accelerator strings")
+    check = sub.add_parser("check", help="resolve an accelerator string")
+    check.add_argument("accelerator")
+    show = sub.add_parser("show", help="show a job's files")
+    show.add_argument("job_uri")
+    args = parser.parse_args(argv)
+    if args.command == "accelerators":
+        _accelerators()
+        return 0
+    if args.command == "check":
+        return _check(args.accelerator)
+    return _show(args.job_uri)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
