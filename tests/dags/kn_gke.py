@@ -123,6 +123,22 @@ def kn_gke_api_faults():
     sleeps_a_while()
 
 
+@task.kinetic(backend="gke")
+def node_goes_silent() -> dict:
+    """Attempt 1 is frozen by the test (SIGSTOP: its heartbeat stops while the pod looks alive)."""
+    marker = os.environ["KINETIC_OUTPUT_DIR"].rstrip("/") + "/attempt1.txt"
+    if read_text(marker) is None:
+        write_text(marker, str(os.getpid()))
+        time.sleep(120)
+    return _where()
+
+
+@dag(schedule=None, start_date=START, catchup=False)
+def kn_gke_stall():
+    node_goes_silent()
+
+
 kn_gke_basics()
 kn_gke_faults()
 kn_gke_api_faults()
+kn_gke_stall()
