@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pendulum
 from airflow.sdk import dag, task
-from kn_storage_util import read_text, write_text
+from kn_test_util import execute_twice, read_text, record_failure, write_text
 
 from kinetic_airflow import Data, load_result
 
@@ -25,15 +25,6 @@ class TrainingDiverged(Exception):
     def __init__(self, step: int) -> None:
         super().__init__(f"loss is NaN at step {step}")
         self.step = step
-
-
-def record_failure(context):
-    """on_failure_callback: write what the task failed with where the test can read it."""
-    out = os.environ.get("KN_TEST_FAILURES")
-    if out:
-        exc = context.get("exception")
-        name = f"{context['ti'].task_id}.txt"
-        Path(out, name).write_text(f"{type(exc).__module__}.{type(exc).__qualname__}\n{exc}")
 
 
 @task.kinetic(accelerator="cpu")
@@ -147,20 +138,6 @@ def resumable_training() -> dict:
 @dag(schedule=None, start_date=START, catchup=False)
 def kn_retry():
     resumable_training()
-
-
-def execute_twice(context):
-    """pre_execute hook: run the operator's execute once more, as a duplicate worker would."""
-    from airflow.sdk.exceptions import TaskDeferred
-
-    store = context["task_state_store"]
-    if store.get("test_duplicate_done"):
-        return  # the resume after deferral also passes through here
-    store.set("test_duplicate_done", True)
-    try:
-        context["task"].execute(context)
-    except TaskDeferred:
-        pass
 
 
 @task.kinetic(pre_execute=execute_twice)

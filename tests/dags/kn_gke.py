@@ -4,36 +4,12 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 import pendulum
 from airflow.sdk import dag, task
-from kn_storage_util import read_text, write_text
+from kn_test_util import execute_twice, read_text, record_failure, write_text
 
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
-
-
-def record_failure(context):
-    out = os.environ.get("KN_TEST_FAILURES")
-    if out:
-        exc = context.get("exception")
-        Path(out, f"{context['ti'].task_id}.txt").write_text(
-            f"{type(exc).__module__}.{type(exc).__qualname__}\n{exc}"
-        )
-
-
-def execute_twice(context):
-    """pre_execute hook: a duplicate execute of the same task instance, as after a worker crash."""
-    from airflow.sdk.exceptions import TaskDeferred
-
-    store = context["task_state_store"]
-    if store.get("test_duplicate_done"):
-        return
-    store.set("test_duplicate_done", True)
-    try:
-        context["task"].execute(context)
-    except TaskDeferred:
-        pass
 
 
 def _where() -> dict:
