@@ -1,0 +1,870 @@
+"""Job and LeaderWorkerSet controllers plus the garbage-collector pass.
+
+One reconcile loop (woken by every store change, resynced every 0.25 s for
+timers such as ``activeDeadlineSeconds`` and ``ttlSecondsAfterFinished``)
+drives everything; reconciles are idempotent and only write when something
+changes, so the loop settles.
+
+The Job controller follows kube-controller-manager 1.31+: on success it sets
+``SuccessCriteriaMet`` then ``Complete``; on failure ``FailureTarget`` then
+``Failed`` once the remaining pods are gone; ``backoffLimit``,
+``activeDeadlineSeconds``, ``podFailurePolicy``, ``suspend``, ``Indexed``
+completion and ``ttlSecondsAfterFinished`` are honoured. Pod recreation after
+a failure waits ``job_backoff * 2**(failures-1)`` seconds (capped at 10x),
+much shorter than the real 10 s base so tests stay fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from . import errors
+from ._util import fmt_time, parse_time, utcnow, wait_event
+from .resources import JOBS, LWS, PODS, SERVICES
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
+
+log = logging.getLogger(__name__)
+
+INDEX_KEY = "batch.kubernetes.io/job-completion-index"
+LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
+LWS_GROUP = "leaderworkerset.sigs.k8s.io/group-index"
+LWS_WORKER = "leaderworkerset.sigs.k8s.io/worker-index"
+LWS_GROUP_KEY = "leaderworkerset.sigs.k8s.io/group-key"
+LWS_REVISION = "leaderworkerset.sigs.k8s.io/template-revision-hash"
+LWS_SIZE = "leaderworkerset.sigs.k8s.io/size"
+LWS_LEADER_NAME = "leaderworkerset.sigs.k8s.io/leader-name"
+
+MSG_COMPLETE = "Reached expected number of succeeded pods"
+MSG_BACKOFF = "Job has reached the specified backoff limit"
+MSG_DEADLINE = "Job was active longer than specified deadline"
+
+
+def _cond(conditions: list[dict[str, Any]], ctype: str) -> dict[str, Any] | None:
+    return next((c for c in conditions if c.get("type") == ctype), None)
+
+
+def _cond_true(conditions: list[dict[str, Any]], ctype: str) -> bool:
+    cond = _cond(conditions, ctype)
+    return cond is not None and cond.get("status") == "True"
+
+
+def _set_cond(
+    conditions: list[dict[str, Any]], ctype: str, status: str, reason: str, message: str, probe: bool = True
+) -> None:
+    now = fmt_time()
+    cond = _cond(conditions, ctype)
+    if cond is None:
+        cond = {"type": ctype}
+        conditions.append(cond)
+    if cond.get("status") != status:
+        cond["lastTransitionTime"] = now
+    cond["status"] = status
+    cond["reason"] = reason
+    cond["message"] = message
+    if probe:
+        cond["lastProbeTime"] = now
+
+
+def _pod_ready(pod: dict[str, Any]) -> bool:
+    return _cond_true((pod.get("status") or {}).get("conditions") or [], "Ready")
+
+
+def _controller_uid(obj: dict[str, Any]) -> str | None:
+    for ref in obj["metadata"].get("ownerReferences") or []:
+        if ref.get("controller"):
+            return ref.get("uid")
+    return None
+
+
+def compress_indexes(indexes: set[int]) -> str:
+    """``{0,1,2,4}`` -> ``"0-2,4"`` (Job ``completedIndexes`` format)."""
+    parts = []
+    ordered = sorted(indexes)
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+@dataclass
+class JobTracking:
+    """Per-job bookkeeping that real controllers keep in pod finalizers and status."""
+
+    counted: dict[str, str] = field(default_factory=dict)  # pod uid -> succeeded|failed|ignored
+    seen: set[str] = field(default_factory=set)
+    deleted_by_controller: set[str] = field(default_factory=set)
+    succeeded_indexes: set[int] = field(default_factory=set)
+    last_failure: float = 0.0
+    fail_job: tuple[str, str] | None = None
+    finished_at: float | None = None
+
+
+class JobController:
+    """batch/v1 Job controller."""
+
+    def __init__(self, cluster: Cluster, backoff: float) -> None:
+        self.cluster = cluster
+        self.backoff = backoff
+        self.tracking: dict[str, JobTracking] = {}
+
+    def reconcile_all(self) -> None:
+        """Reconcile every Job."""
+        pods_by_owner: dict[str, list[dict[str, Any]]] = {}
+        for pod in self.cluster.store.list(PODS):
+            owner = _controller_uid(pod)
+            if owner:
+                pods_by_owner.setdefault(owner, []).append(pod)
+        live = set()
+        for job in self.cluster.store.list(JOBS):
+            uid = job["metadata"]["uid"]
+            live.add(uid)
+            try:
+                self.reconcile(job, pods_by_owner.get(uid, []))
+            except errors.ApiError as exc:  # pragma: no cover - races with user deletes
+                log.debug("job reconcile: %s", exc)
+        for uid in list(self.tracking):
+            if uid not in live:
+                del self.tracking[uid]
+
+    # ------------------------------------------------------------------ helpers
+    def _event(self, job: dict[str, Any], etype: str, reason: str, message: str) -> None:
+        self.cluster.record_event(job, etype, reason, message, component="job-controller")
+
+    def _delete_pod(self, job: dict[str, Any], pod: dict[str, Any], tr: JobTracking) -> None:
+        md = pod["metadata"]
+        if md.get("deletionTimestamp"):
+            return
+        tr.deleted_by_controller.add(md["uid"])
+        with contextlib.suppress(errors.ApiError):
+            self.cluster.delete(PODS, md["namespace"], md["name"])
+            self._event(job, "Normal", "SuccessfulDelete", f"Deleted pod: {md['name']}")
+
+    def _failure_policy(self, job: dict[str, Any], pod: dict[str, Any]) -> tuple[str, str] | None:
+        rules = ((job.get("spec") or {}).get("podFailurePolicy") or {}).get("rules") or []
+        md = pod["metadata"]
+        status = pod.get("status") or {}
+        statuses = list(status.get("initContainerStatuses") or []) + list(
+            status.get("containerStatuses") or []
+        )
+        for i, rule in enumerate(rules):
+            action = rule.get("action", "Count")
+            on_codes = rule.get("onExitCodes")
+            if on_codes:
+                values = set(on_codes.get("values") or [])
+                for cs in statuses:
+                    if on_codes.get("containerName") and cs.get("name") != on_codes["containerName"]:
+                        continue
+                    term = (cs.get("state") or {}).get("terminated")
+                    if not term or term.get("exitCode", 0) == 0:
+                        continue
+                    code = term["exitCode"]
+                    hit = code in values if on_codes.get("operator") == "In" else code not in values
+                    if hit:
+                        return action, (
+                            f"Container {cs.get('name')} for pod {md['namespace']}/{md['name']} "
+                            "failed with exit "
+                            f"code {code} matching {action} rule at index {i}"
+                        )
+            for pattern in rule.get("onPodConditions") or []:
+                for cond in status.get("conditions") or []:
+                    if cond.get("type") == pattern.get("type") and cond.get("status") == pattern.get(
+                        "status", "True"
+                    ):
+                        return action, (
+                            f"Pod {md['namespace']}/{md['name']} has condition {cond['type']} "
+                            f"matching {action} "
+                            f"rule at index {i}"
+                        )
+        return None
+
+    def _new_pod(self, job: dict[str, Any], index: int | None) -> None:
+        md = job["metadata"]
+        name, ns = md["name"], md["namespace"]
+        template = copy.deepcopy((job.get("spec") or {}).get("template") or {})
+        tmd = template.get("metadata") or {}
+        labels = dict(tmd.get("labels") or {})
+        annotations = dict(tmd.get("annotations") or {})
+        pod_spec = template.get("spec") or {}
+        generate = f"{name}-"
+        if index is not None:
+            labels[INDEX_KEY] = str(index)
+            annotations[INDEX_KEY] = str(index)
+            generate = f"{name}-{index}-"
+            pod_spec.setdefault("hostname", f"{name}-{index}"[:63].rstrip("-"))
+            for group in ("initContainers", "containers"):
+                for container in pod_spec.get(group) or []:
+                    env = container.setdefault("env", [])
+                    if not any(e.get("name") == "JOB_COMPLETION_INDEX" for e in env):
+                        env.append(
+                            {
+                                "name": "JOB_COMPLETION_INDEX",
+                                "valueFrom": {
+                                    "fieldRef": {
+                                        "apiVersion": "v1",
+                                        "fieldPath": f"metadata.annotations['{INDEX_KEY}']",
+                                    }
+                                },
+                            }
+                        )
+        pod_md: dict[str, Any] = {
+            "generateName": generate,
+            "namespace": ns,
+            "labels": labels,
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": name,
+                    "uid": md["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        }
+        if annotations:
+            pod_md["annotations"] = annotations
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": pod_md, "spec": pod_spec}
+        try:
+            created = self.cluster.create(PODS, pod, validate=False)
+        except errors.ApiError as exc:
+            self._event(job, "Warning", "FailedCreate", f"Error creating: {exc.message}")
+            return
+        self._event(job, "Normal", "SuccessfulCreate", f"Created pod: {created['metadata']['name']}")
+
+    # ---------------------------------------------------------------- reconcile
+    def reconcile(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> None:
+        """Drive one Job towards its spec."""
+        md = job["metadata"]
+        uid, ns, name = md["uid"], md["namespace"], md["name"]
+        spec = job.get("spec") or {}
+        status = copy.deepcopy(job.get("status") or {})
+        conditions: list[dict[str, Any]] = status.setdefault("conditions", [])
+        tr = self.tracking.setdefault(uid, JobTracking())
+        if md.get("deletionTimestamp"):
+            return
+        if _cond_true(conditions, "Complete") or _cond_true(conditions, "Failed"):
+            self._ttl(job, tr)
+            return
+
+        indexed = spec.get("completionMode") == "Indexed"
+        completions = spec.get("completions")
+        parallelism = spec.get("parallelism", 1)
+        backoff_limit = spec.get("backoffLimit", 6)
+        now_mono = time.monotonic()
+
+        active: list[dict[str, Any]] = []
+        terminating: list[dict[str, Any]] = []
+        current_uids = set()
+        for pod in pods:
+            puid = pod["metadata"]["uid"]
+            current_uids.add(puid)
+            phase = (pod.get("status") or {}).get("phase")
+            if phase in ("Succeeded", "Failed"):
+                if puid not in tr.counted:
+                    self._count_terminal(job, pod, phase, tr, now_mono)
+            elif pod["metadata"].get("deletionTimestamp"):
+                terminating.append(pod)
+            else:
+                active.append(pod)
+        for puid in tr.seen - current_uids:
+            if puid not in tr.counted:
+                if puid in tr.deleted_by_controller and spec.get("suspend"):
+                    tr.counted[puid] = "ignored"
+                else:
+                    tr.counted[puid] = "failed"
+                    tr.last_failure = now_mono
+        tr.seen = set(current_uids)
+        succeeded = sum(1 for v in tr.counted.values() if v == "succeeded")
+        failed = sum(1 for v in tr.counted.values() if v == "failed")
+
+        failure_target = _cond_true(conditions, "FailureTarget")
+        success_target = _cond_true(conditions, "SuccessCriteriaMet")
+        start_time = status.get("startTime")
+
+        if not failure_target and not success_target and not spec.get("suspend"):
+            reason = message = None
+            if tr.fail_job is not None:
+                reason, message = tr.fail_job
+            elif failed > backoff_limit or self._past_backoff_on_failure(job, active, backoff_limit):
+                reason, message = "BackoffLimitExceeded", MSG_BACKOFF
+            elif spec.get("activeDeadlineSeconds") and start_time:
+                elapsed = (utcnow() - parse_time(start_time)).total_seconds()
+                if elapsed >= float(spec["activeDeadlineSeconds"]):
+                    reason, message = "DeadlineExceeded", MSG_DEADLINE
+            if reason is not None:
+                _set_cond(conditions, "FailureTarget", "True", reason, message or "")
+                failure_target = True
+                self._event(job, "Warning", reason, message or "")
+            elif self._success(spec, succeeded, active, tr, indexed, completions):
+                _set_cond(conditions, "SuccessCriteriaMet", "True", "CompletionsReached", MSG_COMPLETE)
+                success_target = True
+
+        if failure_target or success_target:
+            for pod in active:
+                self._delete_pod(job, pod, tr)
+            still_running = [
+                p for p in pods if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+            ]
+            if not still_running:
+                target = _cond(conditions, "FailureTarget" if failure_target else "SuccessCriteriaMet") or {}
+                final = "Failed" if failure_target else "Complete"
+                _set_cond(conditions, final, "True", target.get("reason", ""), target.get("message", ""))
+                if final == "Complete":
+                    status["completionTime"] = fmt_time()
+                    self._event(job, "Normal", "Completed", "Job completed")
+                tr.finished_at = now_mono
+            active = []
+        elif spec.get("suspend"):
+            for pod in active:
+                self._delete_pod(job, pod, tr)
+            active = []
+            if not _cond_true(conditions, "Suspended"):
+                _set_cond(conditions, "Suspended", "True", "JobSuspended", "Job suspended")
+                self._event(job, "Normal", "Suspended", "Job suspended")
+            status.pop("startTime", None)
+        else:
+            if _cond_true(conditions, "Suspended"):
+                _set_cond(conditions, "Suspended", "False", "JobResumed", "Job resumed")
+                self._event(job, "Normal", "Resumed", "Job resumed")
+            if not status.get("startTime"):
+                status["startTime"] = fmt_time()
+            delay = 0.0
+            if failed and tr.last_failure:
+                delay = min(self.backoff * (2 ** (failed - 1)), self.backoff * 10)
+            if now_mono - tr.last_failure >= delay:
+                self._create_pods(job, active, terminating, succeeded, tr, indexed, completions, parallelism)
+
+        status["active"] = len(active)
+        status["ready"] = sum(1 for p in active if _pod_ready(p))
+        status["terminating"] = len(terminating)
+        status["succeeded"] = succeeded
+        status["failed"] = failed
+        for key in ("active", "succeeded", "failed"):
+            if not status[key]:
+                status.pop(key)
+        status["uncountedTerminatedPods"] = {}
+        if indexed:
+            if tr.succeeded_indexes:
+                status["completedIndexes"] = compress_indexes(tr.succeeded_indexes)
+            else:
+                status.pop("completedIndexes", None)
+        if not conditions:
+            status.pop("conditions")
+
+        def write(obj: dict[str, Any]) -> None:
+            obj["status"] = status
+
+        self.cluster.store.mutate(JOBS, ns, name, write)
+
+    def _count_terminal(
+        self, job: dict[str, Any], pod: dict[str, Any], phase: str, tr: JobTracking, now_mono: float
+    ) -> None:
+        puid = pod["metadata"]["uid"]
+        if phase == "Succeeded":
+            tr.counted[puid] = "succeeded"
+            index = (pod["metadata"].get("annotations") or {}).get(INDEX_KEY)
+            if index is not None and index.isdigit():
+                tr.succeeded_indexes.add(int(index))
+            return
+        if puid in tr.deleted_by_controller and (job.get("spec") or {}).get("suspend"):
+            tr.counted[puid] = "ignored"
+            return
+        verdict = self._failure_policy(job, pod)
+        action = verdict[0] if verdict else "Count"
+        if action == "FailJob" and verdict is not None:
+            tr.fail_job = ("PodFailurePolicy", verdict[1])
+            tr.counted[puid] = "failed"
+        elif action == "Ignore":
+            tr.counted[puid] = "ignored"
+        else:
+            tr.counted[puid] = "failed"
+        tr.last_failure = now_mono
+
+    @staticmethod
+    def _past_backoff_on_failure(job: dict[str, Any], active: list[dict[str, Any]], limit: int) -> bool:
+        template_spec = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
+        if template_spec.get("restartPolicy") != "OnFailure":
+            return False
+        restarts = 0
+        for pod in active:
+            status = pod.get("status") or {}
+            for cs in list(status.get("initContainerStatuses") or []) + list(
+                status.get("containerStatuses") or []
+            ):
+                restarts += int(cs.get("restartCount") or 0)
+        if limit == 0:
+            return restarts > 0
+        return restarts >= limit
+
+    @staticmethod
+    def _success(
+        spec: dict[str, Any],
+        succeeded: int,
+        active: list[dict[str, Any]],
+        tr: JobTracking,
+        indexed: bool,
+        completions: int | None,
+    ) -> bool:
+        if indexed and completions is not None:
+            policy = spec.get("successPolicy")
+            if policy:
+                for rule in policy.get("rules") or []:
+                    wanted = rule.get("succeededIndexes")
+                    count = rule.get("succeededCount")
+                    pool = tr.succeeded_indexes
+                    if wanted:
+                        chosen: set[int] = set()
+                        for part in str(wanted).split(","):
+                            lo, _, hi = part.partition("-")
+                            chosen.update(range(int(lo), int(hi or lo) + 1))
+                        pool = pool & chosen
+                        if count is None and chosen <= tr.succeeded_indexes:
+                            return True
+                    if count is not None and len(pool) >= count:
+                        return True
+            return len(tr.succeeded_indexes & set(range(completions))) >= completions
+        if completions is None:
+            return succeeded > 0 and not active
+        return succeeded >= completions
+
+    def _create_pods(
+        self,
+        job: dict[str, Any],
+        active: list[dict[str, Any]],
+        terminating: list[dict[str, Any]],
+        succeeded: int,
+        tr: JobTracking,
+        indexed: bool,
+        completions: int | None,
+        parallelism: int,
+    ) -> int:
+        spec = job.get("spec") or {}
+        replace_when_failed = spec.get("podReplacementPolicy") == "Failed"
+        busy = len(active) + (len(terminating) if replace_when_failed else 0)
+        created = 0
+        if indexed and completions is not None:
+            running = {
+                int((p["metadata"].get("annotations") or {}).get(INDEX_KEY, "-1"))
+                for p in active + (terminating if replace_when_failed else [])
+            }
+            pending = [i for i in range(completions) if i not in tr.succeeded_indexes and i not in running]
+            for index in pending[: max(0, parallelism - busy)]:
+                self._new_pod(job, index)
+                created += 1
+            return created
+        if completions is None:
+            if succeeded > 0:
+                return 0
+            want = parallelism
+        else:
+            want = min(parallelism, completions - succeeded)
+        for _ in range(max(0, want - busy)):
+            self._new_pod(job, None)
+            created += 1
+        return created
+
+    def _ttl(self, job: dict[str, Any], tr: JobTracking) -> None:
+        ttl = (job.get("spec") or {}).get("ttlSecondsAfterFinished")
+        if ttl is None:
+            return
+        if tr.finished_at is None:
+            conditions = (job.get("status") or {}).get("conditions") or []
+            final = _cond(conditions, "Complete") or _cond(conditions, "Failed") or {}
+            when = final.get("lastTransitionTime")
+            elapsed = (utcnow() - parse_time(when)).total_seconds() if when else 0.0
+            tr.finished_at = time.monotonic() - elapsed
+        if time.monotonic() - tr.finished_at >= float(ttl):
+            md = job["metadata"]
+            with contextlib.suppress(errors.ApiError):
+                self.cluster.delete(JOBS, md["namespace"], md["name"], propagation="Foreground")
+
+
+@dataclass
+class LwsTracking:
+    """Per-LWS bookkeeping (which groups were fully created, which events were sent)."""
+
+    complete_groups: set[int] = field(default_factory=set)
+    events: set[str] = field(default_factory=set)
+
+
+class LeaderWorkerSetController:
+    """leaderworkerset.x-k8s.io/v1 controller: groups of a leader pod and ``size - 1`` workers.
+
+    Pods are owned directly by the LeaderWorkerSet (the real controller goes
+    through StatefulSets); names, labels, annotations and injected env match
+    the real controller and its pod webhook.
+    """
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.tracking: dict[str, LwsTracking] = {}
+
+    def reconcile_all(self) -> None:
+        """Reconcile every LeaderWorkerSet."""
+        pods_by_owner: dict[str, list[dict[str, Any]]] = {}
+        for pod in self.cluster.store.list(PODS):
+            owner = _controller_uid(pod)
+            if owner:
+                pods_by_owner.setdefault(owner, []).append(pod)
+        live = set()
+        for lws in self.cluster.store.list(LWS):
+            uid = lws["metadata"]["uid"]
+            live.add(uid)
+            try:
+                self.reconcile(lws, pods_by_owner.get(uid, []))
+            except errors.ApiError as exc:  # pragma: no cover - races with user deletes
+                log.debug("lws reconcile: %s", exc)
+        for uid in list(self.tracking):
+            if uid not in live:
+                del self.tracking[uid]
+
+    def _event_once(
+        self, lws: dict[str, Any], tr: LwsTracking, etype: str, reason: str, message: str
+    ) -> None:
+        key = f"{reason}|{message}"
+        if key in tr.events:
+            return
+        tr.events.add(key)
+        self.cluster.record_event(lws, etype, reason, message, component="lws")
+
+    @staticmethod
+    def _revision(lws: dict[str, Any]) -> str:
+        lwt = (lws.get("spec") or {}).get("leaderWorkerTemplate") or {}
+        blob = json.dumps([lwt.get("leaderTemplate"), lwt.get("workerTemplate")], sort_keys=True)
+        return hashlib.sha1(blob.encode()).hexdigest()[:10]
+
+    def _pod_for(self, lws: dict[str, Any], group: int, worker: int, size: int) -> dict[str, Any]:
+        md = lws["metadata"]
+        name, ns = md["name"], md["namespace"]
+        lwt = lws["spec"]["leaderWorkerTemplate"]
+        template = copy.deepcopy(
+            (lwt.get("leaderTemplate") or lwt["workerTemplate"]) if worker == 0 else lwt["workerTemplate"]
+        )
+        leader = f"{name}-{group}"
+        pod_name = leader if worker == 0 else f"{leader}-{worker}"
+        tmd = template.get("metadata") or {}
+        labels = dict(tmd.get("labels") or {})
+        labels.update(
+            {
+                LWS_NAME: name,
+                LWS_GROUP: str(group),
+                LWS_WORKER: str(worker),
+                LWS_GROUP_KEY: hashlib.sha1(f"{ns}/{leader}".encode()).hexdigest(),
+                LWS_REVISION: self._revision(lws),
+                "apps.kubernetes.io/pod-index": str(group if worker == 0 else worker),
+                "statefulset.kubernetes.io/pod-name": pod_name,
+            }
+        )
+        annotations = dict(tmd.get("annotations") or {})
+        annotations[LWS_SIZE] = str(size)
+        if worker > 0:
+            annotations[LWS_LEADER_NAME] = leader
+        spec = template.get("spec") or {}
+        spec["hostname"] = pod_name
+        spec["subdomain"] = name
+        lws_env = [
+            {"name": "LWS_LEADER_ADDRESS", "value": f"{leader}.{name}.{ns}"},
+            {"name": "LWS_GROUP_SIZE", "value": str(size)},
+            {
+                "name": "LWS_WORKER_INDEX",
+                "valueFrom": {
+                    "fieldRef": {"apiVersion": "v1", "fieldPath": f"metadata.labels['{LWS_WORKER}']"}
+                },
+            },
+        ]
+        names = {e["name"] for e in lws_env}
+        for group_key in ("containers", "initContainers"):
+            for container in spec.get(group_key) or []:
+                existing = [e for e in container.get("env") or [] if e.get("name") not in names]
+                container["env"] = copy.deepcopy(lws_env) + existing
+        tpu_container = next(
+            (
+                c
+                for c in list(spec.get("containers") or []) + list(spec.get("initContainers") or [])
+                if any(
+                    "google.com/tpu" in ((c.get("resources") or {}).get(section) or {})
+                    for section in ("limits", "requests")
+                )
+            ),
+            None,
+        )
+        if tpu_container is not None and not any(
+            e.get("name") in ("TPU_WORKER_HOSTNAMES", "TPU_WORKER_ID") for e in tpu_container["env"]
+        ):
+            hostnames = [f"{leader}.{name}"] + [f"{leader}-{i}.{name}" for i in range(1, size)]
+            tpu_container["env"] += [
+                {"name": "TPU_WORKER_HOSTNAMES", "value": ",".join(hostnames)},
+                {"name": "TPU_WORKER_ID", "value": str(worker)},
+                {"name": "TPU_NAME", "value": leader},
+            ]
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": pod_name,
+                "namespace": ns,
+                "labels": labels,
+                "annotations": annotations,
+                "ownerReferences": [
+                    {
+                        "apiVersion": LWS.api_version,
+                        "kind": "LeaderWorkerSet",
+                        "name": name,
+                        "uid": md["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": spec,
+        }
+
+    def _ensure_service(self, lws: dict[str, Any]) -> None:
+        md = lws["metadata"]
+        if self.cluster.store.get(SERVICES, md["namespace"], md["name"]) is not None:
+            return
+        service = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {
+                "name": md["name"],
+                "namespace": md["namespace"],
+                "labels": {LWS_NAME: md["name"]},
+                "ownerReferences": [
+                    {
+                        "apiVersion": LWS.api_version,
+                        "kind": "LeaderWorkerSet",
+                        "name": md["name"],
+                        "uid": md["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": {
+                "clusterIP": "None",
+                "clusterIPs": ["None"],
+                "selector": {LWS_NAME: md["name"]},
+                "publishNotReadyAddresses": True,
+                "type": "ClusterIP",
+            },
+        }
+        with contextlib.suppress(errors.ApiError):
+            self.cluster.create(SERVICES, service, validate=False)
+
+    def _delete(self, pod: dict[str, Any]) -> None:
+        md = pod["metadata"]
+        if md.get("deletionTimestamp"):
+            return
+        with contextlib.suppress(errors.ApiError):
+            self.cluster.delete(PODS, md["namespace"], md["name"])
+
+    def reconcile(self, lws: dict[str, Any], pods: list[dict[str, Any]]) -> None:
+        """Create missing group pods, recreate broken groups, update status."""
+        md = lws["metadata"]
+        if md.get("deletionTimestamp"):
+            return
+        tr = self.tracking.setdefault(md["uid"], LwsTracking())
+        spec = lws.get("spec") or {}
+        lwt = spec.get("leaderWorkerTemplate") or {}
+        replicas = int(spec.get("replicas", 1))
+        size = int(lwt.get("size", 1))
+        restart_policy = lwt.get("restartPolicy", "RecreateGroupOnPodRestart")
+        startup = spec.get("startupPolicy", "LeaderCreated")
+        for key in ("leaderTemplate", "workerTemplate"):
+            template_spec = (lwt.get(key) or {}).get("spec") or {}
+            policy = template_spec.get("restartPolicy")
+            if policy not in (None, "Always"):
+                self._event_once(
+                    lws,
+                    tr,
+                    "Warning",
+                    "FailedCreate",
+                    f'StatefulSet.apps "{md["name"]}" is invalid: spec.template.spec.restartPolicy: '
+                    f'Unsupported value: "{policy}": supported values: "Always"',
+                )
+                self._write_status(lws, tr, replicas, 0)
+                return
+        self._ensure_service(lws)
+        groups: dict[int, dict[str, dict[str, Any]]] = {}
+        for pod in pods:
+            labels = pod["metadata"].get("labels") or {}
+            try:
+                group = int(labels.get(LWS_GROUP, "-1"))
+            except ValueError:
+                continue
+            groups.setdefault(group, {})[pod["metadata"]["name"]] = pod
+        for group, members in groups.items():
+            if group >= replicas:
+                for pod in members.values():
+                    self._delete(pod)
+        ready_groups = 0
+        for group in range(replicas):
+            members = groups.get(group, {})
+            expected = [f"{md['name']}-{group}"] + [f"{md['name']}-{group}-{w}" for w in range(1, size)]
+            if self._needs_recreate(restart_policy, group, members, expected, tr):
+                for pod in members.values():
+                    self._delete(pod)
+                tr.complete_groups.discard(group)
+                continue
+            if restart_policy in ("None", "Default"):
+                for pod in members.values():
+                    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                        self._delete(pod)
+            if any(p["metadata"].get("deletionTimestamp") for p in members.values()):
+                continue
+            leader_name = expected[0]
+            if leader_name not in members:
+                self.cluster.create(PODS, self._pod_for(lws, group, 0, size), validate=False)
+            leader = members.get(leader_name)
+            if startup == "LeaderReady" and (leader is None or not _pod_ready(leader)):
+                continue
+            for worker in range(1, size):
+                if expected[worker] not in members:
+                    self.cluster.create(PODS, self._pod_for(lws, group, worker, size), validate=False)
+            if all(n in members for n in expected):
+                tr.complete_groups.add(group)
+                if all(
+                    (members[n].get("status") or {}).get("phase") == "Running" and _pod_ready(members[n])
+                    for n in expected
+                ):
+                    ready_groups += 1
+        self._write_status(lws, tr, replicas, ready_groups)
+
+    @staticmethod
+    def _needs_recreate(
+        policy: str, group: int, members: dict[str, dict[str, Any]], expected: list[str], tr: LwsTracking
+    ) -> bool:
+        if policy not in ("RecreateGroupOnPodRestart", "RecreateGroupAfterStart") or not members:
+            return False
+        if policy == "RecreateGroupAfterStart":
+            if len(members) < len(expected) or any(
+                (p.get("status") or {}).get("phase") == "Pending" for p in members.values()
+            ):
+                return False
+        for pod in members.values():
+            status = pod.get("status") or {}
+            if status.get("phase") in ("Succeeded", "Failed"):
+                return True
+            for cs in list(status.get("containerStatuses") or []) + list(
+                status.get("initContainerStatuses") or []
+            ):
+                if int(cs.get("restartCount") or 0) > 0:
+                    return True
+        missing = [n for n in expected if n not in members]
+        return bool(missing) and group in tr.complete_groups
+
+    def _write_status(self, lws: dict[str, Any], tr: LwsTracking, replicas: int, ready: int) -> None:
+        md = lws["metadata"]
+        status = copy.deepcopy(lws.get("status") or {})
+        conditions: list[dict[str, Any]] = status.setdefault("conditions", [])
+        available = ready == replicas
+        if available:
+            changed = not _cond_true(conditions, "Available")
+            _set_cond(
+                conditions, "Available", "True", "AllGroupsReady", "All replicas are ready", probe=False
+            )
+            if _cond(conditions, "Progressing") is not None:
+                _set_cond(
+                    conditions, "Progressing", "False", "GroupsProgressing", "Replicas are progressing", False
+                )
+            reason, message = "AllGroupsReady", "All replicas are ready"
+        else:
+            changed = not _cond_true(conditions, "Progressing")
+            _set_cond(
+                conditions, "Progressing", "True", "GroupsProgressing", "Replicas are progressing", False
+            )
+            if _cond(conditions, "Available") is not None:
+                _set_cond(conditions, "Available", "False", "AllGroupsReady", "All replicas are ready", False)
+            reason, message = "GroupsProgressing", "Replicas are progressing"
+        for cond in conditions:
+            cond["observedGeneration"] = md.get("generation", 1)
+        if changed:
+            self.cluster.record_event(
+                lws,
+                "Normal",
+                reason,
+                f"{message}, with {ready} groups ready of total {replicas} groups",
+                component="lws",
+            )
+        status["replicas"] = replicas
+        status["readyReplicas"] = ready
+        status["updatedReplicas"] = replicas
+        status["hpaPodSelector"] = f"{LWS_NAME}={md['name']},{LWS_WORKER}=0"
+        status["observedGeneration"] = md.get("generation", 1)
+        if not ready:
+            status.pop("readyReplicas")
+
+        def write(obj: dict[str, Any]) -> None:
+            obj["status"] = status
+
+        self.cluster.store.mutate(LWS, md["namespace"], md["name"], write)
+
+
+class ControllerManager:
+    """Runs the reconcile loop for all controllers and the garbage collector."""
+
+    RESYNC_SECONDS = 0.25
+
+    def __init__(self, cluster: Cluster, job_backoff: float = 0.2) -> None:
+        self.cluster = cluster
+        self.jobs = JobController(cluster, job_backoff)
+        self.lws = LeaderWorkerSetController(cluster)
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    def wake(self) -> None:
+        """Request a reconcile pass soon (cheap; called on every store change)."""
+        if self._wake is not None:
+            self._wake.set()
+
+    def start(self) -> None:
+        """Start the loop on the running event loop."""
+        self._wake = asyncio.Event()
+        self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        """Stop the loop (flag + wake rather than cancel, so a pass is never cut in half)."""
+        self._stopping = True
+        self.wake()
+        if self._task is not None:
+            done, _ = await asyncio.wait({self._task}, timeout=5.0)
+            if not done:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
+            self._task = None
+
+    def reconcile_once(self) -> None:
+        """One pass over every controller."""
+        self.jobs.reconcile_all()
+        self.lws.reconcile_all()
+        self.cluster.gc_pass()
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        while not self._stopping:
+            self._wake.clear()
+            try:
+                self.reconcile_once()
+            except Exception:  # pragma: no cover - keep the control plane alive
+                log.exception("controller pass failed")
+            await wait_event(self._wake, self.RESYNC_SECONDS)
+            if self._stopping:
+                break
+            await asyncio.sleep(0.005)

@@ -1,0 +1,196 @@
+"""Fault injection state and the request log.
+
+Faults are armed from the test thread (or over ``/_emulator`` HTTP) and read
+by the server loop, so everything here is guarded by a lock.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One API request the emulator served (admin ``/_emulator`` calls are not recorded)."""
+
+    seq: int
+    method: str
+    path: str
+    query: str
+    time: float
+    status: int | None = None
+    watch: bool = False
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON form used by ``GET /_emulator/requests``."""
+        return {
+            "seq": self.seq,
+            "method": self.method,
+            "path": self.path,
+            "query": self.query,
+            "time": self.time,
+            "status": self.status,
+            "watch": self.watch,
+        }
+
+
+class RequestLog:
+    """Thread-safe record of API requests, so benchmarks can count calls per scenario."""
+
+    def __init__(self, max_records: int = 200_000) -> None:
+        self._lock = threading.Lock()
+        # Bounded so a long-running emulator does not grow without limit; ``count`` is exact.
+        self._records: deque[RequestRecord] = deque(maxlen=max_records)
+        self._seq = 0
+
+    def add(self, method: str, path: str, query: str, *, watch: bool = False) -> int:
+        """Record a request; returns its sequence number (1-based, never reused)."""
+        with self._lock:
+            self._seq += 1
+            self._records.append(RequestRecord(self._seq, method, path, query, time.time(), None, watch))
+            return self._seq
+
+    def set_status(self, seq: int, status: int) -> None:
+        """Attach the HTTP status once the response is known."""
+        with self._lock:
+            for i in range(len(self._records) - 1, -1, -1):
+                rec = self._records[i]
+                if rec.seq == seq:
+                    self._records[i] = RequestRecord(
+                        rec.seq, rec.method, rec.path, rec.query, rec.time, status, rec.watch
+                    )
+                    return
+                if rec.seq < seq:
+                    return
+
+    @property
+    def count(self) -> int:
+        """Requests served since start (not reset by :meth:`clear`)."""
+        with self._lock:
+            return self._seq
+
+    @property
+    def records(self) -> list[RequestRecord]:
+        """Snapshot of the recorded requests (those since the last :meth:`clear`)."""
+        with self._lock:
+            return list(self._records)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._records)
+
+    def __iter__(self) -> Iterator[RequestRecord]:
+        return iter(self.records)
+
+    def since(self, seq: int) -> list[RequestRecord]:
+        """Records with a sequence number greater than ``seq``."""
+        with self._lock:
+            return [r for r in self._records if r.seq > seq]
+
+    def filter(self, method: str | None = None, path_regex: str | None = None) -> list[RequestRecord]:
+        """Records matching an HTTP method and/or a regex searched in the path."""
+        pattern = re.compile(path_regex) if path_regex else None
+        return [
+            r
+            for r in self.records
+            if (method is None or r.method.upper() == method.upper())
+            and (pattern is None or pattern.search(r.path))
+        ]
+
+    def clear(self) -> None:
+        """Forget recorded requests (the :attr:`count` keeps counting)."""
+        with self._lock:
+            self._records.clear()
+
+
+@dataclass
+class ApiFault:
+    """Answer matching requests with an error status, ``remaining`` times (None = forever)."""
+
+    method: str
+    path_regex: re.Pattern[str]
+    status: int
+    remaining: int | None
+    retry_after: float | None = None
+    message: str | None = None
+
+    def matches(self, method: str, path: str) -> bool:
+        """Whether this fault applies to the request."""
+        return (self.method == "*" or self.method.upper() == method.upper()) and bool(
+            self.path_regex.search(path)
+        )
+
+
+@dataclass
+class WatchDropRule:
+    """Close watch streams abruptly after ``after_events`` events; ``streams`` limits how many."""
+
+    after_events: int
+    streams: int | None
+
+
+@dataclass
+class FaultState:
+    """Everything the emulator can be told to break."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    api_faults: list[ApiFault] = field(default_factory=list)
+    image_pull_patterns: list[str | re.Pattern[str]] = field(default_factory=list)
+    scale_up_until: float = 0.0  # time.monotonic() deadline
+    scale_up_seconds: float = 0.0
+    watch_drop: WatchDropRule | None = None
+
+    def take_api_fault(self, method: str, path: str) -> ApiFault | None:
+        """Consume one matching API fault (decrementing its count)."""
+        with self.lock:
+            for fault in self.api_faults:
+                if fault.matches(method, path):
+                    if fault.remaining is not None:
+                        fault.remaining -= 1
+                        if fault.remaining <= 0:
+                            self.api_faults.remove(fault)
+                    return fault
+        return None
+
+    def image_pull_fails(self, image: str) -> bool:
+        """Whether pulling ``image`` is set to fail (exact name, glob or compiled regex)."""
+        with self.lock:
+            patterns = list(self.image_pull_patterns)
+        for pattern in patterns:
+            if isinstance(pattern, re.Pattern):
+                if pattern.search(image):
+                    return True
+            elif pattern == image or fnmatch.fnmatchcase(image, pattern):
+                return True
+        return False
+
+    def scheduling_delay_remaining(self) -> float:
+        """Seconds until pretend node scale-up completes (0 when not delaying)."""
+        return max(0.0, self.scale_up_until - time.monotonic())
+
+    def claim_watch_drop(self) -> int | None:
+        """For a watch stream starting now: after how many events it must be dropped (None = never)."""
+        with self.lock:
+            rule = self.watch_drop
+            if rule is None:
+                return None
+            if rule.streams is not None:
+                rule.streams -= 1
+                if rule.streams <= 0:
+                    self.watch_drop = None
+            return rule.after_events
+
+    def clear(self) -> None:
+        """Disarm every fault."""
+        with self.lock:
+            self.api_faults.clear()
+            self.image_pull_patterns.clear()
+            self.scale_up_until = 0.0
+            self.scale_up_seconds = 0.0
+            self.watch_drop = None

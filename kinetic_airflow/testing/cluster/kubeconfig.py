@@ -1,0 +1,43 @@
+"""Kubeconfig for the emulator (plain http, dummy bearer token, context ``emulator``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULT_CONTEXT = "emulator"
+DUMMY_TOKEN = "kinetic-emulator-token"
+
+
+def kubeconfig_dict(
+    url: str, *, context: str = DEFAULT_CONTEXT, namespace: str = "default"
+) -> dict[str, Any]:
+    """A kubeconfig document for ``url`` that kubectl, the Python clients and Airflow's hooks accept."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "preferences": {},
+        "clusters": [{"name": context, "cluster": {"server": url}}],
+        "users": [{"name": context, "user": {"token": DUMMY_TOKEN}}],
+        "contexts": [
+            {"name": context, "context": {"cluster": context, "user": context, "namespace": namespace}}
+        ],
+        "current-context": context,
+    }
+
+
+def write_kubeconfig(
+    path: str | os.PathLike[str], url: str, *, context: str = DEFAULT_CONTEXT, namespace: str = "default"
+) -> Path:
+    """Write the kubeconfig (parent directories created, mode 0600 like kubectl does)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        yaml.safe_dump(kubeconfig_dict(url, context=context, namespace=namespace), fh, sort_keys=False)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, target)
+    return target

@@ -1,0 +1,301 @@
+"""Node pools and the scheduler's feasibility check.
+
+A node pool stands for a GKE node pool: a set of node labels (a value ``"*"``
+matches whatever value a pod asks for, so one pool can stand for every TPU
+topology or both Spot and on-demand VMs) and taints. The scheduler only checks
+``nodeSelector``, required node affinity and taints; it ignores capacity, so
+any number of pods fit on a node. Messages follow kube-scheduler's wording so
+code that parses ``Unschedulable`` conditions can be tested.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+WILDCARD = "*"
+
+LABEL_TPU_ACCELERATOR = "cloud.google.com/gke-tpu-accelerator"
+LABEL_TPU_TOPOLOGY = "cloud.google.com/gke-tpu-topology"
+LABEL_GPU_ACCELERATOR = "cloud.google.com/gke-accelerator"
+LABEL_ACCELERATOR_COUNT = "cloud.google.com/gke-accelerator-count"
+LABEL_SPOT = "cloud.google.com/gke-spot"
+LABEL_NODEPOOL = "cloud.google.com/gke-nodepool"
+
+TPU_ACCELERATORS = (
+    "tpu-v5-lite-podslice",
+    "tpu-v6e-slice",
+    "tpu-v5p-slice",
+    "tpu-v4-podslice",
+    "tpu7x",
+    "tpu-v3-device",
+    "tpu-v3-slice",
+)
+GPU_ACCELERATORS = (
+    "nvidia-l4",
+    "nvidia-tesla-t4",
+    "nvidia-tesla-v100",
+    "nvidia-tesla-a100",
+    "nvidia-a100-80gb",
+    "nvidia-h100-80gb",
+    "nvidia-h100-mega-80gb",
+    "nvidia-h200-141gb",
+    "nvidia-b200",
+)
+
+
+@dataclass(frozen=True)
+class Taint:
+    """A node taint; pods must tolerate ``NoSchedule`` / ``NoExecute`` taints to land on the node."""
+
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"
+
+    def to_dict(self) -> dict[str, str]:
+        """As it appears in ``Node.spec.taints``."""
+        out = {"key": self.key, "effect": self.effect}
+        if self.value:
+            out["value"] = self.value
+        return out
+
+
+@dataclass
+class NodePool:
+    """A group of identical nodes. ``labels`` values may be ``"*"`` (matches any requested value)."""
+
+    name: str
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: Sequence[Taint | Mapping[str, str]] = ()
+    node_count: int = 1
+    capacity: dict[str, str] = field(default_factory=dict)
+
+    def taint_objects(self) -> list[Taint]:
+        """Taints normalized to :class:`Taint`."""
+        return [
+            t if isinstance(t, Taint) else Taint(t["key"], t.get("value", ""), t.get("effect", "NoSchedule"))
+            for t in self.taints
+        ]
+
+
+def default_node_pools() -> list[NodePool]:
+    """A CPU pool, a Spot CPU pool, one pool per common TPU and GPU type (any topology, Spot or not)."""
+    pools = [
+        NodePool("default-pool", capacity={"cpu": "8", "memory": "32Gi"}),
+        NodePool("spot-pool", labels={LABEL_SPOT: "true"}, capacity={"cpu": "8", "memory": "32Gi"}),
+    ]
+    for accel in TPU_ACCELERATORS:
+        pools.append(
+            NodePool(
+                f"{accel}-pool",
+                labels={
+                    LABEL_TPU_ACCELERATOR: accel,
+                    LABEL_TPU_TOPOLOGY: WILDCARD,
+                    LABEL_ACCELERATOR_COUNT: WILDCARD,
+                    LABEL_SPOT: WILDCARD,
+                },
+                taints=[Taint("google.com/tpu", "present", "NoSchedule")],
+                capacity={"cpu": "224", "memory": "448Gi", "google.com/tpu": "8"},
+            )
+        )
+    for accel in GPU_ACCELERATORS:
+        pools.append(
+            NodePool(
+                f"{accel}-pool",
+                labels={
+                    LABEL_GPU_ACCELERATOR: accel,
+                    LABEL_ACCELERATOR_COUNT: WILDCARD,
+                    LABEL_SPOT: WILDCARD,
+                },
+                taints=[Taint("nvidia.com/gpu", "present", "NoSchedule")],
+                capacity={"cpu": "96", "memory": "680Gi", "nvidia.com/gpu": "8"},
+            )
+        )
+    return pools
+
+
+@dataclass
+class Node:
+    """One node of a pool (the scheduler binds pods to these names)."""
+
+    name: str
+    pool: NodePool
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """Pool labels plus the ones every GKE node carries."""
+        labels = dict(self.pool.labels)
+        labels.setdefault(LABEL_NODEPOOL, self.pool.name)
+        labels.setdefault("kubernetes.io/hostname", self.name)
+        labels.setdefault("kubernetes.io/os", "linux")
+        labels.setdefault("kubernetes.io/arch", "amd64")
+        labels.setdefault("topology.kubernetes.io/zone", "us-central1-a")
+        labels.setdefault("topology.kubernetes.io/region", "us-central1")
+        return labels
+
+
+def make_nodes(pools: Iterable[NodePool]) -> list[Node]:
+    """Deterministic GKE-style node names: ``gke-emulator-<pool>-<hash>-<n>``."""
+    nodes = []
+    for pool in pools:
+        digest = hashlib.sha1(pool.name.encode()).hexdigest()[:8]
+        for i in range(max(1, pool.node_count)):
+            suffix = hashlib.sha1(f"{pool.name}/{i}".encode()).hexdigest()[:4]
+            nodes.append(Node(f"gke-emulator-{pool.name}-{digest}-{suffix}"[:63].rstrip("-"), pool))
+    return nodes
+
+
+def node_object(node: Node, created: str, kubelet_version: str) -> dict[str, Any]:
+    """The ``v1 Node`` stored for a node (wildcard labels are left out)."""
+    labels = {k: v for k, v in node.labels.items() if v != WILDCARD}
+    capacity = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
+    capacity.update(node.pool.capacity)
+    condition_time = created
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": node.name, "labels": labels, "annotations": {}},
+        "spec": {
+            "providerID": f"gce://emulator/us-central1-a/{node.name}",
+            "taints": [t.to_dict() for t in node.pool.taint_objects()],
+        },
+        "status": {
+            "capacity": capacity,
+            "allocatable": dict(capacity),
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "kubelet is posting ready status",
+                    "lastHeartbeatTime": condition_time,
+                    "lastTransitionTime": condition_time,
+                }
+            ],
+            "addresses": [
+                {"type": "InternalIP", "address": "127.0.0.1"},
+                {"type": "Hostname", "address": node.name},
+            ],
+            "nodeInfo": {
+                "architecture": "amd64",
+                "bootID": "",
+                "containerRuntimeVersion": "emulator://1.0",
+                "kernelVersion": "",
+                "kubeProxyVersion": kubelet_version,
+                "kubeletVersion": kubelet_version,
+                "machineID": "",
+                "operatingSystem": "linux",
+                "osImage": "Kinetic cluster emulator",
+                "systemUUID": "",
+            },
+        },
+    }
+
+
+# ----------------------------------------------------------------- feasibility
+def _label_matches(node_labels: Mapping[str, str], key: str, op: str, values: Sequence[str]) -> bool:
+    present = key in node_labels
+    value = node_labels.get(key)
+    wildcard = value == WILDCARD
+    if op == "In":
+        return present and (wildcard or value in values)
+    if op == "NotIn":
+        return not present or wildcard or value not in values
+    if op == "Exists":
+        return present
+    if op == "DoesNotExist":
+        return not present
+    if op in ("Gt", "Lt"):
+        if not present or wildcard:
+            return present
+        try:
+            number, bound = int(value or ""), int(values[0])
+        except (ValueError, IndexError):
+            return False
+        return number > bound if op == "Gt" else number < bound
+    return False
+
+
+def selector_matches(pod_spec: Mapping[str, Any], node_labels: Mapping[str, str]) -> bool:
+    """``nodeSelector`` AND required node affinity (terms ORed, expressions ANDed)."""
+    for key, value in (pod_spec.get("nodeSelector") or {}).items():
+        if not _label_matches(node_labels, key, "In", [str(value)]):
+            return False
+    affinity = ((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    )
+    if affinity:
+        terms = affinity.get("nodeSelectorTerms") or []
+        if not any(
+            all(
+                _label_matches(node_labels, e["key"], e["operator"], e.get("values") or [])
+                for e in term.get("matchExpressions") or []
+            )
+            for term in terms
+        ):
+            return False
+    return True
+
+
+def requested_resources(pod_spec: Mapping[str, Any]) -> set[str]:
+    """Resource names a pod requests or limits (for ExtendedResourceToleration)."""
+    names: set[str] = set()
+    for group in ("containers", "initContainers"):
+        for container in pod_spec.get(group) or []:
+            resources = container.get("resources") or {}
+            for section in ("limits", "requests"):
+                names.update((resources.get(section) or {}).keys())
+    return names
+
+
+def tolerates(pod_spec: Mapping[str, Any], taint: Taint) -> bool:
+    """Whether the pod tolerates ``taint``; GKE's ExtendedResourceToleration is emulated too."""
+    if taint.effect not in ("NoSchedule", "NoExecute"):
+        return True
+    if taint.key in requested_resources(pod_spec):
+        return True
+    for tol in pod_spec.get("tolerations") or []:
+        key = tol.get("key") or ""
+        operator = tol.get("operator") or "Equal"
+        effect = tol.get("effect") or ""
+        if effect and effect != taint.effect:
+            continue
+        if operator == "Exists":
+            if not key or key == taint.key:
+                return True
+        elif key == taint.key and (tol.get("value") or "") == taint.value:
+            return True
+    return False
+
+
+def find_node(pod_spec: Mapping[str, Any], nodes: Sequence[Node]) -> tuple[Node | None, str]:
+    """First feasible node, or None plus kube-scheduler's ``0/N nodes are available`` message."""
+    reasons: dict[str, int] = {}
+    for node in nodes:
+        if not selector_matches(pod_spec, node.labels):
+            reason = "node(s) didn't match Pod's node affinity/selector"
+        else:
+            bad = next((t for t in node.pool.taint_objects() if not tolerates(pod_spec, t)), None)
+            if bad is None:
+                return node, ""
+            reason = f"node(s) had untolerated taint {{{bad.key}: {bad.value}}}"
+        reasons[reason] = reasons.get(reason, 0) + 1
+    total = len(nodes)
+    parts = ", ".join(f"{count} {reason}" for reason, count in sorted(reasons.items()))
+    message = (
+        f"0/{total} nodes are available: {parts}. preemption: 0/{total} nodes are available: "
+        f"{total} Preemption is not helpful for scheduling."
+    )
+    return None, message
+
+
+def scale_up_message(pod_spec: Mapping[str, Any], total: int) -> str:
+    """Message while a node pool is (pretend) scaling up for the pod."""
+    extended = sorted(r for r in requested_resources(pod_spec) if "/" in r)
+    resource = extended[0] if extended else "cpu"
+    return (
+        f"0/{total} nodes are available: {total} Insufficient {resource}. preemption: 0/{total} nodes are "
+        f"available: {total} No preemption victims found for incoming pod."
+    )

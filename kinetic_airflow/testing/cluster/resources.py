@@ -1,0 +1,240 @@
+"""The API resources the emulator serves, and the discovery documents describing them.
+
+Discovery (``/api``, ``/apis``, ``/api/v1`` ...) is generated from this table so
+``kubectl`` and dynamic clients see exactly what the routes accept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ALL_VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
+
+
+@dataclass(frozen=True)
+class ResourceType:
+    """One REST resource: where it lives and what its objects look like."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+    singular: str
+    short_names: tuple[str, ...] = ()
+    subresources: tuple[str, ...] = ()
+    categories: tuple[str, ...] = ()
+    verbs: tuple[str, ...] = ALL_VERBS
+    builtin: bool = True
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def api_version(self) -> str:
+        """``v1`` for the core group, ``group/version`` otherwise."""
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def group_version(self) -> str:
+        """Same as :attr:`api_version` (discovery calls it groupVersion)."""
+        return self.api_version
+
+    @property
+    def qualified(self) -> str:
+        """``jobs.batch`` style name used in error messages (``pods`` for core)."""
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+    @property
+    def kind_qualified(self) -> str:
+        """``Job.batch`` style name used in Invalid error messages (``Pod`` for core)."""
+        return f"{self.kind}.{self.group}" if self.group else self.kind
+
+    @property
+    def list_kind(self) -> str:
+        """Kind of the list wrapper (``PodList``)."""
+        return f"{self.kind}List"
+
+
+NAMESPACES = ResourceType("", "v1", "namespaces", "Namespace", False, "namespace", ("ns",), ("status",))
+NODES = ResourceType("", "v1", "nodes", "Node", False, "node", ("no",), ("status",))
+PODS = ResourceType("", "v1", "pods", "Pod", True, "pod", ("po",), ("status", "log"), ("all",))
+EVENTS = ResourceType("", "v1", "events", "Event", True, "event", ("ev",))
+SERVICES = ResourceType("", "v1", "services", "Service", True, "service", ("svc",), ("status",), ("all",))
+CONFIGMAPS = ResourceType("", "v1", "configmaps", "ConfigMap", True, "configmap", ("cm",))
+SECRETS = ResourceType("", "v1", "secrets", "Secret", True, "secret")
+SERVICEACCOUNTS = ResourceType("", "v1", "serviceaccounts", "ServiceAccount", True, "serviceaccount", ("sa",))
+JOBS = ResourceType("batch", "v1", "jobs", "Job", True, "job", (), ("status",), ("all",))
+LWS = ResourceType(
+    "leaderworkerset.x-k8s.io",
+    "v1",
+    "leaderworkersets",
+    "LeaderWorkerSet",
+    True,
+    "leaderworkerset",
+    ("lws",),
+    ("status",),
+    builtin=False,
+)
+
+RESOURCE_TYPES: tuple[ResourceType, ...] = (
+    NAMESPACES,
+    NODES,
+    PODS,
+    EVENTS,
+    SERVICES,
+    CONFIGMAPS,
+    SECRETS,
+    SERVICEACCOUNTS,
+    JOBS,
+    LWS,
+)
+
+_BY_PATH = {(rt.group, rt.version, rt.plural): rt for rt in RESOURCE_TYPES}
+_BY_KIND = {rt.kind: rt for rt in RESOURCE_TYPES}
+_BY_PLURAL = {rt.plural: rt for rt in RESOURCE_TYPES}
+
+
+def lookup(group: str, version: str, plural: str) -> ResourceType | None:
+    """Resource served at ``/apis/{group}/{version}/{plural}`` (group "" for ``/api/v1``)."""
+    return _BY_PATH.get((group, version, plural))
+
+
+def by_kind(kind: str) -> ResourceType | None:
+    """Resource type for an object kind (``Pod`` -> pods)."""
+    return _BY_KIND.get(kind)
+
+
+def by_plural(plural: str) -> ResourceType:
+    """Resource type for a plural name such as ``pods`` or ``leaderworkersets``."""
+    try:
+        return _BY_PLURAL[plural]
+    except KeyError:
+        raise KeyError(f"unknown resource {plural!r}; known: {sorted(_BY_PLURAL)}") from None
+
+
+def group_versions() -> dict[str, list[str]]:
+    """Named API groups and their versions (core group excluded)."""
+    groups: dict[str, list[str]] = {}
+    for rt in RESOURCE_TYPES:
+        if rt.group:
+            versions = groups.setdefault(rt.group, [])
+            if rt.version not in versions:
+                versions.append(rt.version)
+    return groups
+
+
+def api_versions_doc(server_address: str) -> dict[str, Any]:
+    """``GET /api``."""
+    return {
+        "kind": "APIVersions",
+        "versions": ["v1"],
+        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}],
+    }
+
+
+def api_group_doc(group: str) -> dict[str, Any]:
+    """``GET /apis/{group}``."""
+    versions = [{"groupVersion": f"{group}/{v}", "version": v} for v in group_versions()[group]]
+    return {
+        "kind": "APIGroup",
+        "apiVersion": "v1",
+        "name": group,
+        "versions": versions,
+        "preferredVersion": versions[0],
+    }
+
+
+def api_group_list_doc() -> dict[str, Any]:
+    """``GET /apis``."""
+    groups = []
+    for group in group_versions():
+        doc = api_group_doc(group)
+        doc.pop("kind")
+        doc.pop("apiVersion")
+        groups.append(doc)
+    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
+
+
+def openapi_v3_root() -> dict[str, Any]:
+    """``GET /openapi/v3``: one entry per group-version (kubectl fetches it before create/apply)."""
+    gvs = ["api/v1"] + [f"apis/{g}/{v}" for g, versions in group_versions().items() for v in versions]
+    return {"paths": {gv: {"serverRelativeURL": f"/openapi/v3/{gv}?hash=emulator"} for gv in gvs}}
+
+
+def openapi_v3_group_version(group: str, version: str) -> dict[str, Any] | None:
+    """A minimal OpenAPI v3 document for a group-version.
+
+    It only declares, per kind, the create/patch operations with their
+    ``x-kubernetes-group-version-kind`` and the ``fieldValidation`` query
+    parameter: that is what kubectl checks to decide it can leave validation
+    to the server (``--validate=strict`` then works without schemas here).
+    """
+    rts = [rt for rt in RESOURCE_TYPES if rt.group == group and rt.version == version]
+    if not rts:
+        return None
+    params = [
+        {"name": name, "in": "query", "schema": {"type": "string", "uniqueItems": True}}
+        for name in ("dryRun", "fieldManager", "fieldValidation", "pretty")
+    ]
+    paths: dict[str, Any] = {}
+    prefix = f"/apis/{group}/{version}" if group else f"/api/{version}"
+    for rt in rts:
+        gvk = {"group": rt.group, "version": rt.version, "kind": rt.kind}
+        base = f"{prefix}/namespaces/{{namespace}}/{rt.plural}" if rt.namespaced else f"{prefix}/{rt.plural}"
+        operation = {
+            "x-kubernetes-group-version-kind": gvk,
+            "parameters": params,
+            "responses": {"200": {"description": "OK"}},
+        }
+        paths[base] = {
+            "post": {**operation, "operationId": f"create{rt.kind}", "x-kubernetes-action": "post"}
+        }
+        paths[f"{base}/{{name}}"] = {
+            "put": {**operation, "operationId": f"replace{rt.kind}", "x-kubernetes-action": "put"},
+            "patch": {**operation, "operationId": f"patch{rt.kind}", "x-kubernetes-action": "patch"},
+        }
+    return {
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": "emulator"},
+        "paths": paths,
+        "components": {"schemas": {}},
+    }
+
+
+def api_resource_list_doc(group: str, version: str) -> dict[str, Any] | None:
+    """``GET /api/v1`` or ``GET /apis/{group}/{version}``."""
+    entries: list[dict[str, Any]] = []
+    for rt in RESOURCE_TYPES:
+        if rt.group != group or rt.version != version:
+            continue
+        entry: dict[str, Any] = {
+            "name": rt.plural,
+            "singularName": rt.singular,
+            "namespaced": rt.namespaced,
+            "kind": rt.kind,
+            "verbs": list(rt.verbs),
+        }
+        if rt.short_names:
+            entry["shortNames"] = list(rt.short_names)
+        if rt.categories:
+            entry["categories"] = list(rt.categories)
+        entries.append(entry)
+        for sub in rt.subresources:
+            verbs = ["get"] if sub == "log" else ["get", "patch", "update"]
+            entries.append(
+                {
+                    "name": f"{rt.plural}/{sub}",
+                    "singularName": "",
+                    "namespaced": rt.namespaced,
+                    "kind": rt.kind,
+                    "verbs": verbs,
+                }
+            )
+    if not entries:
+        return None
+    return {
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": f"{group}/{version}" if group else version,
+        "resources": entries,
+    }

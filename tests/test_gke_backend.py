@@ -1,0 +1,263 @@
+"""backend="gke" end to end with dag.test() against the local cluster emulator (which validates
+every manifest with the real Kubernetes schemas and runs pods as processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from helpers import ti_states, ti_try_numbers, xcom
+
+from kinetic_airflow.testing.cluster import ClusterEmulator, NodePool
+
+NODE_POOLS = [
+    NodePool("cpu", {}),
+    NodePool("cpu-spot", {"cloud.google.com/gke-spot": "true"}),
+    NodePool("l4", {"cloud.google.com/gke-accelerator": "nvidia-l4"}),
+    NodePool(
+        "v6e",
+        {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice", "cloud.google.com/gke-tpu-topology": "*"},
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    emulator = ClusterEmulator(node_pools=NODE_POOLS, work_dir=tmp_path_factory.mktemp("emulator"))
+    emulator.start()
+    kubeconfig = emulator.write_kubeconfig(tmp_path_factory.mktemp("kube") / "config")
+    yield emulator, kubeconfig
+    from kinetic_airflow.backends.gke.watch_cache import reset_shared_state
+
+    reset_shared_state()
+    emulator.stop()
+
+
+@pytest.fixture
+def gke_env(cluster, base_uri, monkeypatch, tmp_path):
+    from kinetic_airflow.backends.gke.watch_cache import reset_shared_state
+
+    emulator, kubeconfig = cluster
+    emulator.clear_faults()
+    reset_shared_state()
+    conn = {"conn_type": "kubernetes", "extra": {"kube_config_path": str(kubeconfig), "namespace": "default"}}
+    monkeypatch.setenv("AIRFLOW_CONN_KINETIC_EMULATOR", json.dumps(conn))
+    monkeypatch.setenv("KINETIC_KUBERNETES_CONN_ID", "kinetic_emulator")
+    monkeypatch.setenv("KINETIC_RUNNER_PYTHON", sys.executable)
+    monkeypatch.setenv("KINETIC_CONTAINER_IMAGE", "kinetic-runner:test")
+    out = tmp_path / "failures"
+    out.mkdir()
+    monkeypatch.setenv("KN_TEST_FAILURES", str(out))
+    return emulator, out
+
+
+def _dag(name):
+    import kn_gke
+
+    return getattr(kn_gke, name)()
+
+
+def _k8s(emulator):
+    import kubernetes
+
+    client = emulator.api_client()
+    return kubernetes.client.BatchV1Api(client), kubernetes.client.CoreV1Api(client)
+
+
+def _wait_for_pod(emulator, task_label: str, *, phase: str = "Running", timeout: float = 60) -> str:
+    _, core = _k8s(emulator)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pods = core.list_namespaced_pod(
+            "default", label_selector=f"kinetic.airflow/task-id={task_label}"
+        ).items
+        for pod in pods:
+            if pod.status.phase == phase:
+                return pod.metadata.name
+        time.sleep(0.2)
+    raise AssertionError(f"no {phase} pod for {task_label}")
+
+
+def _in_background(fn):
+    errors = []
+
+    def run():
+        try:
+            fn()
+        except Exception as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, errors
+
+
+def _selector(dr, task_label: str) -> str:
+    """Jobs of one task in one DAG run (the module's emulator outlives a single run)."""
+    import hashlib
+
+    run = hashlib.sha256(dr.run_id.encode()).hexdigest()[:16]
+    return f"kinetic.airflow/task-id={task_label},kinetic.airflow/run-id={run}"
+
+
+def _failure(out: Path, task_id: str) -> tuple[str, str]:
+    kind, message = (out / f"{task_id}.txt").read_text().split("\n", 1)
+    return kind, message
+
+
+def test_cpu_gpu_tpu_jobs_user_error_and_duplicate_execute(gke_env):
+    emulator, out = gke_env
+    dr = _dag("kn_gke_basics").test()
+    assert ti_states(dr) == {
+        "on_cpu": "success",
+        "on_gpu": "success",
+        "on_tpu": "success",
+        "raises_value_error": "failed",
+    }
+    value = xcom(dr, "on_cpu")
+    assert value["x"] == 42 and value["attempt"] == "1"
+    assert xcom(dr, "on_gpu") == "gpu ok" and xcom(dr, "on_tpu") == "tpu ok"
+    kind, message = _failure(out, "raises_value_error")
+    assert kind == "builtins.ValueError" and message.startswith("bad learning rate: -1")
+    batch, _ = _k8s(emulator)
+    jobs = batch.list_namespaced_job("default", label_selector=_selector(dr, "on-cpu")).items
+    assert len(jobs) == 1  # execute ran twice; one Job
+    job = jobs[0]
+    assert job.spec.backoff_limit == 0 and job.metadata.labels["app"] == "kinetic"
+    links = xcom(dr, "on_cpu", key="kinetic_job_links")
+    assert f"/default/kinetic-{value['job']}/details" in links["console"]
+    tpu_jobs = batch.list_namespaced_job("default", label_selector=_selector(dr, "on-tpu")).items
+    selectors = tpu_jobs[0].spec.template.spec.node_selector
+    assert selectors == {
+        "cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
+        "cloud.google.com/gke-tpu-topology": "2x4",
+    }
+
+
+def test_preemption_oom_image_pull_and_unschedulable(gke_env):
+    emulator, out = gke_env
+    emulator.fail_image_pulls("registry.invalid/*")
+
+    def preempt():
+        name = _wait_for_pod(emulator, "preemptible-training", timeout=300)
+        time.sleep(1.0)  # let it write its checkpoint
+        emulator.preempt_pod("default", name, grace_seconds=1)
+
+    def oom_kill():
+        name = _wait_for_pod(emulator, "memory-hog", timeout=300)
+        _, core = _k8s(emulator)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # kill it once it is really working
+            log = core.read_namespaced_pod_log(name, "default", _preload_content=False).data.decode()
+            if "allocating" in log:
+                break
+            time.sleep(0.1)
+        emulator.oom_kill_pod("default", name)
+
+    # dag.test runs the tasks in no fixed order: one watcher thread per fault
+    threads = [_in_background(preempt), _in_background(oom_kill)]
+    dr = _dag("kn_gke_faults").test()
+    for thread, errors in threads:
+        thread.join(5)
+        assert not errors, errors
+    assert ti_states(dr) == {
+        "preemptible_training": "success",
+        "memory_hog": "failed",
+        "bad_image": "failed",
+        "no_node_pool": "failed",
+    }
+    # preempted attempt 1 -> attempt 2 in the same Airflow try, resuming from the checkpoint
+    value = xcom(dr, "preemptible_training")
+    assert value["attempt"] == "2" and value["resumed_from"] == "written by attempt 1"
+    assert ti_try_numbers(dr)["preemptible_training"] == 1
+    kind, message = _failure(out, "memory_hog")
+    assert "OOMKilled" in message and "out of memory" in message and "allocating" in message
+    kind, message = _failure(out, "bad_image")
+    assert "registry.invalid/kinetic/missing:1" in message and "cannot be pulled" in message
+    kind, message = _failure(out, "no_node_pool")
+    assert kind == "kinetic_airflow.results.KineticJobError"
+    assert "could not be scheduled within startup_timeout=2s" in message
+    assert '"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"' in message
+    batch, _ = _k8s(emulator)  # the unschedulable Job was deleted, not left pending
+    assert not batch.list_namespaced_job(
+        "default", label_selector="kinetic.airflow/task-id=no-node-pool"
+    ).items
+
+
+def test_api_faults_are_survived(gke_env):
+    emulator, _ = gke_env
+    emulator.inject_api_fault("POST", r".*/jobs$", status=500, count=2)
+    emulator.inject_api_fault("GET", r".*/pods$", status=429, count=3, retry_after=0.2)
+    emulator.drop_watches(after_events=1, streams=2)
+    dr = _dag("kn_gke_api_faults").test()
+    assert ti_states(dr) == {"sleeps_a_while": "success"}
+    assert xcom(dr, "sleeps_a_while") == 7
+
+
+def test_mark_failed_deletes_the_job(gke_env):
+    """BaseTrigger.on_kill (user marks the deferred task failed / clears it) deletes our Job."""
+    import asyncio
+
+    from kinetic_airflow.backends.gke.backend import GKEBackend
+    from kinetic_airflow.layout import JobIdentity
+    from kinetic_airflow.operators import KineticRunOperator
+    from kinetic_airflow.triggers import KineticJobTrigger
+
+    emulator, _ = gke_env
+    op = KineticRunOperator(task_id="long", python_callable=time.sleep, op_args=[600], backend="gke")
+    ref = op._job_ref(JobIdentity("d", "r", "long"), "gke", os.environ["KINETIC_BASE_URI"])
+    from kinetic_airflow.connections import storage_for
+    from kinetic_airflow.layout import JobLayout
+    from kinetic_airflow.payload import build_payload, manifest_json
+
+    storage = storage_for(ref["job_uri"])
+    path, fields = build_payload(time.sleep, [600], {})
+    storage.upload_file(path, JobLayout(ref["job_uri"]).payload)
+    storage.write_text(JobLayout(ref["job_uri"]).manifest, manifest_json({**fields, "job_id": ref["job_id"]}))
+    GKEBackend().submit(ref)
+    _wait_for_pod(emulator, "long")
+    trigger = KineticJobTrigger(job=ref)
+    kwargs = json.dumps(trigger.serialize()[1])
+    assert "token" not in kwargs.lower() and "kube_config" not in kwargs
+    asyncio.run(trigger.on_kill())
+    batch, _ = _k8s(emulator)
+    deadline = time.monotonic() + 30
+    while (
+        time.monotonic() < deadline
+        and batch.list_namespaced_job("default", label_selector="job-id=" + ref["job_id"]).items
+    ):
+        time.sleep(0.2)
+    assert not batch.list_namespaced_job("default", label_selector="job-id=" + ref["job_id"]).items
+
+
+def test_stale_heartbeat_counts_as_node_loss(gke_env, base_uri, monkeypatch):
+    """The pod still looks alive but the runner stopped beating: resubmitted like a preemption."""
+    import signal
+
+    from kinetic_airflow.storage import open_storage
+
+    monkeypatch.setenv("KINETIC_HEARTBEAT_TIMEOUT", "3")
+    storage = open_storage(base_uri)
+
+    def freeze():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            found = [u for u in storage.list(base_uri + "/outputs") if u.endswith("/attempt1.txt")]
+            if found:
+                os.kill(int(storage.read_text(found[0])), signal.SIGSTOP)
+                return
+            time.sleep(0.2)
+        raise AssertionError("attempt 1 never started")
+
+    thread, errors = _in_background(freeze)
+    dr = _dag("kn_gke_stall").test()
+    thread.join(5)
+    assert not errors, errors
+    assert ti_states(dr) == {"node_goes_silent": "success"}
+    value = xcom(dr, "node_goes_silent")
+    assert value["attempt"] == "2" and ti_try_numbers(dr)["node_goes_silent"] == 1
