@@ -17,6 +17,10 @@ def get_provider_info() -> dict:
         "description": "Run Python functions on TPUs and GPUs (GKE) or locally, with @task.kinetic.",
         "versions": ["0.1.0"],
         "task-decorators": [{"name": "kinetic", "class-name": "kinetic_airflow.decorators.kinetic_task"}],
+        "extra-links": [
+            "kinetic_airflow.links.KineticJobConsoleLink",
+            "kinetic_airflow.links.KineticJobLogsLink",
+        ],
         "config": {
             "kinetic": {
                 "description": "Defaults for @task.kinetic / KineticRunOperator. A task argument wins over "

@@ -250,16 +250,59 @@ def test_marking_deferred_task_failed_kills_the_job(airflow: AirflowServices) ->
 
     exit_record = poll(job_stopped, timeout=90, what="the job process to be killed", diagnostics=why)
     assert exit_record["cancelled"] is True, why()
-    # cancel.json is written only by LocalBackend.cancel, here called by the trigger's on_kill.
+    # cancel.json is written only by LocalBackend.cancel. Two paths call it and race here: the
+    # trigger's on_kill (Airflow 3.3) and kinetic's listener in the API server; either must do.
     assert (job_dir / "cancel.json").is_file(), why()
-    poll(
-        lambda: any(
+
+    def stopped_by() -> str | None:
+        if any(
             "invoking on_kill" in p.read_text(errors="replace")
             for p in _trigger_logs(airflow, dag_id, run_id)
-        ),
-        timeout=30,
-        what="the triggerer to log that it invoked on_kill",
-        diagnostics=why,
-    )
+        ):
+            return "on_kill"
+        api_log = (airflow.logs / "api-server.log").read_text(errors="replace")
+        return "listener" if f"cancelled kinetic job {job_dir.name}" in api_log else None
+
+    poll(stopped_by, timeout=30, what="on_kill or the listener to report the cancel", diagnostics=why)
     assert _ti_states(airflow, dag_id, run_id)[task_id] == "failed", why()
     assert _wait_run_finished(airflow, dag_id, run_id) == "failed", why()
+
+
+def test_marking_failed_before_the_triggerer_watches_still_kills_the_job(airflow: AirflowServices) -> None:
+    """The window on_kill cannot cover: the task deferred but no triggerer runs its trigger yet.
+
+    kinetic's listener (a provider plugin) runs in the API server on the manual state change and
+    cancels the job recorded in task_state_store.
+    """
+    dag_id, task_id = "kn_components_cancel", "sleep_long"
+    run_id = _trigger(airflow, dag_id)
+    job_dir = _job_dir(airflow, dag_id, run_id, task_id)
+
+    def why() -> str:
+        return _diagnostics(airflow, dag_id, run_id, job_dir)
+
+    def deferred() -> int | None:
+        airflow.check_running()
+        launch = _read_json(job_dir / "launch.json")
+        if _ti_states(airflow, dag_id, run_id).get(task_id) != "deferred" or not launch:
+            return None
+        return int(launch["pid"])
+
+    # Freeze the triggerer so that no trigger runs (as while it is down or busy), then defer.
+    triggerer = airflow.procs["triggerer"].pid
+    os.killpg(triggerer, signal.SIGSTOP)
+    try:
+        supervisor_pid = poll(deferred, timeout=RUN_TIMEOUT, what="the task to defer", diagnostics=why)
+        airflow.api("PATCH", f"{_run_path(dag_id, run_id)}/taskInstances/{task_id}", {"new_state": "failed"})
+
+        def job_stopped() -> dict[str, Any] | None:
+            exit_record = _read_json(job_dir / "exit.json")
+            return None if exit_record is None or process_alive(supervisor_pid) else exit_record
+
+        exit_record = poll(job_stopped, timeout=90, what="the job process to be killed", diagnostics=why)
+    finally:
+        os.killpg(triggerer, signal.SIGCONT)
+    assert exit_record["cancelled"] is True, why()
+    assert (job_dir / "cancel.json").is_file(), why()
+    api_log = (airflow.logs / "api-server.log").read_text(errors="replace")
+    assert f"cancelled kinetic job {job_dir.name}" in api_log, why()

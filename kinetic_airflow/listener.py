@@ -1,0 +1,78 @@
+"""Stop a task instance's job when a user marks the task failed or success.
+
+``BaseTrigger.on_kill`` covers a deferred task whose trigger a triggerer is already
+running. It misses the window before a triggerer picks the trigger up (and the
+time no triggerer runs at all): the trigger row is simply deleted, and the job
+would run on, holding accelerators. The API server fires this listener for every
+manual state change, so it closes that gap. It reads the job reference the
+operator recorded in ``task_state_store`` and cancels it in a background thread
+(the API request must not wait for a job to stop). Cancelling an ended job is a
+no-op, so both paths may run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from typing import Any
+
+from airflow.listeners import hookimpl
+
+log = logging.getLogger(__name__)
+
+_MANUAL = "manually set"
+STATE_KEY = "kinetic_job"  # kinetic_airflow.operators.STATE_KEY (not imported: keep this light)
+
+
+def _recorded_job(task_instance: Any) -> dict[str, Any] | None:
+    from airflow.models.task_state_store import TaskStateStoreModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        value = session.scalar(
+            select(TaskStateStoreModel.value).where(
+                TaskStateStoreModel.dag_id == task_instance.dag_id,
+                TaskStateStoreModel.run_id == task_instance.run_id,
+                TaskStateStoreModel.task_id == task_instance.task_id,
+                TaskStateStoreModel.map_index == task_instance.map_index,
+                TaskStateStoreModel.key == STATE_KEY,
+            )
+        )
+    if not value:
+        return None
+    record = json.loads(value)
+    return record.get("job") if isinstance(record, dict) else None
+
+
+def _cancel(job: dict[str, Any]) -> None:
+    from kinetic_airflow.backends import get_backend
+
+    try:
+        get_backend(job["backend"]).cancel(job)
+        log.info("cancelled kinetic job %s: its task instance was marked by a user", job["job_id"])
+    except Exception:
+        log.exception("could not cancel kinetic job %s", job.get("job_id"))
+
+
+def stop_job_of(task_instance: Any) -> None:
+    try:
+        job = _recorded_job(task_instance)
+    except Exception as exc:  # e.g. a process without metadata DB access: say so, do not fail
+        log.warning("could not look up the kinetic job of %s: %s", task_instance, exc)
+        return
+    if job:
+        threading.Thread(target=_cancel, args=(job,), name="kinetic-cancel", daemon=True).start()
+
+
+@hookimpl
+def on_task_instance_failed(previous_state: Any, task_instance: Any, error: Any = None) -> None:
+    if isinstance(error, str) and _MANUAL in error:
+        stop_job_of(task_instance)
+
+
+@hookimpl
+def on_task_instance_success(previous_state: Any, task_instance: Any) -> None:
+    if previous_state is None:  # the API server's manual "mark success" passes no previous state
+        stop_job_of(task_instance)
