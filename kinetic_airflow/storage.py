@@ -250,9 +250,10 @@ class GCSStorage(Storage):
             self._client = _ambient_client(storage)
         return self._client
 
-    def _blob(self, uri: str) -> Any:
+    def _blob(self, uri: str, *, upload: bool = False) -> Any:
+        """Uploads go in chunks (bounded memory, resumable); downloads stream in one request."""
         bucket, name = _split_gs(uri)
-        return self.client.bucket(bucket).blob(name, chunk_size=_CHUNK_SIZE)
+        return self.client.bucket(bucket).blob(name, chunk_size=_CHUNK_SIZE if upload else None)
 
     def _translate(self, uri: str, exc: Exception) -> Exception:
         from google.api_core import exceptions as gexc
@@ -315,7 +316,7 @@ class GCSStorage(Storage):
 
     def upload_file(self, local_path: str, uri: str) -> None:
         try:
-            self._blob(uri).upload_from_filename(local_path)
+            self._blob(uri, upload=True).upload_from_filename(local_path)
         except Exception as exc:
             raise self._bucket_exists_or_raise(uri, exc) from exc
 
