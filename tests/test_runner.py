@@ -11,6 +11,10 @@ from jobkit import make_job, run_runner
 
 from kinetic_airflow.storage import open_storage
 
+# The job process cannot import this test module: ship its functions by value, as the operator
+# does for DAG files.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
 
 def _hello(name):
     return f"hello {name}"
