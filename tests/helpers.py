@@ -25,34 +25,29 @@ def xcom(dag_run: Any, task_id: str, map_index: int = -1, key: str = "return_val
         return XComModel.deserialize_value(row)
 
 
-def ti_states(dag_run: Any) -> dict[str, str]:
+def _task_instances(dag_run: Any) -> list[tuple[str, int, str, int]]:
+    """(task_id, map_index, state, try_number) of every task instance of the run."""
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
     with create_session() as session:
-        rows = session.scalars(
+        tis = session.scalars(
             select(TaskInstance).where(
                 TaskInstance.dag_id == dag_run.dag_id, TaskInstance.run_id == dag_run.run_id
             )
         ).all()
-        return {
-            (ti.task_id if ti.map_index < 0 else f"{ti.task_id}[{ti.map_index}]"): str(
-                ti.state.value if hasattr(ti.state, "value") else ti.state
-            )
-            for ti in rows
-        }
+        return [
+            (ti.task_id, ti.map_index, str(getattr(ti.state, "value", ti.state)), ti.try_number) for ti in tis
+        ]
+
+
+def ti_states(dag_run: Any) -> dict[str, str]:
+    return {
+        (task_id if map_index < 0 else f"{task_id}[{map_index}]"): state
+        for task_id, map_index, state, _ in _task_instances(dag_run)
+    }
 
 
 def ti_try_numbers(dag_run: Any) -> dict[str, int]:
-    from airflow.models.taskinstance import TaskInstance
-    from airflow.utils.session import create_session
-    from sqlalchemy import select
-
-    with create_session() as session:
-        rows = session.scalars(
-            select(TaskInstance).where(
-                TaskInstance.dag_id == dag_run.dag_id, TaskInstance.run_id == dag_run.run_id
-            )
-        ).all()
-        return {ti.task_id: ti.try_number for ti in rows}
+    return {task_id: tries for task_id, _, _, tries in _task_instances(dag_run)}

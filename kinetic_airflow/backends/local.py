@@ -20,7 +20,7 @@ from pathlib import Path
 
 from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobState
 
-__all__ = ["LocalBackend"]
+__all__ = ["LocalBackend", "process_alive"]
 
 _CANCEL_GRACE_SECONDS = 10.0
 
@@ -36,7 +36,8 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """True while ``pid`` runs; a zombie (exited, not yet reaped) counts as gone."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -108,7 +109,7 @@ class LocalBackend(Backend):
                 JobState.FAILED, exit_code=code, reason=reason, message=message, details=exit_record
             )
         pid = launch.get("pid")
-        if pid and _alive(int(pid)):
+        if pid and process_alive(int(pid)):
             return BackendStatus(JobState.RUNNING)
         # The supervisor may have just finished: exit.json is written before it exits.
         exit_record = _read_json(state / "exit.json")
@@ -135,7 +136,7 @@ class LocalBackend(Backend):
             return
         deadline = time.monotonic() + _CANCEL_GRACE_SECONDS
         while time.monotonic() < deadline:
-            if not _alive(pid):
+            if not process_alive(pid):
                 break
             time.sleep(0.1)
         try:

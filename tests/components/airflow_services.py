@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from kinetic_airflow.backends.local import process_alive
+
 __all__ = ["AirflowServices", "ServiceError", "poll", "process_alive"]
 
 T = TypeVar("T")
@@ -48,21 +50,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def process_alive(pid: int) -> bool:
-    """True while ``pid`` runs; a zombie (exited, not yet reaped) counts as gone."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def group_alive(pgid: int) -> bool:
