@@ -261,3 +261,24 @@ def test_stale_heartbeat_counts_as_node_loss(gke_env, base_uri, monkeypatch):
     assert ti_states(dr) == {"node_goes_silent": "success"}
     value = xcom(dr, "node_goes_silent")
     assert value["attempt"] == "2" and ti_try_numbers(dr)["node_goes_silent"] == 1
+
+
+def test_name_clash_with_another_task_instances_job_is_refused(gke_env):
+    """A 409 is adopted only for a Job labelled as this task instance's."""
+    from kinetic_airflow.backends.gke.backend import GKEBackend, JobOwnershipError, k8s_job_name
+    from kinetic_airflow.layout import JobIdentity
+    from kinetic_airflow.operators import KineticRunOperator
+
+    op = KineticRunOperator(task_id="clash", python_callable=print, backend="gke")
+    base = os.environ["KINETIC_BASE_URI"]  # also names the run: one Job per parametrized test
+    ref = op._job_ref(JobIdentity("d", base, "clash"), "gke", base)
+    GKEBackend().submit(ref)
+    GKEBackend().submit(ref)  # same task instance: adopted, no error
+    batch, _ = _k8s(gke_env[0])
+    job = batch.read_namespaced_job(k8s_job_name(ref), "default")
+    job.metadata.labels["kinetic.airflow/ti"] = "someone-else"
+    batch.patch_namespaced_job(k8s_job_name(ref), "default", {"metadata": {"labels": job.metadata.labels}})
+    with pytest.raises(JobOwnershipError, match="not labelled as this task instance's"):
+        GKEBackend().submit(ref)
+    GKEBackend().cancel(ref)  # and cancel leaves a Job it does not own alone
+    assert batch.read_namespaced_job(k8s_job_name(ref), "default").metadata.name == k8s_job_name(ref)
