@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,7 +149,3 @@ def mount(path: str, mount_path: str) -> None:
         )
     target.parent.mkdir(parents=True, exist_ok=True)
     target.symlink_to(path)
-
-
-def default_local_root() -> str:
-    return tempfile.mkdtemp(prefix="kinetic-data-")

@@ -98,12 +98,6 @@ class Storage:
         """All object URIs under ``prefix_uri`` (recursive)."""
         raise NotImplementedError
 
-    def delete(self, uri: str) -> None:
-        raise NotImplementedError
-
-    def size(self, uri: str) -> int:
-        raise NotImplementedError
-
     # Text helpers -------------------------------------------------------------------------
     def write_text(self, uri: str, text: str, *, if_absent: bool = False) -> bool:
         return self.write_bytes(uri, text.encode("utf-8"), if_absent=if_absent)
@@ -119,20 +113,11 @@ class Storage:
 
     # Async wrappers for the trigger: the triggerer's event loop must never block on I/O,
     # and both backends here are blocking clients, so each call runs in a worker thread.
-    async def aread_bytes(self, uri: str) -> bytes:
-        return await asyncio.to_thread(self.read_bytes, uri)
-
     async def aread_text_or_none(self, uri: str) -> str | None:
         return await asyncio.to_thread(self.read_text_or_none, uri)
 
-    async def aexists(self, uri: str) -> bool:
-        return await asyncio.to_thread(self.exists, uri)
-
     async def awrite_text(self, uri: str, text: str) -> bool:
         return await asyncio.to_thread(self.write_text, uri, text)
-
-    async def alist(self, prefix_uri: str) -> list[str]:
-        return await asyncio.to_thread(self.list, prefix_uri)
 
 
 class FileStorage(Storage):
@@ -194,25 +179,6 @@ class FileStorage(Storage):
             for p in root.rglob("*")
             if p.is_file() and not p.name.startswith(".tmp-")
         )
-
-    def delete(self, uri: str) -> None:
-        path = self._path(uri)
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
-
-    def size(self, uri: str) -> int:
-        try:
-            return self._path(uri).stat().st_size
-        except FileNotFoundError:
-            raise StorageNotFound(f"{uri} does not exist") from None
-
-    def open_append(self, uri: str) -> IO[bytes]:
-        """Only file:// can append: the local backend writes its live log this way."""
-        path = self._path(uri)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return open(path, "ab")
 
 
 class _AtomicFile:
@@ -340,23 +306,6 @@ class GCSStorage(Storage):
             return [prefix_uri]
         return sorted(out)
 
-    def delete(self, uri: str) -> None:
-        for item in self.list(uri):
-            try:
-                self._blob(item).delete()
-            except Exception as exc:
-                translated = self._translate(item, exc)
-                if not isinstance(translated, StorageNotFound):
-                    raise translated from exc
-
-    def size(self, uri: str) -> int:
-        blob = self._blob(uri)
-        try:
-            blob.reload()
-        except Exception as exc:
-            raise self._translate(uri, exc) from exc
-        return int(blob.size or 0)
-
 
 def _ambient_client(storage_module: Any) -> Any:
     """A client from ambient credentials; anonymous against an emulator (tests, local runs)."""
@@ -370,10 +319,10 @@ def _ambient_client(storage_module: Any) -> Any:
     return storage_module.Client()
 
 
-def open_storage(uri: str, *, gcs_client: Any = None) -> Storage:
+def open_storage(uri: str) -> Storage:
     """The storage that serves ``uri``'s scheme."""
     if uri.startswith("gs://"):
-        return GCSStorage(gcs_client)
+        return GCSStorage()
     if uri.startswith("file://") or uri.startswith("/"):
         return FileStorage()
     raise StorageError(

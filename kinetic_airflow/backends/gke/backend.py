@@ -8,7 +8,6 @@ of the namespace and follow pod logs with one streaming request per pod.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 from typing import Any
@@ -212,7 +211,3 @@ class GKEBackend(Backend):
         if not lines:
             return "", offset
         return "\n".join(lines) + "\n", offset + len(lines)
-
-
-def describe_selectors(job: JobRef) -> str:
-    return json.dumps(parse_accelerator(job["accelerator"]).node_selectors, sort_keys=True)

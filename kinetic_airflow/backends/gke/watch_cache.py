@@ -144,10 +144,6 @@ class ClusterWatch:
         self.last_used = time.monotonic()
         return self.pods.select("job-name", job_name)
 
-    def pods_with(self, label: str, value: str) -> list[dict[str, Any]]:
-        self.last_used = time.monotonic()
-        return self.pods.select(label, value)
-
     @property
     def idle(self) -> bool:
         return time.monotonic() - self.last_used > _IDLE_STOP_SECONDS
