@@ -11,15 +11,13 @@ from typing import Any, TypeVar, overload
 
 from airflow.sdk.bases.decorator import DecoratedOperator, TaskDecorator, task_decorator_factory
 
-from kinetic_airflow.accelerators import parse_accelerator
-from kinetic_airflow.data import validate_volumes
-from kinetic_airflow.envcapture import validate_capture_patterns
-from kinetic_airflow.operators import KineticRunOperator, _templated
-from kinetic_airflow.validation import as_function, validate_backend, validate_callable
+from kinetic_airflow.operators import KineticRunOperator
+from kinetic_airflow.validation import as_function, validate_callable, validate_options
 
 __all__ = ["kinetic_task"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+_OPTION_NAMES = ("accelerator", "spot", "backend", "volumes", "capture_env_vars")
 
 
 class _KineticDecoratedOperator(DecoratedOperator, KineticRunOperator):
@@ -47,15 +45,6 @@ class _KineticDecoratedOperator(DecoratedOperator, KineticRunOperator):
             },
             **kwargs,
         )
-
-
-def _validate_options(kwargs: dict[str, Any]) -> None:
-    accelerator = kwargs.get("accelerator", "cpu")
-    if not _templated(accelerator):
-        parse_accelerator(accelerator, spot=kwargs.get("spot") or None)
-    validate_volumes(kwargs.get("volumes"))
-    validate_capture_patterns(kwargs.get("capture_env_vars"))
-    validate_backend(kwargs.get("backend"))
 
 
 @overload
@@ -86,7 +75,7 @@ def kinetic_task(
     python_callable: Callable[..., Any] | None = None, multiple_outputs: bool | None = None, **kwargs: Any
 ) -> Any:
     """Run the decorated function as a kinetic job (see KineticRunOperator for the options)."""
-    _validate_options(kwargs)
+    validate_options(**{k: kwargs[k] for k in _OPTION_NAMES if k in kwargs})
 
     def decorate(fn: Callable[..., Any]) -> TaskDecorator:
         validate_callable(fn)

@@ -26,7 +26,10 @@ from typing import Any
 
 from kinetic_airflow.storage import join_uri
 
-__all__ = ["JobIdentity", "JobLayout", "dns_label", "output_dir_uri"]
+__all__ = ["STATE_KEY", "JobIdentity", "JobLayout", "dns_label", "output_dir_uri"]
+
+# The task_state_store key under which a task instance's current job reference is kept.
+STATE_KEY = "kinetic_job"
 
 _MAX_JOB_ID = 52  # leaves room for "kinetic-" and pod suffixes within 63-char DNS labels
 

@@ -19,10 +19,11 @@ from typing import Any
 
 from airflow.listeners import hookimpl
 
+from kinetic_airflow.layout import STATE_KEY
+
 log = logging.getLogger(__name__)
 
 _MANUAL = "manually set"
-STATE_KEY = "kinetic_job"  # kinetic_airflow.operators.STATE_KEY (not imported: keep this light)
 
 
 def _recorded_job(task_instance: Any) -> dict[str, Any] | None:

@@ -28,16 +28,23 @@ from kinetic_airflow.accelerators import parse_accelerator
 from kinetic_airflow.backends import BackendStatus, JobRef, JobState, get_backend
 from kinetic_airflow.config import default_base_uri, resolve_setting
 from kinetic_airflow.connections import storage_for
-from kinetic_airflow.data import Data, validate_volumes
-from kinetic_airflow.envcapture import capture_env, validate_capture_patterns
+from kinetic_airflow.data import Data
+from kinetic_airflow.envcapture import capture_env
 from kinetic_airflow.envelope import ResultRef, is_result_ref, replace_refs
-from kinetic_airflow.layout import JobIdentity, JobLayout, output_dir_uri
+from kinetic_airflow.layout import STATE_KEY, JobIdentity, JobLayout, output_dir_uri
 from kinetic_airflow.links import LINKS_XCOM_KEY, KineticJobConsoleLink, KineticJobLogsLink, job_links
 from kinetic_airflow.payload import build_payload, manifest_json, register_dag_modules_by_value
 from kinetic_airflow.results import KineticJobError, load_envelope, raise_remote, to_xcom
 from kinetic_airflow.storage import Storage, uri_to_local_path
 from kinetic_airflow.triggers import KineticJobTrigger
-from kinetic_airflow.validation import callable_name, ensure_name, validate_backend, validate_callable
+from kinetic_airflow.validation import (
+    callable_name,
+    check_backend_fits,
+    ensure_name,
+    validate_backend,
+    validate_callable,
+    validate_options,
+)
 from kinetic_airflow.watch import JobWatcher, describe_failure
 
 if TYPE_CHECKING:
@@ -47,14 +54,9 @@ __all__ = ["KineticRunOperator"]
 
 log = logging.getLogger(__name__)
 
-STATE_KEY = "kinetic_job"
 # Airflow's own deferral timeout is a safety net behind the trigger's deadline, which
 # stops the job first; the margin lets the trigger's timeout event win the race.
 _DEFERRAL_TIMEOUT_MARGIN = timedelta(minutes=5)
-
-
-def _templated(value: Any) -> bool:
-    return isinstance(value, str) and "{{" in value
 
 
 class KineticRunOperator(BaseOperator):
@@ -125,9 +127,13 @@ class KineticRunOperator(BaseOperator):
         self.python_callable = ensure_name(python_callable)
         self.op_args = op_args if op_args is not None else []
         self.op_kwargs = op_kwargs if op_kwargs is not None else {}
-        validate_backend(backend)
-        if not _templated(accelerator):
-            _check_backend_fits(backend, parse_accelerator(accelerator, spot=spot or None))
+        self.volumes, self.capture_env_vars = validate_options(
+            accelerator=accelerator,
+            spot=spot,
+            backend=backend,
+            volumes=volumes,
+            capture_env_vars=capture_env_vars,
+        )
         self.accelerator = accelerator
         self.container_image = container_image
         self.zone = zone
@@ -135,8 +141,6 @@ class KineticRunOperator(BaseOperator):
         self.cluster = cluster
         self.namespace = namespace
         self.backend = backend
-        self.capture_env_vars = validate_capture_patterns(capture_env_vars)
-        self.volumes = validate_volumes(volumes)
         self.spot = spot
         self.output_dir = output_dir
         self.base_uri = base_uri
@@ -200,7 +204,7 @@ class KineticRunOperator(BaseOperator):
         from kinetic_airflow.backends.gke.manifest import default_image
 
         spec = parse_accelerator(self.accelerator, spot=self.spot or None)
-        _check_backend_fits(self._backend_name(), spec)
+        check_backend_fits(self._backend_name(), spec)
         cluster = resolve_gke_cluster(
             {
                 "kubernetes_conn_id": resolve_setting("kubernetes_conn_id", self.kubernetes_conn_id),
@@ -490,14 +494,6 @@ class _NewJob:
 
 
 _NEW_JOB = _NewJob()
-
-
-def _check_backend_fits(backend: str | None, spec: Any) -> None:
-    if backend == "gke" and spec.multi_host:
-        raise ValueError(
-            f"accelerator {spec.text!r} spans {spec.hosts} hosts; backend='gke' runs single-host Jobs. "
-            "Multi-host TPU slices run as a LeaderWorkerSet: use backend='pathways' or backend='auto'."
-        )
 
 
 def _airflow_dags_folder() -> str | None:

@@ -7,7 +7,7 @@ import inspect
 import types
 from typing import Any
 
-__all__ = ["callable_name", "validate_backend", "validate_callable"]
+__all__ = ["callable_name", "check_backend_fits", "validate_backend", "validate_callable", "validate_options"]
 
 
 def validate_callable(fn: Any) -> None:
@@ -80,3 +80,38 @@ def validate_backend(backend: Any) -> None:
 
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is not one of {', '.join(BACKENDS)}")
+
+
+def is_templated(value: Any) -> bool:
+    return isinstance(value, str) and "{{" in value
+
+
+def check_backend_fits(backend: str | None, spec: Any) -> None:
+    if backend == "gke" and spec.multi_host:
+        raise ValueError(
+            f"accelerator {spec.text!r} spans {spec.hosts} hosts; backend='gke' runs single-host Jobs. "
+            "Multi-host TPU slices run as a LeaderWorkerSet: use backend='pathways' or backend='auto'."
+        )
+
+
+def validate_options(
+    *,
+    accelerator: Any = "cpu",
+    spot: bool = False,
+    backend: Any = None,
+    volumes: Any = None,
+    capture_env_vars: Any = None,
+) -> tuple[dict[str, Any], list[str]]:
+    """Every parse-time check of the job options; returns (volumes, capture patterns) normalized.
+
+    Shared by the decorator (checked when it is applied) and the operator (checked when it is
+    built), so a DAG file learns about a bad option at import either way.
+    """
+    from kinetic_airflow.accelerators import parse_accelerator
+    from kinetic_airflow.data import validate_volumes
+    from kinetic_airflow.envcapture import validate_capture_patterns
+
+    validate_backend(backend)
+    if not is_templated(accelerator):
+        check_backend_fits(backend, parse_accelerator(accelerator, spot=spot or None))
+    return validate_volumes(volumes), validate_capture_patterns(capture_env_vars)

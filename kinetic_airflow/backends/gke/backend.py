@@ -183,13 +183,8 @@ class GKEBackend(Backend):
                 raise
 
     # Logs -------------------------------------------------------------------------------------
-    def log_complete(self, job: JobRef) -> bool:
-        self.read_log(job, 0 if k8s_job_name(job) not in self._followers else 10**9)  # start following
-        follower = self._followers.get(k8s_job_name(job))
-        return follower is not None and follower.done.is_set()
-
-    def read_log(self, job: JobRef, offset: int) -> tuple[str, int]:
-        """Offset counts lines: a rebuilt trigger skips what an earlier one already showed."""
+    def _follower(self, job: JobRef) -> _LogFollower | None:
+        """The log stream of the job's newest started pod, opened on first use."""
         name = k8s_job_name(job)
         follower = self._followers.get(name)
         if follower is None:
@@ -200,12 +195,23 @@ class GKEBackend(Backend):
                 if p.get("status", {}).get("phase") in ("Running", "Succeeded", "Failed")
             ]
             if not pods:
-                return "", offset
+                return None
             pod = max(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "")
             follower = self._followers[name] = _LogFollower(
                 self._api(job), job["namespace"], pod["metadata"]["name"]
             )
             follower.start()
+        return follower
+
+    def log_complete(self, job: JobRef) -> bool:
+        follower = self._follower(job)
+        return follower is not None and follower.done.is_set()
+
+    def read_log(self, job: JobRef, offset: int) -> tuple[str, int]:
+        """Offset counts lines: a rebuilt trigger skips what an earlier one already showed."""
+        follower = self._follower(job)
+        if follower is None:
+            return "", offset
         with follower.lock:
             lines = follower.lines[offset:]
         if not lines:

@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -113,6 +114,31 @@ class JobTracking:
     finished_at: float | None = None
 
 
+def _reconcile_owners(
+    cluster: Cluster,
+    resource: Any,
+    reconcile: Callable[[dict[str, Any], list[dict[str, Any]]], None],
+    tracking: dict[str, Any],
+) -> None:
+    """Reconcile each object of ``resource`` with the pods it owns; forget deleted objects."""
+    pods_by_owner: dict[str, list[dict[str, Any]]] = {}
+    for pod in cluster.store.list(PODS):
+        owner = _controller_uid(pod)
+        if owner:
+            pods_by_owner.setdefault(owner, []).append(pod)
+    live = set()
+    for obj in cluster.store.list(resource):
+        uid = obj["metadata"]["uid"]
+        live.add(uid)
+        try:
+            reconcile(obj, pods_by_owner.get(uid, []))
+        except errors.ApiError as exc:  # pragma: no cover - races with user deletes
+            log.debug("%s reconcile: %s", obj.get("kind"), exc)
+    for uid in list(tracking):
+        if uid not in live:
+            del tracking[uid]
+
+
 class JobController:
     """batch/v1 Job controller."""
 
@@ -123,22 +149,7 @@ class JobController:
 
     def reconcile_all(self) -> None:
         """Reconcile every Job."""
-        pods_by_owner: dict[str, list[dict[str, Any]]] = {}
-        for pod in self.cluster.store.list(PODS):
-            owner = _controller_uid(pod)
-            if owner:
-                pods_by_owner.setdefault(owner, []).append(pod)
-        live = set()
-        for job in self.cluster.store.list(JOBS):
-            uid = job["metadata"]["uid"]
-            live.add(uid)
-            try:
-                self.reconcile(job, pods_by_owner.get(uid, []))
-            except errors.ApiError as exc:  # pragma: no cover - races with user deletes
-                log.debug("job reconcile: %s", exc)
-        for uid in list(self.tracking):
-            if uid not in live:
-                del self.tracking[uid]
+        _reconcile_owners(self.cluster, JOBS, self.reconcile, self.tracking)
 
     # ------------------------------------------------------------------ helpers
     def _event(self, job: dict[str, Any], etype: str, reason: str, message: str) -> None:
@@ -515,22 +526,7 @@ class LeaderWorkerSetController:
 
     def reconcile_all(self) -> None:
         """Reconcile every LeaderWorkerSet."""
-        pods_by_owner: dict[str, list[dict[str, Any]]] = {}
-        for pod in self.cluster.store.list(PODS):
-            owner = _controller_uid(pod)
-            if owner:
-                pods_by_owner.setdefault(owner, []).append(pod)
-        live = set()
-        for lws in self.cluster.store.list(LWS):
-            uid = lws["metadata"]["uid"]
-            live.add(uid)
-            try:
-                self.reconcile(lws, pods_by_owner.get(uid, []))
-            except errors.ApiError as exc:  # pragma: no cover - races with user deletes
-                log.debug("lws reconcile: %s", exc)
-        for uid in list(self.tracking):
-            if uid not in live:
-                del self.tracking[uid]
+        _reconcile_owners(self.cluster, LWS, self.reconcile, self.tracking)
 
     def _event_once(
         self, lws: dict[str, Any], tr: LwsTracking, etype: str, reason: str, message: str
