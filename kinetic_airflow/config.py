@@ -36,6 +36,12 @@ DEFAULTS: dict[str, Any] = {
     "startup_timeout": 1800.0,
     "heartbeat_timeout": 300.0,
     "preemption_retries": 3,
+    # Airflow's executor-event race (README, "Short jobs and Airflow's executor-event race"): a job
+    # that ends within this many seconds is awaited in the worker instead of deferring...
+    "wait_before_defer": 5.0,
+    # ...and a deferred task's event is held until it has been deferred this long. None: twice
+    # [workers] min_heartbeat_interval plus 5 s, past the deferring process's exit report.
+    "min_deferral_seconds": None,
     "runner_python": "python",
 }
 

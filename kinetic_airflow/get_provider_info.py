@@ -77,6 +77,19 @@ def get_provider_info() -> dict:
                         "3",
                         "integer",
                     ),
+                    "wait_before_defer": option(
+                        "Seconds a task waits in the worker for its job before deferring (default 5): "
+                        "short jobs finish without deferring, away from Airflow's executor-event race.",
+                        "5",
+                        "float",
+                    ),
+                    "min_deferral_seconds": option(
+                        "A deferred task's completion is held until it has been deferred this long "
+                        "(default: 2 x [workers] min_heartbeat_interval + 5 s), so Airflow has processed "
+                        "the deferring process's exit before the task resumes.",
+                        "15",
+                        "float",
+                    ),
                     "runner_python": option("Interpreter in the runner image (default python).", "python3"),
                     "local_python": option(
                         "Interpreter for local jobs (default: the worker's).", "/usr/bin/python3"

@@ -12,8 +12,9 @@ layout is written down once::
     {base}/outputs/{dag}/{run}/{task}/{map} KINETIC_OUTPUT_DIR: the same for every try
     {base}/cache/{sha256}/...               content-addressed volume uploads
 
-Job identity is deterministic from the task instance, its try and the attempt
-within the try, so a second ``execute`` re-finds the job instead of making another.
+Job identity is deterministic from the task instance, its try (number and Airflow's
+per-try id) and the attempt within the try, so a second ``execute`` of the same try
+re-finds the job instead of making another.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from kinetic_airflow.storage import join_uri
@@ -55,6 +56,9 @@ class JobIdentity:
     map_index: int = -1
     try_number: int = 1
     attempt: int = 1
+    # Airflow's id of the try (``ti.id``, new for every try and for a recreated DAG run): a
+    # recreated run's try 1 must not meet the job files of the deleted run's try 1.
+    try_id: str = ""
 
     @property
     def ti_key(self) -> str:
@@ -62,11 +66,11 @@ class JobIdentity:
 
     @property
     def job_id(self) -> str:
-        digest = hashlib.sha256(
-            json.dumps(
-                [self.dag_id, self.run_id, self.task_id, self.map_index, self.try_number, self.attempt]
-            ).encode()
-        ).hexdigest()[:10]
+        parts: list[Any] = [self.dag_id, self.run_id, self.task_id, self.map_index, self.try_number]
+        parts.append(self.attempt)
+        if self.try_id:
+            parts.append(self.try_id)
+        digest = hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:10]
         suffix = f"-{digest}-t{self.try_number}a{self.attempt}"
         head = dns_label(f"{self.dag_id}-{self.task_id}", _MAX_JOB_ID - len(suffix))
         return f"{head}{suffix}"
@@ -87,9 +91,7 @@ class JobIdentity:
         }
 
     def next_attempt(self) -> JobIdentity:
-        return JobIdentity(
-            self.dag_id, self.run_id, self.task_id, self.map_index, self.try_number, self.attempt + 1
-        )
+        return replace(self, attempt=self.attempt + 1)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -49,9 +49,17 @@ def _recorded_job(task_instance: Any) -> dict[str, Any] | None:
 
 def _cancel(job: dict[str, Any]) -> None:
     from kinetic_airflow.backends import get_backend
+    from kinetic_airflow.connections import storage_for
+    from kinetic_airflow.lifecycle import cancel_job
 
     try:
-        get_backend(job["backend"]).cancel(job)
+        cancel_job(
+            job,
+            storage_for(job["job_uri"], job.get("gcp_conn_id")),
+            get_backend(job["backend"]),
+            by="listener",
+            reason="its task instance was marked failed or success by a user",
+        )
         log.info("cancelled kinetic job %s: its task instance was marked by a user", job["job_id"])
     except Exception:
         log.exception("could not cancel kinetic job %s", job.get("job_id"))

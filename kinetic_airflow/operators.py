@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowTaskTimeout
 
+from kinetic_airflow import lifecycle
 from kinetic_airflow.accelerators import parse_accelerator
 from kinetic_airflow.backends import BackendStatus, JobRef, JobState, get_backend
 from kinetic_airflow.config import default_base_uri, resolve_setting
@@ -31,7 +32,8 @@ from kinetic_airflow.connections import storage_for
 from kinetic_airflow.data import Data
 from kinetic_airflow.envcapture import capture_env
 from kinetic_airflow.envelope import ResultRef, is_result_ref, replace_refs
-from kinetic_airflow.layout import STATE_KEY, JobIdentity, JobLayout, output_dir_uri
+from kinetic_airflow.layout import JobIdentity, JobLayout, output_dir_uri
+from kinetic_airflow.lifecycle import Action, Phase, TryInfo, decide, load_record, save_record
 from kinetic_airflow.links import LINKS_XCOM_KEY, KineticJobConsoleLink, KineticJobLogsLink, job_links
 from kinetic_airflow.payload import build_payload, manifest_json, register_dag_modules_by_value
 from kinetic_airflow.results import KineticJobError, load_envelope, raise_remote, to_xcom
@@ -232,72 +234,88 @@ class KineticRunOperator(BaseOperator):
     # Execute -----------------------------------------------------------------------------------
     def execute(self, context: Context) -> Any:
         ti = context["ti"]
+        now = TryInfo.of(ti)
         backend_name = self._backend_name()
         base_uri = self._base_uri(backend_name)
         identity = JobIdentity(
-            ti.dag_id, ti.run_id, ti.task_id, ti.map_index if ti.map_index is not None else -1, ti.try_number
+            ti.dag_id,
+            ti.run_id,
+            ti.task_id,
+            ti.map_index if ti.map_index is not None else -1,
+            now.try_number,
+            try_id=now.ti_id,
         )
-        store = context.get("task_state_store")
-        record = store.get(STATE_KEY) if store is not None else None
-        if record:
-            outcome = self._resume(context, record, identity)
-            if outcome is not _NEW_JOB:
-                return outcome
-        elif store is None:
-            log.warning("task_state_store is not available: crash recovery is limited to the job name")
-        ref = self._job_ref(identity, backend_name, base_uri)
         deadline = time.time() + self.execution_timeout.total_seconds() if self.execution_timeout else None
-        # Without a state store the deterministic name is the only memory: look before creating.
-        # With one, "no record" means no job yet (a backend's create is idempotent anyway).
-        existing = self._observe(ref) if store is None else None
-        if existing is not None:
-            return self._follow(context, ref, existing, deadline)
-        self._submit(context, ref, store, deadline)
+        store = context.get("task_state_store")
+        if store is None:
+            return self._execute_without_store(context, identity, backend_name, base_uri, deadline)
+        record = load_record(store)
+        decision = decide(record, now)
+        if decision.observe and decision.job is not None:
+            summary, status, cancelled = self._observe(decision.job)
+            decision = lifecycle.after_observing(
+                decision,
+                finished_ok=bool(summary and summary.get("ok")),
+                live=summary is None and status.state in (JobState.PENDING, JobState.RUNNING),
+                cancelled=cancelled,
+            )
+        log.info("kinetic: %s", decision.reason)
+        job = decision.job
+        if decision.action is Action.NEW_JOB:
+            if decision.replaces is not None:
+                self._cancel(decision.replaces, by="a new try", reason=decision.reason)
+            ref = self._job_ref(identity, backend_name, base_uri)
+            self._submit(context, ref, deadline, previous=record)
+            return self._wait(context, ref, deadline)
+        assert job is not None and record is not None
+        recorded_deadline = record.get("deadline")
+        if decision.action is Action.SUBMIT:
+            self._submit(context, job, recorded_deadline, previous=record)
+        elif decision.action is Action.SHIP:
+            self._ship(context, job, recorded_deadline, previous=record)
+        elif decision.action is Action.COLLECT:
+            return self._collect(context, job)
+        return self._wait(context, job, recorded_deadline)
+
+    def _execute_without_store(
+        self, context: Context, identity: JobIdentity, backend: str, base_uri: str, deadline: float | None
+    ) -> Any:
+        """Without a state store the deterministic name is the only memory: look before creating."""
+        log.warning("task_state_store is not available: crash recovery is limited to the job name")
+        ref = self._job_ref(identity, backend, base_uri)
+        summary, status, _ = self._observe(ref)
+        if summary is not None or status.state is not JobState.NOT_FOUND:
+            return self._wait(context, ref, deadline)
+        self._submit(context, ref, deadline, previous=None)
         return self._wait(context, ref, deadline)
 
-    def _resume(self, context: Context, record: dict[str, Any], identity: JobIdentity) -> Any:
-        """Reattach to this task instance's earlier job, return its result, or ask for a new job."""
-        ref: JobRef = record["job"]
-        same_try = record.get("try_number") == identity.try_number
-        observed = self._observe(ref)
-        if observed is None:
-            if same_try:
-                log.info("job %s was recorded but never started; submitting it now", ref["job_id"])
-                self._submit(context, ref, context.get("task_state_store"), record.get("deadline"))
-                return self._wait(context, ref, record.get("deadline"))
-            return _NEW_JOB
-        summary, status = observed
-        if summary is not None and summary.get("ok"):
-            log.info(
-                "job %s of this task instance (try %s) already finished; returning its stored result "
-                "instead of running it again",
-                ref["job_id"],
-                record.get("try_number"),
-            )
-            return self._follow(context, ref, observed, record.get("deadline"))
-        if summary is None and not status.state.terminal:
-            log.info("reattaching to live job %s (try %s)", ref["job_id"], record.get("try_number"))
-            return self._wait(context, ref, record.get("deadline"))
-        if same_try:
-            return self._follow(context, ref, observed, record.get("deadline"))
-        return _NEW_JOB  # the previous try's job failed: this try gets its own job
-
-    def _observe(self, ref: JobRef) -> tuple[dict[str, Any] | None, BackendStatus] | None:
-        """(result summary, backend status) of an existing job, or None if it does not exist."""
+    def _observe(self, ref: JobRef) -> tuple[dict[str, Any] | None, BackendStatus, bool]:
+        """(result summary, backend status, cancelled on purpose) of a job."""
         storage = self._storage(ref["job_uri"])
         text = storage.read_text_or_none(JobLayout(ref["job_uri"]).result_summary())
         summary = json.loads(text) if text else None
-        status = get_backend(ref["backend"]).status(ref)
-        if summary is None and status.state is JobState.NOT_FOUND:
-            return None
-        return summary, status
+        cancelled = storage.read_text_or_none(lifecycle.cancelled_marker(ref)) is not None
+        return summary, get_backend(ref["backend"]).status(ref), cancelled
 
-    def _follow(self, context: Context, ref: JobRef, observed: Any, deadline: float | None) -> Any:
-        summary, status = observed
-        if summary is None and not status.state.terminal:
-            return self._wait(context, ref, deadline)
+    def _collect(self, context: Context, ref: JobRef) -> Any:
+        """Report how an ended job ended (its result or its failure), running nothing."""
         event = asyncio.run(self._watcher(ref, deadline=None).wait())
         return self.execute_complete(context, event)
+
+    def _cancel(self, ref: JobRef, *, by: str, reason: str) -> None:
+        lifecycle.cancel_job(
+            ref, self._storage(ref["job_uri"]), get_backend(ref["backend"]), by=by, reason=reason
+        )
+
+    def on_kill(self) -> None:
+        """The task was killed (timeout, SIGTERM, a user's clear or mark) while it waited in the worker.
+
+        A deferred task has no worker process; its trigger's ``on_kill`` does the same there.
+        """
+        ref = getattr(self, "_active_job", None)
+        if ref is not None:
+            log.warning("task killed while its kinetic job %s runs: stopping the job", ref["job_id"])
+            self._cancel(ref, by="operator.on_kill", reason="the task was killed (timeout, SIGTERM, a user)")
 
     def _resolve_args(self, storage: Storage, base_uri: str) -> tuple[list[Any], dict[str, Any]]:
         """Stage Data arguments and turn upstream result references into loadable refs."""
@@ -308,25 +326,40 @@ class KineticRunOperator(BaseOperator):
 
         return [convert(a) for a in self.op_args], {k: convert(v) for k, v in self.op_kwargs.items()}
 
-    def _submit(self, context: Context, ref: JobRef, store: Any, deadline: float | None) -> None:
+    def _record(self, phase: Phase, ref: JobRef, deadline: float | None, previous: Any, **extra: Any) -> Any:
+        context = self._context
+        now = TryInfo.of(context["ti"])
+        store = context.get("task_state_store")
+        return save_record(store, phase, job=ref, now=now, deadline=deadline, previous=previous, **extra)
+
+    def _submit(self, context: Context, ref: JobRef, deadline: float | None, previous: Any) -> None:
         """Record the job, create it, then ship the payload.
 
         Creating first lets the cluster's scheduling, node scale-up and image pull overlap the
-        upload (the runner waits for the manifest). If the payload cannot be built or uploaded,
-        the job just created is cancelled before the error is raised, so nothing is left running.
+        upload (the runner waits for the manifest). Each step is recorded before the next, so a
+        crash anywhere leaves a record that says exactly what is left to do.
         """
+        self._context = context
+        ref.setdefault("submitted_at", time.time())
+        if self._gcp_conn_id():
+            ref["gcp_conn_id"] = self._gcp_conn_id()
+        record = self._record(Phase.RECORDED, ref, deadline, previous)
+        get_backend(ref["backend"]).submit(ref)
+        record = self._record(Phase.CREATED, ref, deadline, record)
+        self._ship(context, ref, deadline, previous=record)
+
+    def _ship(self, context: Context, ref: JobRef, deadline: float | None, previous: Any) -> None:
+        """Upload the payload of a created job; if that fails, stop the job before raising."""
+        self._context = context
         identity = JobIdentity.from_dict(ref["identity"])
-        ref["submitted_at"] = time.time()
-        if store is not None:  # before the job exists: a crash from here on re-finds it
-            store.set(STATE_KEY, {"job": ref, "try_number": identity.try_number, "deadline": deadline})
-        backend = get_backend(ref["backend"])
-        backend.submit(ref)
         try:
             payload_bytes, output_dir = self._ship_payload(context, ref, identity)
         except BaseException:
             log.error("could not ship the payload of job %s; cancelling the job", ref["job_id"])
-            backend.cancel(ref)
+            self._cancel(ref, by="worker", reason="its payload could not be built or uploaded")
+            self._record(Phase.CANCELLED, ref, deadline, previous)
             raise
+        self._record(Phase.SHIPPED, ref, deadline, previous)
         log.info(
             "submitted kinetic job %s (%s, %s, %d-byte payload); files at %s; KINETIC_OUTPUT_DIR=%s",
             ref["job_id"],
@@ -401,10 +434,27 @@ class KineticRunOperator(BaseOperator):
         context["ti"].xcom_push(key=LINKS_XCOM_KEY, value=links)
 
     def _wait(self, context: Context, ref: JobRef, deadline: float | None) -> Any:
+        """Wait for the job: in the worker briefly (or wholly, if not deferrable), then deferred.
+
+        Short jobs are awaited here (``wait_before_defer``) and a deferred task's event is held
+        until it has been deferred ``min_deferral_seconds``: both keep a kinetic task out of
+        Airflow's executor-event race (README), which fails a task whose trigger fires while
+        the scheduler has not yet processed the exit of the process that deferred it.
+        """
+        self._context = context
+        store = context.get("task_state_store")
+        self._record(Phase.WAITING, ref, deadline, lifecycle.load_record(store))
         self._push_links(context, ref)
+        self._active_job = ref
         if not self.deferrable:
             event = asyncio.run(self._watcher(ref, deadline).wait())
             return self.execute_complete(context, event)
+        grace = float(resolve_setting("wait_before_defer"))
+        if grace > 0:
+            event = asyncio.run(self._watcher(ref, deadline).wait(give_up_after=grace))
+            if event is not None:
+                return self.execute_complete(context, event)
+        self._active_job = None  # from here on the trigger owns the wait (and its on_kill)
         timeout = None
         if deadline is not None:
             timeout = timedelta(seconds=max(0.0, deadline - time.time())) + _DEFERRAL_TIMEOUT_MARGIN
@@ -415,6 +465,7 @@ class KineticRunOperator(BaseOperator):
                 deadline=deadline,
                 gcp_conn_id=self._gcp_conn_id(),
                 log_max_lines=int(resolve_setting("log_max_lines")),
+                not_before=time.time() + min_deferral_seconds(),
             ),
             method_name="execute_complete",
             timeout=timeout,
@@ -424,7 +475,38 @@ class KineticRunOperator(BaseOperator):
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> Any:
         if not event or "job" not in event:
             raise KineticJobError(f"the trigger returned no usable event: {event!r}")
+        self._context = context
+        self._active_job = None
         ref: JobRef = event["job"]
+        status = event.get("status")
+        if status == "preempted":
+            return self._resubmit_after_preemption(context, event)
+        try:
+            value = self._outcome(ref, event)
+        except BaseException:
+            self._delivered(ref, "failed" if status != "timeout" else "timeout")
+            raise
+        self._delivered(ref, "success")
+        return value
+
+    def _delivered(self, ref: JobRef, outcome: str) -> None:
+        """Record that this job's outcome reached Airflow (unless a newer job owns the record)."""
+        store = self._context.get("task_state_store")
+        record = lifecycle.load_record(store)
+        if record is not None and record["job"]["job_id"] != ref["job_id"]:
+            log.warning(
+                "not recording the outcome of job %s: the record now names job %s",
+                ref["job_id"],
+                record["job"]["job_id"],
+            )
+            return
+        try:
+            self._record(Phase.DELIVERED, ref, (record or {}).get("deadline"), record, outcome=outcome)
+        except Exception as exc:  # bookkeeping must never hide the job's own outcome
+            log.warning("could not record the outcome of job %s: %s", ref["job_id"], exc)
+
+    def _outcome(self, ref: JobRef, event: dict[str, Any]) -> Any:
+        """The job's value as XCom, or the exception that says why there is none."""
         status = event.get("status")
         storage = self._storage(ref["job_uri"])
         result_uri = JobLayout(ref["job_uri"]).result()
@@ -449,8 +531,6 @@ class KineticRunOperator(BaseOperator):
             log.error("last log lines of job %s:\n%s", ref["job_id"], "\n".join(tail))
         if status == "timeout":
             raise AirflowTaskTimeout(describe_failure(event))
-        if status == "preempted":
-            return self._resubmit_after_preemption(context, event)
         summary = event.get("summary")
         if summary is not None:
             try:
@@ -467,12 +547,12 @@ class KineticRunOperator(BaseOperator):
         identity = JobIdentity.from_dict(ref["identity"])
         limit = int(resolve_setting("preemption_retries", self.preemption_retries))
         if identity.attempt > limit:
+            self._delivered(ref, "failed")
             raise KineticJobError(
                 describe_failure(event)
                 + f"\nThe job was preempted {identity.attempt} times (preemption_retries={limit})."
             )
-        store = context.get("task_state_store")
-        record = store.get(STATE_KEY) if store is not None else None
+        record = lifecycle.load_record(context.get("task_state_store"))
         deadline = (record or {}).get("deadline")
         new_ref = self._job_ref(identity.next_attempt(), ref["backend"], ref["base_uri"])
         log.warning(
@@ -484,16 +564,22 @@ class KineticRunOperator(BaseOperator):
             limit - identity.attempt,
             new_ref["job_id"],
         )
-        self._submit(context, new_ref, store, deadline)
+        self._submit(context, new_ref, deadline, previous=record)
         return self._wait(context, new_ref, deadline)
 
 
-class _NewJob:
-    def __repr__(self) -> str:
-        return "<new job>"
+def min_deferral_seconds() -> float:
+    """How long a deferred task's event is held back (see ``KineticRunOperator._wait``)."""
+    explicit = resolve_setting("min_deferral_seconds")
+    if explicit is not None:
+        return float(explicit)
+    try:
+        from airflow.sdk.configuration import conf
 
-
-_NEW_JOB = _NewJob()
+        heartbeat = conf.getfloat("workers", "min_heartbeat_interval", fallback=5.0)
+    except Exception:
+        heartbeat = 5.0
+    return 2 * heartbeat + 5.0
 
 
 def _airflow_dags_folder() -> str | None:

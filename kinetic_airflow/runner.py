@@ -79,16 +79,25 @@ class _Heartbeat(threading.Thread):
         self.storage, self.uri, self.period, self.host = storage, uri, period, host
         self.stop_event = threading.Event()
 
+        self.beats = 0
+
+    def start(self) -> None:
+        """The first beat is written before the function runs, however short it is."""
+        self.beat()
+        super().start()
+
+    def beat(self) -> None:
+        self.beats += 1
+        try:
+            self.storage.write_text(
+                self.uri, json.dumps({"time": _now(), "beat": self.beats, "host": self.host})
+            )
+        except Exception as exc:  # a missed beat must never kill the job
+            log(f"heartbeat write failed: {exc}")
+
     def run(self) -> None:
-        beat = 0
-        while not self.stop_event.wait(self.period if beat else 0):
-            beat += 1
-            try:
-                self.storage.write_text(
-                    self.uri, json.dumps({"time": _now(), "beat": beat, "host": self.host})
-                )
-            except Exception as exc:  # a missed beat must never kill the job
-                log(f"heartbeat write failed: {exc}")
+        while not self.stop_event.wait(self.period):
+            self.beat()
 
 
 class JobRunner:
@@ -186,6 +195,7 @@ class JobRunner:
             os.environ["KINETIC_JOB_ID"] = str(self.manifest.get("job_id", ""))
             os.environ["KINETIC_HOST_INDEX"] = str(self.host)
             os.environ["KINETIC_ATTEMPT"] = str(self.manifest.get("attempt", 1))
+            os.environ["KINETIC_TRY_NUMBER"] = str((self.manifest.get("identity") or {}).get("try_number", 1))
             data_root = os.path.join(self.workdir, "data")
             for mount_path, data in (payload.get("volumes") or {}).items():
                 local = data.materialize(data_root)

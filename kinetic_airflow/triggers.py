@@ -9,6 +9,8 @@ those kwargs after a triggerer restart, ``run`` simply observes again.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,6 +18,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from kinetic_airflow.backends import get_backend
 from kinetic_airflow.connections import storage_for
+from kinetic_airflow.lifecycle import acancel_job
 from kinetic_airflow.watch import JobWatcher
 
 __all__ = ["KineticJobTrigger"]
@@ -29,6 +32,7 @@ class KineticJobTrigger(BaseTrigger):
         deadline: float | None = None,
         gcp_conn_id: str | None = None,
         log_max_lines: int = 10000,
+        not_before: float | None = None,
     ) -> None:
         super().__init__()
         self.job = job
@@ -36,6 +40,7 @@ class KineticJobTrigger(BaseTrigger):
         self.deadline = deadline
         self.gcp_conn_id = gcp_conn_id
         self.log_max_lines = log_max_lines
+        self.not_before = not_before
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -46,6 +51,7 @@ class KineticJobTrigger(BaseTrigger):
                 "deadline": self.deadline,
                 "gcp_conn_id": self.gcp_conn_id,
                 "log_max_lines": self.log_max_lines,
+                "not_before": self.not_before,
             },
         )
 
@@ -63,9 +69,21 @@ class KineticJobTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         self.log.info("watching kinetic job %s at %s", self.job["job_id"], self.job["job_uri"])
         event = await self._watcher().wait()
+        hold = (self.not_before or 0) - time.time()
+        if hold > 0:
+            # Airflow's executor-event race (README): resuming the task before the scheduler has
+            # processed the exit of the process that deferred it fails the task.
+            self.log.info("job %s ended; resuming the task in %.1fs", self.job["job_id"], hold)
+            await asyncio.sleep(hold)
         yield TriggerEvent(event)
 
     async def on_kill(self) -> None:
         """The user marked the deferred task failed/success or cleared it: stop the job."""
         self.log.info("task was stopped by the user; cancelling kinetic job %s", self.job["job_id"])
-        await get_backend(self.job["backend"]).acancel(self.job)
+        await acancel_job(
+            self.job,
+            storage_for(self.job["job_uri"], self.gcp_conn_id),
+            get_backend(self.job["backend"]),
+            by="trigger.on_kill",
+            reason="the task was cleared or marked by a user while deferred",
+        )

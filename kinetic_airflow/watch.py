@@ -17,6 +17,7 @@ from typing import Any
 
 from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobState
 from kinetic_airflow.layout import JobLayout
+from kinetic_airflow.lifecycle import acancel_job, cancelled_marker
 from kinetic_airflow.storage import Storage
 
 __all__ = ["JobWatcher", "describe_failure"]
@@ -51,13 +52,6 @@ def _classify_exit(status: BackendStatus) -> tuple[str, str, str]:
             status.message,
             "Check the image name and tag (container_image= or [kinetic] container_image) and that the "
             "cluster's node service account may pull from the registry.",
-        )
-    if status.reason == "DeadlineExceeded":
-        return (
-            "deadline_exceeded",
-            status.message,
-            "The Job's activeDeadlineSeconds comes from the task's execution_timeout: raise it, or make "
-            "the function checkpoint to KINETIC_OUTPUT_DIR so a retry resumes.",
         )
     if status.reason == "Preempted":
         return (
@@ -117,6 +111,7 @@ class JobWatcher:
         self.saved_offset = 0
         self.lines_emitted = 0
         self.tail: deque[str] = deque(maxlen=_TAIL_LINES)
+        self.held: deque[str] = deque(maxlen=max(1, log_max_lines // 2))
 
     @property
     def _cursor_uri(self) -> str:
@@ -138,21 +133,49 @@ class JobWatcher:
             self.saved_offset = self.log_offset
 
     async def _pump_logs(self) -> None:
+        """Show new job log lines, then save the cursor at once.
+
+        The cursor is saved after every batch, so a triggerer that dies shows again at most
+        the lines of the batch it was printing (none, unless it dies inside that print).
+        """
+        advanced = False
         while True:
             text, new_offset = await self.backend.aread_log(self.job, self.log_offset)
             if new_offset == self.log_offset:
-                return
+                break
             self.log_offset = new_offset
+            advanced = True
             for line in text.splitlines():
-                self.tail.append(line)
-                self.lines_emitted += 1
-                if self.lines_emitted <= self.log_max_lines:
-                    self.emit_log(line)
-                elif self.lines_emitted == self.log_max_lines + 1:
-                    self.emit_log(
-                        f"[kinetic] log capped at {self.log_max_lines} lines here ([kinetic] "
-                        f"log_max_lines); the full log is kept at {self.layout.log}"
-                    )
+                self._show(line)
+        if advanced:
+            await self._save_cursor()
+
+    def _show(self, line: str) -> None:
+        """The first half of the cap goes out live, the last half when the job has ended."""
+        self.tail.append(line)
+        self.lines_emitted += 1
+        head = self.log_max_lines - self.log_max_lines // 2
+        if self.lines_emitted <= head:
+            self.emit_log(line)
+            return
+        if self.lines_emitted == head + 1:
+            self.emit_log(
+                f"[kinetic] the job's log is longer than [kinetic] log_max_lines={self.log_max_lines}: "
+                f"the next lines are left out here and its last {self.log_max_lines // 2} lines follow "
+                f"when it ends. Full log: {self.backend.full_log_hint(self.job)}"
+            )
+        self.held.append(line)
+
+    def _flush_held(self) -> None:
+        """After the job ended: the last lines of a capped log, with how many were left out."""
+        if not self.held:
+            return
+        head = self.log_max_lines - self.log_max_lines // 2
+        skipped = self.lines_emitted - head - len(self.held)
+        if skipped > 0:
+            self.emit_log(f"[kinetic] ... {skipped} lines left out ...")
+        while self.held:
+            self.emit_log(self.held.popleft())
 
     async def _drain(self) -> None:
         """Let a finishing process flush its last lines, then read them."""
@@ -167,6 +190,7 @@ class JobWatcher:
             await asyncio.sleep(0.1)
         await self._pump_logs()
         await self._save_cursor()
+        self._flush_held()
 
     async def _heartbeat_age(self) -> float | None:
         """Seconds since the runner's last heartbeat, or None before it started beating."""
@@ -205,15 +229,13 @@ class JobWatcher:
             hint="" if user else "This is a failure of the job's setup, not of your function.",
         )
 
-    async def wait(self) -> dict[str, Any]:
+    async def wait(self, give_up_after: float | None = None) -> dict[str, Any] | None:
+        """The job's end as an event; None if ``give_up_after`` seconds pass first."""
         not_found_since: float | None = None
-        polls = 0
+        give_up_at = time.monotonic() + give_up_after if give_up_after is not None else None
         await self._load_cursor()
         while True:
-            polls += 1
             await self._pump_logs()
-            if polls % 10 == 0:
-                await self._save_cursor()
             summary = await self._summary()
             if summary is not None:
                 await self._drain()
@@ -224,6 +246,11 @@ class JobWatcher:
                 await self._drain()
                 if summary is not None:
                     return self._result_event(summary)
+                if status.reason == "DeadlineExceeded":
+                    return self._timeout_event()
+                cancelled = await self._cancelled()
+                if cancelled is not None:
+                    return self._cancelled_event(cancelled)
                 cause, message, hint = _classify_exit(status)
                 return self._event(
                     "preempted" if cause == "preempted" else "failed",
@@ -233,6 +260,10 @@ class JobWatcher:
                     exit_code=status.exit_code,
                 )
             if status.state is JobState.NOT_FOUND:
+                cancelled = await self._cancelled()
+                if cancelled is not None:
+                    await self._pump_logs()
+                    return self._cancelled_event(cancelled)
                 not_found_since = not_found_since or time.monotonic()
                 if time.monotonic() - not_found_since > _NOT_FOUND_GRACE_SECONDS:
                     return self._event(
@@ -278,12 +309,38 @@ class JobWatcher:
                         hint="",
                     )
             if self.deadline is not None and time.time() >= self.deadline:
-                await self.backend.acancel(self.job)
-                await self._drain()
-                return self._event(
-                    "timeout",
-                    cause="timeout",
-                    message="the task's execution_timeout passed while the job was running; the job "
-                    "was stopped",
+                await acancel_job(
+                    self.job,
+                    self.storage,
+                    self.backend,
+                    by="watcher",
+                    reason="the task's execution_timeout passed",
                 )
+                await self._drain()
+                return self._timeout_event()
+            if give_up_at is not None and time.monotonic() >= give_up_at:
+                return None
             await asyncio.sleep(self.poll_interval)
+
+    def _timeout_event(self) -> dict[str, Any]:
+        """The same event (and so the same AirflowTaskTimeout) whoever enforced the timeout."""
+        return self._event(
+            "timeout",
+            cause="timeout",
+            message="the task's execution_timeout passed while the job was running; the job was stopped",
+            hint="Raise execution_timeout, or make the function checkpoint to KINETIC_OUTPUT_DIR so a "
+            "retry resumes.",
+        )
+
+    async def _cancelled(self) -> dict[str, Any] | None:
+        """The cancelled marker (who stopped the job, and why), if someone stopped it on purpose."""
+        text = await self.storage.aread_text_or_none(cancelled_marker(self.job))
+        return json.loads(text) if text else None
+
+    def _cancelled_event(self, marker: dict[str, Any]) -> dict[str, Any]:
+        return self._event(
+            "failed",
+            cause="cancelled",
+            message=f"the job was cancelled by {marker.get('by')}: {marker.get('reason')}",
+            hint="",
+        )

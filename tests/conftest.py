@@ -24,6 +24,11 @@ os.environ["AIRFLOW__CORE__ALLOWED_DESERIALIZATION_CLASSES"] = "airflow.* kineti
 os.environ["AIRFLOW__LOGGING__LOGGING_LEVEL"] = "INFO"
 os.environ["KINETIC_POLL_INTERVAL"] = "0.3"
 os.environ["KINETIC_HEARTBEAT_SECONDS"] = "1"
+# dag.test() runs no executor, so Airflow's executor-event race (which wait_before_defer and
+# min_deferral_seconds keep kinetic tasks out of) cannot happen here: defer at once, so that these
+# tests go through the trigger, and resume at once. The real-components tier runs the defaults.
+os.environ["KINETIC_WAIT_BEFORE_DEFER"] = "0"
+os.environ["KINETIC_MIN_DEFERRAL_SECONDS"] = "0"
 os.environ["KINETIC_LOCAL_STATE_DIR"] = os.path.join(_HOME, "local-jobs")
 os.environ.pop("KINETIC_BASE_URI", None)
 

@@ -103,10 +103,19 @@ def _xcom(services: AirflowServices, dag_id: str, run_id: str, task_id: str) -> 
 
 
 def _job_dir(services: AirflowServices, dag_id: str, run_id: str, task_id: str) -> Path:
-    from kinetic_airflow.layout import JobIdentity
+    """Try 1's job: its id also hashes Airflow's per-try id, so find it by the run it names."""
+    from kinetic_airflow.layout import dns_label
 
-    job_id = JobIdentity(dag_id, run_id, task_id, -1, 1).job_id
-    return _kinetic_root(services.root) / "jobs" / job_id
+    head = dns_label(f"{dag_id}-{task_id}", 52 - len("-0123456789-t1a1"))
+
+    def find() -> Path | None:
+        for path in (_kinetic_root(services.root) / "jobs").glob(f"{head}-*-t1a1"):
+            manifest = _read_json(path / "manifest.json") or {}
+            if manifest.get("identity", {}).get("run_id") == run_id:
+                return path
+        return None
+
+    return poll(find, timeout=RUN_TIMEOUT, what=f"the job of {dag_id}.{task_id} in {run_id}")
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

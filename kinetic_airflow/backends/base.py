@@ -59,6 +59,10 @@ class Backend:
         """Log text from byte ``offset`` on, and the new offset."""
         return "", offset
 
+    def full_log_hint(self, job: JobRef) -> str:
+        """Where a person finds the job's whole log (named when the task log is capped)."""
+        return job["job_uri"] + "/job.log"
+
     def log_complete(self, job: JobRef) -> bool:
         """True once everything the (finished) job logged can be read with ``read_log``."""
         return True

@@ -144,6 +144,12 @@ class LocalBackend(Backend):
         except ProcessLookupError:
             pass
 
+    def full_log_hint(self, job: JobRef) -> str:
+        local = _state_dir(job) / "job.log"
+        if job["job_uri"].startswith("file://"):
+            return str(local)
+        return f"{local} (a copy goes to {job['job_uri']}/job.log when the job ends)"
+
     def read_log(self, job: JobRef, offset: int) -> tuple[str, int]:
         path = _state_dir(job) / "job.log"
         try:

@@ -1,16 +1,28 @@
 """Run real Airflow 3.3 services (api-server, scheduler, dag-processor, triggerer) for tests.
 
-``AirflowServices`` makes a throwaway AIRFLOW_HOME with its own SQLite metadata
-DB (Airflow 3 accepts SQLite with the LocalExecutor: task processes reach the DB
-only through the api-server's execution API, and ``airflow standalone`` runs the
-same shape), migrates it, starts the four services as subprocesses with an
-explicit environment, waits until ``/api/v2/monitor/health`` reports them all
-healthy, and stops them again. The REST API runs with the simple auth manager in
-"all admins" mode, so requests need no token.
+``AirflowServices`` makes a throwaway AIRFLOW_HOME, migrates its metadata DB,
+starts the four services as subprocesses with an explicit environment, waits
+until ``/api/v2/monitor/health`` reports them all healthy, and stops them again.
+The REST API runs with the simple auth manager in "all admins" mode, so requests
+need no token.
+
+The metadata DB is SQLite in the home by default (Airflow 3 accepts SQLite with
+the LocalExecutor: task processes reach the DB only through the api-server's
+execution API, and ``airflow standalone`` runs the same shape). Production runs
+on PostgreSQL, so pass ``database_url=`` (e.g. from
+``tests/components/postgres.py``'s ``PostgresServer.create_database``) to run the
+services on it; Airflow derives its async (asyncpg) URL from it.
+
+Several instances may run at once: each has its own home, api port, log-server
+ports, bundle storage dir and PID files (Airflow writes those under
+AIRFLOW_HOME); on PostgreSQL give each its own database.
 
 Each service runs in its own session (process group). ``stop`` sends SIGTERM to
 every service, waits for each, and then SIGKILLs whatever is left in their
 process groups (LocalExecutor workers, parsing processes, uvicorn workers).
+Everything the services start inherits a marker variable, so
+``leftover_processes()`` also finds processes that left those groups (kinetic's
+detached local-backend jobs) and ``kill_leftovers()`` ends them.
 """
 
 from __future__ import annotations
@@ -33,6 +45,8 @@ from typing import Any, TypeVar
 
 from kinetic_airflow.backends.local import process_alive
 
+from .processes import MARKER_VAR, kill_marked, marked_processes, new_marker
+
 __all__ = ["AirflowServices", "ServiceError", "poll", "process_alive"]
 
 T = TypeVar("T")
@@ -46,10 +60,21 @@ class ServiceError(AssertionError):
     """A service did not come up, died, or a wait timed out (message carries diagnostics)."""
 
 
+# Ports handed out by free_port in this process: the probe socket is closed before the service binds, so
+# without this two AirflowServices built back to back could be given the same "free" port.
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free 127.0.0.1 TCP port not handed out before by this process."""
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise ServiceError("no free port found that was not handed out already")
 
 
 def group_alive(pgid: int) -> bool:
@@ -106,6 +131,8 @@ def _tail(path: Path, lines: int) -> str:
 
 
 class AirflowServices:
+    """The four Airflow 3 services of one throwaway deployment (LocalExecutor), driven over REST."""
+
     def __init__(
         self,
         root: Path,
@@ -113,13 +140,23 @@ class AirflowServices:
         *,
         extra_env: dict[str, str] | None = None,
         parallelism: int = 4,
+        database_url: str | None = None,
     ) -> None:
+        """Describe the deployment; nothing runs until :meth:`start`.
+
+        :param root: a directory of its own (home, service logs); must not be shared with another instance.
+        :param extra_env: added last to the services' environment, so it can override any setting.
+        :param parallelism: ``[core] parallelism``, the LocalExecutor's worker count.
+        :param database_url: SQLAlchemy URL of an empty metadata DB (e.g. PostgreSQL); default SQLite.
+        """
         self.root = Path(root)
         self.home = self.root / "airflow-home"
         self.logs = self.root / "service-logs"
         self.dags_folder = Path(dags_folder)
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
+        self.database_url = database_url or f"sqlite:///{self.home / 'airflow.db'}"
+        self.marker = new_marker("airflow")
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.env = self._environment(extra_env or {}, parallelism)
 
@@ -149,7 +186,7 @@ class AirflowServices:
                     "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
                 ),
                 "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
-                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.home / 'airflow.db'}",
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.database_url,
                 "AIRFLOW__API__HOST": "127.0.0.1",
                 "AIRFLOW__API__PORT": str(self.port),
                 "AIRFLOW__API__BASE_URL": self.base_url,
@@ -161,7 +198,12 @@ class AirflowServices:
                 "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
                 "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
                 "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+                # Off by default, but it would bind the fixed port 8974 in every instance.
+                "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+                # Default is <tmp>/airflow/dag_bundles, shared by every Airflow on the machine.
+                "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_STORAGE_PATH": str(self.home / "dag-bundles"),
                 "PYTHONUNBUFFERED": "1",
+                MARKER_VAR: self.marker,
             }
         )
         env.update(extra)
@@ -182,19 +224,46 @@ class AirflowServices:
     def start(self, timeout: float = 120.0) -> None:
         self.migrate()
         for name in SERVICES:
-            command = ["airflow", name]
-            if name in ("scheduler", "triggerer"):
-                command.append("--skip-serve-logs")  # the tests read log files directly
-            with open(self.logs / f"{name}.log", "ab") as fh:
-                self.procs[name] = subprocess.Popen(
-                    command,
-                    env=self.env,
-                    cwd=str(self.root),
-                    stdin=subprocess.DEVNULL,
-                    stdout=fh,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
+            self._spawn(name)
+        self.wait_healthy(timeout)
+
+    def _spawn(self, name: str) -> None:
+        command = ["airflow", name]
+        if name in ("scheduler", "triggerer"):
+            command.append("--skip-serve-logs")  # the tests read log files directly
+        with open(self.logs / f"{name}.log", "ab") as fh:
+            self.procs[name] = subprocess.Popen(
+                command,
+                env=self.env,
+                cwd=str(self.root),
+                stdin=subprocess.DEVNULL,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def kill_service(self, name: str, sig: int = signal.SIGKILL, timeout: float = 30.0) -> None:
+        """Crash (SIGKILL, default) or stop (SIGTERM) one service and everything in its process group.
+
+        The LocalExecutor's workers live in the scheduler's group, so killing the scheduler also
+        kills the task processes it runs (as a crashed scheduler host would).
+        """
+        proc = self.procs[name]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        poll(lambda: not group_alive(proc.pid), timeout=10, interval=0.1, what=f"{name}'s processes to exit")
+
+    def start_service(self, name: str, timeout: float = 120.0) -> None:
+        """Start one service again (after ``kill_service``) and wait until everything is healthy."""
+        self._spawn(name)
         self.wait_healthy(timeout)
 
     def check_running(self) -> None:
@@ -243,6 +312,17 @@ class AirflowServices:
                 poll(lambda p=proc: not group_alive(p.pid), timeout=5, interval=0.2, what="group exit")
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
+
+    def leftover_processes(self) -> list[int]:
+        """Pids of live processes started by these services (any session), e.g. to assert none after stop."""
+        return marked_processes(self.marker)
+
+    def kill_leftovers(self, grace: float = 3.0) -> list[int]:
+        """End every process the services started, detached job processes included; returns their pids.
+
+        Not part of :meth:`stop`: a test that restarts the services may want a job to outlive them.
+        """
+        return kill_marked(self.marker, grace=grace)
 
     # REST API ---------------------------------------------------------------------------------
     def api(self, method: str, path: str, body: Any = None, *, timeout: float = 30.0) -> Any:

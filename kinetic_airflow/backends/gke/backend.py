@@ -10,21 +10,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from typing import Any
 
 from kinetic_airflow.accelerators import parse_accelerator
 from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobState
 from kinetic_airflow.backends.gke.classify import classify
 from kinetic_airflow.backends.gke.client import ApiError, KubeApi, kube_api
-from kinetic_airflow.backends.gke.manifest import CONTAINER_NAME, build_job_manifest
+from kinetic_airflow.backends.gke.manifest import (
+    CONTAINER_NAME,
+    TTL_AFTER_FINISHED_SECONDS,
+    build_job_manifest,
+)
 from kinetic_airflow.backends.gke.watch_cache import shared_watch
 from kinetic_airflow.layout import JobIdentity
+from kinetic_airflow.links import job_links
 
 __all__ = ["GKEBackend", "JobOwnershipError", "k8s_job_name"]
 
 log = logging.getLogger(__name__)
 
 TI_LABEL = "kinetic.airflow/ti"
+# A log stream that made no progress for this long (pod gone, API unreachable) is abandoned.
+_FOLLOW_GIVE_UP_SECONDS = 600.0
 
 
 class JobOwnershipError(RuntimeError):
@@ -47,11 +55,23 @@ class _LogFollower(threading.Thread):
         self.api, self.namespace, self.pod = api, namespace, pod
         self.lines: list[str] = []
         self.done = threading.Event()
+        self.stop = threading.Event()
         self.lock = threading.Lock()
 
     def run(self) -> None:
+        """Follow the log to its end, reconnecting after any error with a growing pause.
+
+        A 400/404 means the container has not started yet (or the pod is gone); anything else
+        (a reset, a 5xx, a timeout) is transient. Lines already received are skipped on
+        reconnect. It gives up only after ``_FOLLOW_GIVE_UP_SECONDS`` without any progress.
+        """
         received = 0
-        for _ in range(20):  # reconnects after dropped streams; skip what we already have
+        pause = 0.5
+        last_progress = time.monotonic()
+        while not self.stop.is_set():
+            if time.monotonic() - last_progress > _FOLLOW_GIVE_UP_SECONDS:
+                log.warning("giving up following the log of pod %s: no progress", self.pod)
+                break
             try:
                 response = self.api.request(
                     "GET",
@@ -59,12 +79,14 @@ class _LogFollower(threading.Thread):
                     query={"follow": "true", "container": CONTAINER_NAME},
                     stream=True,
                     timeout=(10, None),
+                    retry=False,
                 )
-            except ApiError as exc:
-                if exc.status in (400, 404):  # not started yet / gone
-                    self.done.wait(1.0)
-                    continue
-                break
+            except Exception as exc:
+                if not (isinstance(exc, ApiError) and exc.status in (400, 404)):
+                    log.info("log stream of pod %s: %s; reconnecting", self.pod, exc)
+                self.stop.wait(pause)
+                pause = min(pause * 2, 10.0)
+                continue
             seen, buffer = 0, b""
             try:
                 for chunk in response.stream(65536, decode_content=True):
@@ -76,13 +98,20 @@ class _LogFollower(threading.Thread):
                             with self.lock:
                                 self.lines.append(raw.decode("utf-8", "replace"))
                             received = seen
+                            last_progress = time.monotonic()
+                            pause = 0.5
                 if buffer:
-                    with self.lock:
-                        self.lines.append(buffer.decode("utf-8", "replace"))
-                    received += 1
+                    seen += 1
+                    if seen > received:
+                        with self.lock:
+                            self.lines.append(buffer.decode("utf-8", "replace"))
+                        received = seen
                 self.done.set()
                 return
-            except Exception:
+            except Exception as exc:
+                log.info("log stream of pod %s broke: %s; reconnecting", self.pod, exc)
+                self.stop.wait(pause)
+                pause = min(pause * 2, 10.0)
                 continue
             finally:
                 response.release_conn()
@@ -202,6 +231,21 @@ class GKEBackend(Backend):
             )
             follower.start()
         return follower
+
+    def full_log_hint(self, job: JobRef) -> str:
+        name = k8s_job_name(job)
+        command = f"kubectl logs -n {job['namespace']} job/{name}"
+        cluster = job.get("cluster") or {}
+        if cluster.get("kubernetes_conn_id") and not cluster.get("project"):
+            return f"`{command}` (while the Job exists: ttlSecondsAfterFinished={TTL_AFTER_FINISHED_SECONDS})"
+        url = job_links(
+            project=cluster.get("project"),
+            location=cluster.get("location") or "",
+            cluster=cluster.get("name") or "",
+            namespace=job["namespace"],
+            job_name=name,
+        )["logs"]
+        return f"Cloud Logging {url} , or `{command}` while the Job exists"
 
     def log_complete(self, job: JobRef) -> bool:
         follower = self._follower(job)

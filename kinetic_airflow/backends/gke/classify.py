@@ -113,6 +113,15 @@ def classify(job: dict[str, Any] | None, pods: list[dict[str, Any]]) -> BackendS
     if job is None:
         return BackendStatus(JobState.NOT_FOUND)
     conditions = _conditions(job)
+    if job.get("metadata", {}).get("deletionTimestamp") and not any(
+        conditions.get(c, {}).get("status") == "True" for c in ("Complete", "Failed")
+    ):
+        # Being deleted (a cancel, or someone's kubectl delete): it will not finish on its own.
+        return BackendStatus(
+            JobState.FAILED,
+            reason="Cancelled",
+            message=f"the Job is being deleted (since {job['metadata']['deletionTimestamp']})",
+        )
     pod = _newest(pods)
     pod_status = _pod_status(pod) if pod is not None else None
     if conditions.get("Complete", {}).get("status") == "True":

@@ -1,0 +1,295 @@
+"""The job lifecycle of one task instance: every state, every transition, and who makes it.
+
+Several processes act on one task instance's job: the worker (``execute``,
+``execute_complete``, ``on_kill``), the triggerer (the trigger, its ``on_kill``),
+the API server (the listener), the job itself (the runner) and, in between,
+Airflow's scheduler making new tries. They share two things: the *job record* in
+``task_state_store`` (written by the worker only, never from a signal handler)
+and the job's files in storage (the runner's markers, and ``status/cancelled.json``
+which anyone who stops a job writes). This module is the one place that reads and
+writes both, and the one place that decides what a new ``execute`` does::
+
+    state      meaning                                        made by
+    ---------  ---------------------------------------------  -------------------------------
+    recorded   record saved; the job may not exist yet        worker, before creating the job
+    created    the backend object exists, no payload yet      worker
+    shipped    payload + manifest uploaded: the job can run   worker
+    waiting    a watcher observes it (trigger or worker)      worker, before defer / wait
+    delivered  execute_complete returned or raised its result worker
+    cancelled  stopped on purpose (user kill/clear/mark,      operator.on_kill, trigger.on_kill,
+               timeout, a replacing try)                      listener, a replacing try
+    (finished  the job ended: result.json or process exit;    runner / backend, observed only)
+
+    recorded -> created -> shipped -> waiting -> delivered
+    any state -> cancelled            waiting -> recorded (next attempt after a preemption)
+
+Why a new try exists decides what it does (see ``decide``). Airflow's state store
+survives clears, so the record alone would make a re-run look like a crash recovery.
+Airflow itself says which it is: clearing a task instance that is not running sets
+``max_tries = try_number + retries`` (``clear_task_instances``), which no retry,
+crash or scheduler reset does; clearing a *running* one sets it RESTARTING and kills
+the process, whose ``on_kill`` marks the job cancelled. So a user's re-run (clear
+from UI, REST or CLI, backfill ``--reprocess-behavior``) runs a new job with the
+current code, and an infrastructure failure (worker crash, lost heartbeat, the
+executor-event race, a scheduler or triggerer restart) never runs a second copy: it
+reattaches to the live job, returns the finished job's result, or — if the job
+never got its payload — replaces it. A deleted and recreated DAG run starts with
+no record (the store's rows are deleted with their run) and Airflow's per-try id
+(``ti.id``) is part of the job id, so it cannot meet the old run's job files.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from kinetic_airflow.layout import STATE_KEY, JobLayout
+
+__all__ = [
+    "Action",
+    "Decision",
+    "Phase",
+    "TryInfo",
+    "acancel_job",
+    "after_observing",
+    "cancel_job",
+    "cancelled_marker",
+    "decide",
+    "load_record",
+    "save_record",
+]
+
+log = logging.getLogger(__name__)
+
+RECORD_VERSION = 2
+
+
+class Phase(str, enum.Enum):
+    RECORDED = "recorded"
+    CREATED = "created"
+    SHIPPED = "shipped"
+    WAITING = "waiting"
+    DELIVERED = "delivered"
+    CANCELLED = "cancelled"
+
+
+# Who may move the record from one phase to the next (the worker writes every record).
+_ALLOWED: dict[Phase | None, set[Phase]] = {
+    None: {Phase.RECORDED},
+    Phase.RECORDED: {Phase.CREATED, Phase.CANCELLED},
+    Phase.CREATED: {Phase.SHIPPED, Phase.CANCELLED},
+    Phase.SHIPPED: {Phase.WAITING, Phase.DELIVERED, Phase.CANCELLED},
+    Phase.WAITING: {Phase.WAITING, Phase.DELIVERED, Phase.RECORDED, Phase.CANCELLED},
+    Phase.DELIVERED: {Phase.DELIVERED},
+    Phase.CANCELLED: {Phase.CANCELLED, Phase.DELIVERED},
+}
+
+
+class Action(str, enum.Enum):
+    NEW_JOB = "new_job"  # create this try's own job (cancelling ``replaces`` first, if any)
+    SUBMIT = "submit"  # same try: the job was recorded but maybe never created
+    SHIP = "ship"  # same try: the job exists but its payload never arrived
+    WATCH = "watch"  # the recorded job is (or may be) running: wait for it
+    COLLECT = "collect"  # the recorded job has ended: report its outcome, run nothing
+
+
+@dataclass(frozen=True)
+class TryInfo:
+    """What Airflow says about the try that is executing now."""
+
+    try_number: int
+    ti_id: str = ""
+    max_tries: int | None = None
+
+    @classmethod
+    def of(cls, ti: Any) -> TryInfo:
+        max_tries = getattr(ti, "max_tries", None)
+        return cls(
+            try_number=int(ti.try_number),
+            ti_id=str(getattr(ti, "id", "") or ""),
+            max_tries=int(max_tries) if max_tries is not None else None,
+        )
+
+
+@dataclass
+class Decision:
+    action: Action
+    reason: str
+    job: dict[str, Any] | None = None  # the recorded job to act on (SUBMIT/SHIP/WATCH/COLLECT)
+    replaces: dict[str, Any] | None = None  # NEW_JOB: an earlier job to stop first
+    observe: bool = False  # WATCH of an earlier try's job: only if it can still deliver (after_observing)
+
+
+# The record ----------------------------------------------------------------------------------
+def load_record(store: Any) -> dict[str, Any] | None:
+    if store is None:
+        return None
+    record = store.get(STATE_KEY)
+    if isinstance(record, str):  # some stores hand back the JSON text
+        record = json.loads(record)
+    return record if isinstance(record, dict) and record.get("job") else None
+
+
+def save_record(
+    store: Any,
+    phase: Phase,
+    *,
+    job: dict[str, Any],
+    now: TryInfo,
+    deadline: float | None,
+    previous: dict[str, Any] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """Write the record in ``phase``; refuses transitions the table above does not allow."""
+    before = _phase(previous) if previous and previous.get("job", {}).get("job_id") == job["job_id"] else None
+    if phase not in _ALLOWED[before]:
+        was = before.value if before else "no record"
+        raise RuntimeError(f"kinetic job record: {was} -> {phase.value} is not a lifecycle transition")
+    record = {
+        "version": RECORD_VERSION,
+        "phase": phase.value,
+        "job": job,
+        "try_number": now.try_number,
+        "ti_id": now.ti_id,
+        "max_tries": now.max_tries,
+        "deadline": deadline,
+        "updated": time.time(),
+        **extra,
+    }
+    if store is not None:
+        store.set(STATE_KEY, record)
+    return record
+
+
+def _phase(record: dict[str, Any]) -> Phase:
+    # Records written before the lifecycle existed had no phase: they were written just
+    # before the job was created and never updated.
+    try:
+        return Phase(record.get("phase") or Phase.WAITING.value)
+    except ValueError:
+        return Phase.WAITING
+
+
+# Cancellation --------------------------------------------------------------------------------
+def cancelled_marker(job: dict[str, Any]) -> str:
+    return JobLayout(job["job_uri"]).status("cancelled")
+
+
+def _marker(by: str, reason: str) -> str:
+    return json.dumps({"by": by, "reason": reason, "time": time.time()})
+
+
+def cancel_job(job: dict[str, Any], storage: Any, backend: Any, *, by: str, reason: str) -> None:
+    """Mark the job cancelled in its storage, then stop it. Safe to call twice or on an ended job.
+
+    The marker goes first: whoever looks next (a new try, the watcher) must see that the job
+    was stopped on purpose even if stopping it takes a while or this process dies meanwhile.
+    Nothing is deleted: payload, logs and any result stay where they are.
+    """
+    try:
+        storage.write_text(cancelled_marker(job), _marker(by, reason))
+    except Exception as exc:  # stopping the job matters more than the marker
+        log.warning("could not write the cancelled marker of job %s: %s", job.get("job_id"), exc)
+    backend.cancel(job)
+
+
+async def acancel_job(job: dict[str, Any], storage: Any, backend: Any, *, by: str, reason: str) -> None:
+    """``cancel_job`` for the triggerer's event loop."""
+    try:
+        await storage.awrite_text(cancelled_marker(job), _marker(by, reason))
+    except Exception as exc:
+        log.warning("could not write the cancelled marker of job %s: %s", job.get("job_id"), exc)
+    await backend.acancel(job)
+
+
+# The decision --------------------------------------------------------------------------------
+def decide(record: dict[str, Any] | None, now: TryInfo) -> Decision:
+    """What a new ``execute`` of this task instance does, from the record alone.
+
+    WATCH of an earlier try's job is only a candidate: the caller observes that job and
+    falls back to NEW_JOB when it is gone, failed or was cancelled (``after_observing``).
+    """
+    if record is None:
+        return Decision(Action.NEW_JOB, "first job of this task instance")
+    job = record["job"]
+    phase = _phase(record)
+    recorded_try = int(record.get("try_number") or 0)
+    recorded_id = record.get("ti_id") or ""
+    same_incarnation = not recorded_id or not now.ti_id or recorded_id == now.ti_id
+
+    if recorded_try == now.try_number and same_incarnation:
+        # Another execute of this very try (a duplicate, or a crash before the try was over).
+        if phase is Phase.RECORDED:
+            return Decision(Action.SUBMIT, "the job was recorded but may never have been created", job)
+        if phase is Phase.CREATED:
+            return Decision(Action.SHIP, "the job was created but its payload never arrived", job)
+        if phase in (Phase.DELIVERED, Phase.CANCELLED):
+            return Decision(Action.COLLECT, f"this try's job was already {phase.value}", job)
+        return Decision(Action.WATCH, "reattaching to this try's job", job)
+
+    if recorded_try >= now.try_number:
+        return Decision(
+            Action.NEW_JOB,
+            f"the recorded job belongs to another run of this task instance (try {recorded_try})",
+        )
+
+    earlier = f"try {recorded_try}'s job {job['job_id']}"
+    recorded_max = record.get("max_tries")
+    if recorded_max is not None and now.max_tries is not None and int(recorded_max) != now.max_tries:
+        return Decision(
+            Action.NEW_JOB,
+            f"the task instance was cleared (a re-run was asked for): running a new job instead of "
+            f"reusing {earlier}",
+            replaces=job,
+        )
+    if phase is Phase.CANCELLED:
+        return Decision(Action.NEW_JOB, f"{earlier} was cancelled")
+    if phase in (Phase.RECORDED, Phase.CREATED):
+        return Decision(
+            Action.NEW_JOB,
+            f"{earlier} never got its payload (the earlier try died while submitting it); replacing it",
+            replaces=job,
+        )
+    if phase is Phase.DELIVERED and record.get("outcome") != "success":
+        return Decision(Action.NEW_JOB, f"{earlier} failed; this retry runs a new job")
+    if phase is Phase.DELIVERED:
+        return Decision(
+            Action.COLLECT,
+            f"{earlier} already finished and delivered its result, but Airflow started this try "
+            "without a clear (infrastructure failure): returning that result instead of running again",
+            job,
+        )
+    return Decision(
+        Action.WATCH,
+        f"the earlier try ended without a result while {earlier} was {phase.value} (infrastructure "
+        "failure): reattaching to it instead of starting a second copy",
+        job,
+        observe=True,
+    )
+
+
+def after_observing(decision: Decision, *, finished_ok: bool, live: bool, cancelled: bool) -> Decision:
+    """Settle a WATCH of an earlier try's job once that job has been looked at.
+
+    A job of this very try is always watched (the watcher reports how it ended); an
+    earlier try's job is reused only while it can still give this try its result.
+    """
+    job = decision.job or {}
+    if not decision.observe:
+        return decision
+    if cancelled:
+        return Decision(Action.NEW_JOB, f"the earlier job {job.get('job_id')} was cancelled")
+    if finished_ok:
+        return Decision(
+            Action.COLLECT,
+            f"the earlier job {job.get('job_id')} already finished successfully; returning its result "
+            "instead of running it again (this try exists because of an infrastructure failure)",
+            job,
+        )
+    if live:
+        return decision
+    return Decision(Action.NEW_JOB, f"the earlier job {job.get('job_id')} failed or is gone")
