@@ -2,11 +2,17 @@
 
 ``execute`` finds or creates the one job of this task instance and defers to
 ``KineticJobTrigger``; ``execute_complete`` turns the result envelope into XCom
-or re-raises the remote exception. Exactly-once rests on two things: the job's
-name is a function of (dag, run, task, map index, try, attempt), and the job
-reference is written to ``task_state_store`` *before* the job is created, so a
-second ``execute`` of the same task instance (worker crash, duplicate run, a
-retry after a worker died) re-finds the job instead of starting another.
+or re-raises the remote exception.
+
+Exactly-once rests on the job record in ``task_state_store`` (written before the
+job is created and after every step) and on job ids that are a function of the
+task instance, its try (number and Airflow's per-try id) and the attempt. Why a
+new try exists decides what it does (``kinetic_airflow.lifecycle.decide``): a
+user's re-run (clear, backfill ``--reprocess-behavior``, a recreated DAG run)
+stops the old job and runs a new one with the current code; an infrastructure
+failure (worker crash, lost heartbeat, the executor-event race, a restart)
+reattaches to the live job, returns the finished job's result, or replaces a job
+that never got its payload; a retry after the function failed runs a new job.
 """
 
 from __future__ import annotations

@@ -204,13 +204,12 @@ class JobWatcher:
         return json.loads(text) if text else None
 
     def _event(self, status: str, **fields: Any) -> dict[str, Any]:
-        return {
-            "status": status,
-            "job": self.job,
-            "log_tail": list(self.tail),
-            "log_uri": self.layout.log,
-            **fields,
-        }
+        """The one event; the triggerer logs it whole, so a success carries no log lines
+        (they were streamed already) and a failure only the last few, for its error message."""
+        event = {"status": status, "job": self.job, "log_uri": self.layout.log, **fields}
+        if status != "success":
+            event["log_tail"] = list(self.tail)
+        return event
 
     def _result_event(self, summary: dict[str, Any]) -> dict[str, Any]:
         if summary.get("ok"):

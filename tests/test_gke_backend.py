@@ -282,3 +282,34 @@ def test_name_clash_with_another_task_instances_job_is_refused(gke_env):
         GKEBackend().submit(ref)
     GKEBackend().cancel(ref)  # and cancel leaves a Job it does not own alone
     assert batch.read_namespaced_job(k8s_job_name(ref), "default").metadata.name == k8s_job_name(ref)
+
+
+def test_a_job_past_its_active_deadline_is_the_same_timeout_as_everywhere(gke_env):
+    """Kubernetes enforcing activeDeadlineSeconds gives the task the same AirflowTaskTimeout (type and
+    message) as the trigger's own deadline and the local backend do."""
+    import asyncio
+
+    from airflow.sdk.exceptions import AirflowTaskTimeout
+
+    from kinetic_airflow.backends.gke.backend import GKEBackend
+    from kinetic_airflow.connections import storage_for
+    from kinetic_airflow.layout import JobIdentity, JobLayout
+    from kinetic_airflow.operators import KineticRunOperator
+    from kinetic_airflow.payload import build_payload, manifest_json
+    from kinetic_airflow.watch import JobWatcher
+
+    op = KineticRunOperator(task_id="deadline", python_callable=time.sleep, op_args=[600], backend="gke")
+    ref = op._job_ref(JobIdentity("d", "r", "deadline"), "gke", os.environ["KINETIC_BASE_URI"])
+    ref["active_deadline_seconds"] = 3  # Kubernetes stops it; the watcher itself has no deadline
+    storage = storage_for(ref["job_uri"])
+    path, fields = build_payload(time.sleep, [600], {})
+    storage.upload_file(path, JobLayout(ref["job_uri"]).payload)
+    storage.write_text(JobLayout(ref["job_uri"]).manifest, manifest_json({**fields, "job_id": ref["job_id"]}))
+    GKEBackend().submit(ref)
+    event = asyncio.run(JobWatcher(ref, storage, GKEBackend(), poll_interval=0.3).wait())
+    assert event["status"] == "timeout" and event["cause"] == "timeout", event
+    with pytest.raises(AirflowTaskTimeout) as raised:
+        op._outcome(ref, event)
+    assert "the task's execution_timeout passed while the job was running; the job was stopped" in str(
+        raised.value
+    )

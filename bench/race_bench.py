@@ -1,0 +1,163 @@
+"""Airflow's executor-event race, measured: failed kinetic tasks with and without kinetic's guard.
+
+Runs real Airflow (api-server, scheduler, dag-processor, triggerer, LocalExecutor) on a private
+PostgreSQL, with the GKE backend pointed at the cluster emulator, twice over the same work:
+
+* ``unguarded``: ``wait_before_defer=0`` and ``min_deferral_seconds=0`` — every task defers at
+  once and resumes the moment its job ends, as kinetic-airflow did before it dealt with the race;
+* ``guarded``: kinetic's defaults.
+
+For each backend and job length it triggers ``--runs`` DAG runs of ``--tasks`` mapped kinetic
+tasks whose jobs sleep that long, and counts failed task instances and the scheduler's
+"finished with state success, but the task instance's state attribute is ..." lines.
+
+    .venv/bin/python bench/race_bench.py --runs 3 --tasks 20 --lengths 0 2 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from components.airflow_services import AirflowServices, poll
+from components.emulator_process import EmulatorProcess
+from components.postgres import PostgresServer
+
+RACE_MESSAGE = "but the task instance's state attribute is"
+
+DAG_TEMPLATE = """
+import time
+import pendulum
+from airflow.sdk import dag, task
+
+START = pendulum.datetime(2026, 1, 1, tz="UTC")
+"""
+
+CELL_TEMPLATE = """
+
+@task.kinetic(backend="{backend}", task_id="job")
+def job_{name}(i: int) -> int:
+    time.sleep({seconds})
+    return i
+
+
+@dag(dag_id="{name}", schedule=None, start_date=START, catchup=False, max_active_tasks={tasks})
+def dag_{name}():
+    job_{name}.expand(i=list(range({tasks})))
+
+
+dag_{name}()
+"""
+
+
+def cell_name(backend: str, seconds: float) -> str:
+    return f"race_{backend}_{str(seconds).replace('.', '_')}s"
+
+
+def write_dags(folder: Path, backends: list[str], lengths: list[float], tasks: int) -> list[tuple]:
+    cells = [(b, s, cell_name(b, s)) for b in backends for s in lengths]
+    text = DAG_TEMPLATE + "".join(
+        CELL_TEMPLATE.format(backend=b, seconds=s, name=n, tasks=tasks) for b, s, n in cells
+    )
+    (folder / "race_bench_dags.py").write_text(text)
+    return cells
+
+
+def run_mode(mode: str, args: argparse.Namespace) -> dict[tuple[str, float], dict]:
+    root = Path(tempfile.mkdtemp(prefix=f"race-bench-{mode}-"))
+    dags = root / "dags"
+    dags.mkdir()
+    cells = write_dags(dags, args.backends, args.lengths, args.tasks)
+    env = {"KINETIC_BASE_URI": f"file://{root}/kinetic", "KINETIC_POLL_INTERVAL": str(args.poll)}
+    if mode == "unguarded":
+        env.update({"KINETIC_WAIT_BEFORE_DEFER": "0", "KINETIC_MIN_DEFERRAL_SECONDS": "0"})
+    results: dict[tuple[str, float], dict] = {}
+    with PostgresServer() as pg, EmulatorProcess(root / "emulator") as emulator:
+        env = {**emulator.airflow_env(), **env, "KINETIC_BACKEND": "local"}
+        services = AirflowServices(
+            root / "airflow",
+            dags,
+            extra_env=env,
+            parallelism=args.parallelism,
+            database_url=pg.create_database("airflow"),
+        )
+        try:
+            services.start()
+            for backend, seconds, name in cells:
+                poll(
+                    lambda n=name: services.api("GET", f"/api/v2/dags/{n}")["dag_id"] == n,
+                    timeout=120,
+                    what=f"DAG {name} parsed",
+                )
+                services.api("PATCH", f"/api/v2/dags/{name}", {"is_paused": False})
+                started = time.monotonic()
+                run_ids = [
+                    services.api("POST", f"/api/v2/dags/{name}/dagRuns", {"logical_date": None})["dag_run_id"]
+                    for _ in range(args.runs)
+                ]
+                failed = 0
+                for run_id in run_ids:
+                    path = f"/api/v2/dags/{name}/dagRuns/{quote(run_id, safe='')}"
+                    poll(
+                        lambda p=path: services.api("GET", p)["state"] in ("success", "failed"),
+                        timeout=600,
+                        what=f"{name} {run_id}",
+                    )
+                    tis = services.api("GET", f"{path}/taskInstances?limit=1000")["task_instances"]
+                    failed += sum(ti["state"] != "success" for ti in tis)
+                log = (services.logs / "scheduler.log").read_text(errors="replace")
+                races = sum(1 for line in log.splitlines() if RACE_MESSAGE in line and name in line)
+                results[(backend, seconds)] = {
+                    "failed": failed,
+                    "races": races,
+                    "total": args.runs * args.tasks,
+                    "wall_s": round(time.monotonic() - started, 1),
+                }
+                print(f"{mode:9} {backend:5} {seconds:>4}s  {results[(backend, seconds)]}", flush=True)
+        finally:
+            services.stop()
+            services.kill_leftovers()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--tasks", type=int, default=20)
+    parser.add_argument("--lengths", type=float, nargs="+", default=[0.0, 2.0, 5.0])
+    parser.add_argument("--backends", nargs="+", default=["local", "gke"])
+    parser.add_argument("--parallelism", type=int, default=8)
+    parser.add_argument(
+        "--poll", type=float, default=2.0, help="kinetic poll_interval (default: kinetic's 2 s)"
+    )
+    parser.add_argument("--modes", nargs="+", default=["unguarded", "guarded"])
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+
+    table = {mode: run_mode(mode, args) for mode in args.modes}
+    print()
+    print("failed task instances (executor-event race lines in the scheduler log), out of N")
+    header = "backend  job length  " + "  ".join(f"{m:>18}" for m in args.modes) + "     N"
+    print(header)
+    for backend in args.backends:
+        for seconds in args.lengths:
+            cells = [table[m][(backend, seconds)] for m in args.modes]
+            shown = "  ".join(f"{c['failed']:>10} ({c['races']:>3})    " for c in cells)
+            print(f"{backend:7}  {seconds:>8}s  {shown}  {cells[0]['total']:>4}")
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({m: {f"{b}/{s}": v for (b, s), v in r.items()} for m, r in table.items()}, indent=2)
+        )
+
+
+if __name__ == "__main__":
+    main()

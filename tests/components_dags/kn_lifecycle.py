@@ -1,0 +1,193 @@
+"""DAGs for the job-lifecycle scenarios of tests/test_lifecycle_components.py.
+
+Every kinetic function here appends one line per *execution* to
+``$KINETIC_OUTPUT_DIR/executions.jsonl`` (the output directory is the same for
+every try of a task instance), so a test counts how often the function really ran
+— the thing exactly-once is about — independently of Airflow's and kinetic's own
+bookkeeping. ``CODE_VERSION`` is rewritten by the re-run tests to prove that a
+re-run runs the DAG's current code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pendulum
+from airflow.sdk import dag, task
+
+CODE_VERSION = 1
+START = pendulum.datetime(2026, 1, 1, tz="UTC")
+TAGS = ["kinetic-lifecycle-test"]
+
+
+def record_execution(**fields: object) -> dict:
+    """What the job saw, appended to the task instance's executions file and returned."""
+    entry = {
+        "job_id": os.environ.get("KINETIC_JOB_ID"),
+        "try_number": int(os.environ.get("KINETIC_TRY_NUMBER", "0")),
+        "pid": os.getpid(),
+        "code_version": CODE_VERSION,
+        **fields,
+    }
+    out = Path(os.environ["KINETIC_OUTPUT_DIR"])
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "executions.jsonl", "a") as fh:
+        fh.write(json.dumps(entry) + "\n")
+    return entry
+
+
+# Zero-second jobs, 20 per run: Airflow's executor-event race -------------------------------------
+@task.kinetic(backend="local")
+def zero_local(i: int) -> dict:
+    return record_execution(i=i)
+
+
+@task.kinetic(backend="gke")
+def zero_gke(i: int) -> dict:
+    return record_execution(i=i)
+
+
+@task.kinetic(backend="local")
+def short_local(i: int, seconds: float) -> dict:
+    """Ends just after the task deferred: the trigger fires while the deferral is fresh."""
+    time.sleep(seconds)
+    return record_execution(i=i)
+
+
+@dag(schedule=None, start_date=START, catchup=False, tags=TAGS, max_active_tasks=20)
+def kn_race_local():
+    zero_local.expand(i=list(range(20)))
+
+
+@dag(schedule=None, start_date=START, catchup=False, tags=TAGS, max_active_tasks=20)
+def kn_race_gke():
+    zero_gke.expand(i=list(range(20)))
+
+
+@dag(schedule=None, start_date=START, catchup=False, tags=TAGS, max_active_tasks=20)
+def kn_race_deferred():
+    # wait_before_defer is 5 s: these defer, and their jobs end 1-2 s later.
+    short_local.partial(seconds=6.5).expand(i=list(range(20)))
+
+
+# Re-runs: clear, backfill --reprocess-behavior, a recreated run --------------------------------
+@task.kinetic(backend="local")
+def sweep(lr: float) -> dict:
+    return record_execution(lr=lr)
+
+
+@dag(schedule="@daily", start_date=START, catchup=False, tags=TAGS)
+def kn_rerun():
+    sweep.expand(lr=[0.1, 0.01, 0.001])
+
+
+@task.kinetic(backend="local")
+def slow_first_try(seconds: float) -> dict:
+    """Long on its first try (so a test can clear it while it runs), instant afterwards."""
+    entry = record_execution(started=True)
+    if entry["try_number"] == 1:
+        print(f"kn-lifecycle slow try 1 pid={os.getpid()}", flush=True)
+        time.sleep(seconds)
+    return entry
+
+
+@dag(schedule=None, start_date=START, catchup=False, tags=TAGS)
+def kn_clear_deferred():
+    slow_first_try(600)
+
+
+# Crashes ---------------------------------------------------------------------------------------
+class KillWorkerOnFirstPickle:
+    """Pickling it SIGKILLs the process that pickles it, once per marker file.
+
+    kinetic pickles the arguments after creating the job and before uploading the payload,
+    so this kills the task process exactly in that window.
+    """
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        import traceback
+
+        pickled_by_kinetic = any(frame.name == "build_payload" for frame in traceback.extract_stack())
+        if pickled_by_kinetic and not os.path.exists(self.marker):
+            Path(self.marker).write_text(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        return (str, ("pickled",))
+
+
+@task.kinetic(backend="local", retries=1, retry_delay=timedelta(seconds=1))
+def survives_crash_before_payload(token: object) -> dict:
+    return record_execution(token=str(token))
+
+
+@dag(schedule=None, start_date=START, catchup=False, tags=TAGS)
+def kn_crash_before_payload():
+    survives_crash_before_payload(KillWorkerOnFirstPickle(os.environ.get("KN_CRASH_MARKER", "/nonexistent")))
+
+
+@task.kinetic(backend="local", retries=1, retry_delay=timedelta(seconds=1))
+def runs_through_worker_crash(seconds: float) -> dict:
+    print(f"kn-lifecycle crash-after-payload pid={os.getpid()}", flush=True)
+    time.sleep(seconds)
+    return record_execution()
+
+
+@dag(schedule=None, start_date=START, catchup=False, tags=TAGS)
+def kn_crash_after_payload():
+    runs_through_worker_crash(12)
+
+
+@task.kinetic(backend="local")
+def chatty(i: int, lines: int, pause_every: int) -> dict:
+    """Numbered log lines with quiet gaps (a test crashes the triggerer inside a gap)."""
+    for n in range(lines):
+        print(f"kn-line task={i} n={n}", flush=True)
+        time.sleep(2.5 if (n + 1) % pause_every == 0 else 0.02)
+    return record_execution(i=i)
+
+
+@dag(schedule=None, start_date=START, catchup=False, tags=TAGS, max_active_tasks=5)
+def kn_triggerer_crash():
+    chatty.partial(lines=60, pause_every=10).expand(i=list(range(5)))
+
+
+@task.kinetic(backend="local")
+def steady(seconds: float) -> dict:
+    time.sleep(seconds)
+    return record_execution()
+
+
+@dag(schedule=None, start_date=START, catchup=False, tags=TAGS)
+def kn_scheduler_restart():
+    steady(20)
+
+
+@task.kinetic(backend="local", deferrable=False, execution_timeout=timedelta(seconds=8))
+def too_slow_in_worker() -> None:
+    print(f"kn-lifecycle too-slow pid={os.getpid()}", flush=True)
+    record_execution()
+    time.sleep(600)
+
+
+@dag(schedule=None, start_date=START, catchup=False, tags=TAGS)
+def kn_not_deferrable_timeout():
+    too_slow_in_worker()
+
+
+kn_race_local()
+kn_race_gke()
+kn_race_deferred()
+kn_rerun()
+kn_clear_deferred()
+kn_crash_before_payload()
+kn_crash_after_payload()
+kn_triggerer_crash()
+kn_scheduler_restart()
+kn_not_deferrable_timeout()

@@ -1,0 +1,531 @@
+"""The job lifecycle under real Airflow: scheduler, triggerer, LocalExecutor, api-server, PostgreSQL.
+
+``dag.test()`` runs no executor and no separate triggerer, so none of what this
+module checks can be seen there: Airflow's executor-event race, clears and backfill
+re-runs with a state store that survives them, crashes of the task process and of
+the triggerer, a scheduler restart. Every kinetic function of
+``components_dags/kn_lifecycle.py`` appends a line per execution to its task
+instance's ``KINETIC_OUTPUT_DIR/executions.jsonl``, so the tests count real
+function executions; GKE-backend scenarios also count Job creations in the
+cluster emulator's request log.
+
+The settings are Airflow's and kinetic's defaults (``wait_before_defer``,
+``min_deferral_seconds``), except a faster poll interval.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from components.airflow_services import AirflowServices, ServiceError, poll, process_alive
+from components.emulator_process import EmulatorProcess
+from components.postgres import PostgresServer
+
+from kinetic_airflow.layout import JobIdentity, dns_label, output_dir_uri
+from kinetic_airflow.storage import uri_to_local_path
+
+DAG_FILE = Path(__file__).resolve().parent / "components_dags" / "kn_lifecycle.py"
+RUN_TIMEOUT = 240.0
+RACE_MESSAGE = "but the task instance's state attribute is"
+
+pytestmark = pytest.mark.timeout(900)
+
+
+class Stack:
+    """Airflow on PostgreSQL + the cluster emulator + job storage on local disk."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.dags = root / "dags"
+        self.dags.mkdir()
+        shutil.copy(DAG_FILE, self.dags / DAG_FILE.name)
+        self.kinetic_root = root / "kinetic"
+        self.crash_marker = root / "crash-marker"
+        self.pg = PostgresServer()  # in the system temp dir: the postgres user must reach it
+        self.emulator = EmulatorProcess(root / "emulator")
+        self.airflow: AirflowServices | None = None
+
+    def start(self) -> None:
+        self.pg.start()
+        self.emulator.start()
+        env = {
+            **self.emulator.airflow_env(),
+            "KINETIC_BACKEND": "local",
+            "KINETIC_BASE_URI": f"file://{self.kinetic_root}",
+            "KINETIC_POLL_INTERVAL": "0.5",
+            "KN_CRASH_MARKER": str(self.crash_marker),
+        }
+        self.airflow = AirflowServices(
+            self.root / "airflow",
+            self.dags,
+            extra_env=env,
+            parallelism=8,
+            database_url=self.pg.create_database("airflow"),
+        )
+        self.airflow.start()
+        for dag_id in DAG_IDS:
+            poll(
+                lambda d=dag_id: _parsed(self.api, d),
+                timeout=120,
+                what=f"DAG {dag_id} to be parsed",
+                diagnostics=self.airflow.diagnostics,
+            )
+
+    def stop(self) -> None:
+        if self.airflow is not None:
+            self.airflow.stop()
+        _kill_leftover_jobs(self.kinetic_root)
+        self.emulator.stop()
+        self.pg.stop()
+
+    @property
+    def api(self) -> AirflowServices:
+        assert self.airflow is not None
+        return self.airflow
+
+
+DAG_IDS = (
+    "kn_race_local",
+    "kn_race_gke",
+    "kn_race_deferred",
+    "kn_rerun",
+    "kn_clear_deferred",
+    "kn_crash_before_payload",
+    "kn_crash_after_payload",
+    "kn_triggerer_crash",
+    "kn_scheduler_restart",
+    "kn_not_deferrable_timeout",
+)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory):
+    stack = Stack(tmp_path_factory.mktemp("lifecycle"))
+    try:
+        stack.start()
+        yield stack
+    finally:
+        stack.stop()
+
+
+def _parsed(services: AirflowServices, dag_id: str) -> bool:
+    errors = services.api("GET", "/api/v2/importErrors")["import_errors"]
+    if errors:
+        raise ServiceError(f"DAG import errors: {json.dumps(errors, indent=2)}")
+    return services.api("GET", f"/api/v2/dags/{dag_id}")["dag_id"] == dag_id
+
+
+def _kill_leftover_jobs(kinetic_root: Path) -> None:
+    for launch in kinetic_root.glob("jobs/*/launch.json"):
+        with contextlib.suppress(ValueError, OSError, KeyError):
+            pid = int(json.loads(launch.read_text())["pid"])
+            if process_alive(pid):
+                os.killpg(pid, signal.SIGKILL)
+
+
+# Airflow helpers --------------------------------------------------------------------------------
+def _run_path(dag_id: str, run_id: str) -> str:
+    return f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}"
+
+
+def _trigger(services: AirflowServices, dag_id: str) -> str:
+    services.api("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+    run = services.api("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": {}})
+    return run["dag_run_id"]
+
+
+def _tis(services: AirflowServices, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+    return services.api("GET", f"{_run_path(dag_id, run_id)}/taskInstances?limit=1000")["task_instances"]
+
+
+def _states(services: AirflowServices, dag_id: str, run_id: str) -> dict[tuple[str, int], str | None]:
+    return {(ti["task_id"], ti["map_index"]): ti["state"] for ti in _tis(services, dag_id, run_id)}
+
+
+def _xcom(services: AirflowServices, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> Any:
+    path = (
+        f"{_run_path(dag_id, run_id)}/taskInstances/{task_id}/xcomEntries/return_value"
+        f"?deserialize=true&map_index={map_index}"
+    )
+    return services.api("GET", path)["value"]
+
+
+def _why(stack: Stack, dag_id: str, run_id: str | None = None) -> str:
+    try:
+        states: Any = _states(stack.api, dag_id, run_id) if run_id else "-"
+    except Exception as exc:
+        states = f"<unavailable: {exc}>"
+    return f"task states of {dag_id} {run_id}: {states}\n{stack.api.diagnostics(dag_id, lines=60)}"
+
+
+def _wait_run(stack: Stack, dag_id: str, run_id: str, timeout: float = RUN_TIMEOUT) -> str:
+    def finished() -> str | None:
+        stack.api.check_running()
+        state = stack.api.api("GET", _run_path(dag_id, run_id))["state"]
+        return state if state in ("success", "failed") else None
+
+    return poll(
+        finished, timeout=timeout, what=f"run {run_id} of {dag_id}", diagnostics=lambda: _why(stack, dag_id)
+    )
+
+
+def _clear(services: AirflowServices, dag_id: str, run_id: str, task_ids: list[str]) -> None:
+    services.api(
+        "POST",
+        f"/api/v2/dags/{dag_id}/clearTaskInstances",
+        {
+            "dry_run": False,
+            "dag_run_id": run_id,
+            "task_ids": task_ids,
+            "only_failed": False,
+            "reset_dag_runs": True,
+        },
+    )
+
+
+def _airflow_cli(stack: Stack, *args: str) -> str:
+    result = subprocess.run(
+        ["airflow", *args], env=stack.api.env, capture_output=True, text=True, timeout=180, check=False
+    )
+    if result.returncode != 0:
+        raise AssertionError(f"airflow {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    return result.stdout
+
+
+def _race_failures(stack: Stack, dag_id: str) -> list[str]:
+    """Scheduler log lines of Airflow's executor-event race that concern ``dag_id``."""
+    text = (stack.api.logs / "scheduler.log").read_text(errors="replace")
+    return [line for line in text.splitlines() if RACE_MESSAGE in line and dag_id in line]
+
+
+# kinetic helpers --------------------------------------------------------------------------------
+def _executions(stack: Stack, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> list[dict]:
+    """Every real execution of the function of this task instance, in order."""
+    identity = JobIdentity(dag_id, run_id, task_id, map_index)
+    path = Path(uri_to_local_path(output_dir_uri(f"file://{stack.kinetic_root}", identity)))
+    path = path / "executions.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _job_dirs(stack: Stack, dag_id: str, task_id: str, try_number: int) -> list[Path]:
+    """Local job directories of this task's jobs of one try number (any run, any attempt)."""
+    head = dns_label(f"{dag_id}-{task_id}", 52 - len(f"-0123456789-t{try_number}a1"))
+    return sorted(
+        p
+        for p in (stack.kinetic_root / "jobs").glob(f"{head}-*-t{try_number}a*")
+        if (p / "launch.json").exists()
+    )
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _task_log_text(stack: Stack, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
+    """Task logs and trigger logs of every try of one task instance, concatenated."""
+    parts = []
+    for path in stack.api.task_log_files(dag_id):
+        posix = path.as_posix()
+        if f"run_id={run_id}/" not in posix or f"task_id={task_id}/" not in posix:
+            continue
+        if map_index >= 0 and f"map_index={map_index}/" not in posix:
+            continue
+        parts.append(path.read_text(errors="replace"))
+    return "\n".join(parts)
+
+
+# The executor-event race ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("dag_id", "task_id", "runs"),
+    [
+        ("kn_race_local", "zero_local", 2),
+        ("kn_race_gke", "zero_gke", 2),
+        ("kn_race_deferred", "short_local", 1),
+    ],
+)
+def test_short_jobs_never_fail_under_the_scheduler(
+    stack: Stack, dag_id: str, task_id: str, runs: int
+) -> None:
+    """20 kinetic tasks per run whose jobs end at once.
+
+    Before kinetic dealt with the race, about half of the zero-second local tasks failed (all
+    of them with the scheduler's state-mismatch message): 20 per run make a run with no
+    failure a one-in-millions event. ``kn_race_deferred``'s jobs end 1-2 s after deferring.
+    """
+    mark = stack.emulator.request_mark()
+    run_ids = [_trigger(stack.api, dag_id) for _ in range(runs)]
+    for run_id in run_ids:
+        assert _wait_run(stack, dag_id, run_id) == "success", _why(stack, dag_id, run_id)
+    assert _race_failures(stack, dag_id) == []
+    for run_id in run_ids:
+        states = _states(stack.api, dag_id, run_id)
+        assert sorted(states) == [(task_id, i) for i in range(20)], states
+        assert set(states.values()) == {"success"}, _why(stack, dag_id, run_id)
+        for i in range(20):
+            executions = _executions(stack, dag_id, run_id, task_id, i)
+            assert len(executions) == 1, (i, executions)
+            value = _xcom(stack.api, dag_id, run_id, task_id, i)
+            assert value["i"] == i and value["job_id"] == executions[0]["job_id"], value
+    if dag_id == "kn_race_gke":
+        assert stack.emulator.job_creations(since=mark) == 20 * runs
+    if dag_id == "kn_race_deferred":  # these went through the triggerer, and were held back
+        log = _task_log_text(stack, dag_id, run_ids[0], task_id, 0)
+        assert "watching kinetic job" in log and "resuming the task in" in log, log[-3000:]
+
+
+# Re-runs ----------------------------------------------------------------------------------------
+def test_clearing_a_succeeded_task_runs_a_new_job(stack: Stack) -> None:
+    dag_id, task_id = "kn_rerun", "sweep"
+    run_id = _trigger(stack.api, dag_id)
+    assert _wait_run(stack, dag_id, run_id) == "success", _why(stack, dag_id, run_id)
+    first = {i: _executions(stack, dag_id, run_id, task_id, i) for i in range(3)}
+    assert all(len(e) == 1 for e in first.values()), first
+
+    _clear(stack.api, dag_id, run_id, [task_id])
+    poll(
+        lambda: stack.api.api("GET", _run_path(dag_id, run_id))["state"] != "success",
+        timeout=30,
+        what="the cleared run to restart",
+    )
+    assert _wait_run(stack, dag_id, run_id) == "success", _why(stack, dag_id, run_id)
+    for i in range(3):
+        executions = _executions(stack, dag_id, run_id, task_id, i)
+        assert [e["try_number"] for e in executions] == [1, 2], executions
+        assert executions[0]["job_id"] != executions[1]["job_id"], executions
+        assert _xcom(stack.api, dag_id, run_id, task_id, i)["job_id"] == executions[1]["job_id"]
+
+
+def test_clearing_a_deferred_task_stops_its_job_and_runs_a_new_one(stack: Stack) -> None:
+    dag_id, task_id = "kn_clear_deferred", "slow_first_try"
+    run_id = _trigger(stack.api, dag_id)
+
+    def deferred_and_running() -> dict | None:
+        stack.api.check_running()
+        if _states(stack.api, dag_id, run_id).get((task_id, -1)) != "deferred":
+            return None
+        executions = _executions(stack, dag_id, run_id, task_id)
+        return executions[0] if executions else None
+
+    first = poll(deferred_and_running, timeout=RUN_TIMEOUT, what="try 1 deferred with its job running")
+    (first_dir,) = _job_dirs(stack, dag_id, task_id, 1)
+    assert first_dir.name == first["job_id"]
+    _clear(stack.api, dag_id, run_id, [task_id])
+    assert _wait_run(stack, dag_id, run_id) == "success", _why(stack, dag_id, run_id)
+
+    executions = _executions(stack, dag_id, run_id, task_id)
+    assert [e["try_number"] for e in executions] == [1, 2], executions
+    assert _xcom(stack.api, dag_id, run_id, task_id)["job_id"] == executions[1]["job_id"]
+    # The old job was stopped, on purpose, and its process is gone.
+    exit_record = poll(lambda: _read_json(first_dir / "exit.json"), timeout=60, what="try 1's job to stop")
+    assert exit_record["cancelled"] is True, exit_record
+    assert not process_alive(first["pid"])
+    marker = _read_json(first_dir / "status" / "cancelled.json")
+    assert marker and marker["by"] in ("a new try", "trigger.on_kill"), marker
+    assert not (first_dir / "result.json").exists()
+
+
+def test_backfill_reprocess_and_a_recreated_run_run_new_jobs_with_current_code(stack: Stack) -> None:
+    dag_id, task_id = "kn_rerun", "sweep"
+    dates = ("2026-02-02", "2026-02-03", "2026-02-04")
+    run_ids = [f"backfill__{d}T00:00:00+00:00" for d in dates]
+
+    def backfill(first: str, last: str, *extra: str) -> None:
+        """``airflow backfill create``, after the previous backfill is over (one at a time per DAG)."""
+        poll(
+            lambda: all(
+                b.get("completed_at")
+                for b in stack.api.api("GET", f"/api/v2/backfills?dag_id={dag_id}")["backfills"]
+            ),
+            timeout=120,
+            what="the previous backfill to complete",
+        )
+        _airflow_cli(
+            stack, "backfill", "create", "--dag-id", dag_id, "--from-date", first, "--to-date", last, *extra
+        )
+
+    def all_done(expected_try: int) -> bool:
+        for run_id in run_ids:
+            tis = _tis(stack.api, dag_id, run_id)
+            if len(tis) != 3 or any(
+                ti["state"] != "success" or ti["try_number"] != expected_try for ti in tis
+            ):
+                return False
+        return True
+
+    def set_code_version(version: int) -> None:
+        path = stack.dags / DAG_FILE.name
+        text = re.sub(r"^CODE_VERSION = \d+$", f"CODE_VERSION = {version}", path.read_text(), flags=re.M)
+        path.write_text(text)
+
+    stack.api.api("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+    backfill(dates[0], dates[-1])
+    poll(
+        lambda: all_done(1),
+        timeout=RUN_TIMEOUT,
+        what="the first backfill",
+        diagnostics=lambda: _why(stack, dag_id),
+    )
+    set_code_version(2)
+    backfill(dates[0], dates[-1], "--reprocess-behavior", "completed")
+    poll(
+        lambda: all_done(2),
+        timeout=RUN_TIMEOUT,
+        what="the reprocessing backfill",
+        diagnostics=lambda: _why(stack, dag_id),
+    )
+    for run_id in run_ids:
+        for i in range(3):
+            executions = _executions(stack, dag_id, run_id, task_id, i)
+            assert [(e["try_number"], e["code_version"]) for e in executions] == [(1, 1), (2, 2)], executions
+            assert executions[0]["job_id"] != executions[1]["job_id"]
+            assert _xcom(stack.api, dag_id, run_id, task_id, i)["code_version"] == 2
+
+    # A deleted DAG run, recreated after the code changed: its try 1 is a new job too.
+    set_code_version(3)
+    stack.api.api("DELETE", _run_path(dag_id, run_ids[1]))
+    backfill(dates[1], dates[1])
+    poll(
+        lambda: [ti["state"] for ti in _tis(stack.api, dag_id, run_ids[1])] == ["success"] * 3,
+        timeout=RUN_TIMEOUT,
+        what="the recreated run",
+        diagnostics=lambda: _why(stack, dag_id),
+    )
+    for i in range(3):
+        executions = _executions(stack, dag_id, run_ids[1], task_id, i)
+        assert [(e["try_number"], e["code_version"]) for e in executions] == [(1, 1), (2, 2), (1, 3)]
+        assert len({e["job_id"] for e in executions}) == 3, executions
+        assert _xcom(stack.api, dag_id, run_ids[1], task_id, i)["code_version"] == 3
+
+
+# Crashes ----------------------------------------------------------------------------------------
+def test_task_killed_between_job_creation_and_payload_upload_still_succeeds_once(stack: Stack) -> None:
+    dag_id, task_id = "kn_crash_before_payload", "survives_crash_before_payload"
+    run_id = _trigger(stack.api, dag_id)
+    assert _wait_run(stack, dag_id, run_id) == "success", _why(stack, dag_id, run_id)
+    assert stack.crash_marker.exists(), "the task process was never killed"
+    executions = _executions(stack, dag_id, run_id, task_id)
+    assert [e["try_number"] for e in executions] == [2], executions
+    # Try 1's job was created (its process waited for a payload that never came) and then stopped.
+    (first_dir,) = _job_dirs(stack, dag_id, task_id, 1)
+    assert not (first_dir / "manifest.json").exists()
+    exit_record = poll(lambda: _read_json(first_dir / "exit.json"), timeout=60, what="try 1's job to stop")
+    assert exit_record["cancelled"] is True
+    assert "never got its payload" in _task_log_text(stack, dag_id, run_id, task_id)
+
+
+def _running_task_pid(stack: Stack, dag_id: str, run_id: str, task_id: str) -> int | None:
+    ti = stack.api.api("GET", f"{_run_path(dag_id, run_id)}/taskInstances/{task_id}")
+    return int(ti["pid"]) if ti["state"] == "running" and ti.get("pid") else None
+
+
+def test_task_killed_after_payload_upload_reattaches(stack: Stack) -> None:
+    dag_id, task_id = "kn_crash_after_payload", "runs_through_worker_crash"
+    run_id = _trigger(stack.api, dag_id)
+
+    def running_with_job() -> int | None:
+        dirs = _job_dirs(stack, dag_id, task_id, 1)
+        if not dirs or "crash-after-payload pid=" not in _read_text(dirs[0] / "job.log"):
+            return None
+        return _running_task_pid(stack, dag_id, run_id, task_id)
+
+    pid = poll(running_with_job, timeout=RUN_TIMEOUT, what="try 1 waiting in the worker for its job")
+    os.kill(pid, signal.SIGKILL)
+    assert _wait_run(stack, dag_id, run_id) == "success", _why(stack, dag_id, run_id)
+    executions = _executions(stack, dag_id, run_id, task_id)
+    assert len(executions) == 1 and executions[0]["try_number"] == 1, executions
+    tis = _tis(stack.api, dag_id, run_id)
+    assert tis[0]["try_number"] == 2, tis
+    assert "reattaching" in _task_log_text(stack, dag_id, run_id, task_id)
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def test_triggerer_crash_shows_every_job_line_exactly_once(stack: Stack) -> None:
+    dag_id, task_id = "kn_triggerer_crash", "chatty"
+    run_id = _trigger(stack.api, dag_id)
+    streamed = re.compile(r"^\[[a-z0-9-]+\] kn-line task=(\d+) n=(\d+)$")
+
+    def lines_seen(i: int) -> list[int]:
+        """The job lines streamed into task i's log (task log and trigger logs, every entry)."""
+        seen = []
+        for entry in _task_log_text(stack, dag_id, run_id, task_id, i).splitlines():
+            with contextlib.suppress(ValueError, AttributeError):
+                match = streamed.match(json.loads(entry).get("event", ""))
+                if match:
+                    assert int(match.group(1)) == i, entry
+                    seen.append(int(match.group(2)))
+        return seen
+
+    def quiet_and_deferred() -> bool:
+        """All 5 deferred, each has shown a whole burst past the deferral and is in a pause."""
+        states = _states(stack.api, dag_id, run_id)
+        if len(states) != 5 or set(states.values()) != {"deferred"}:
+            return False
+        for i in range(5):
+            seen = lines_seen(i)
+            if not seen or max(seen) < 29 or max(seen) % 10 != 9:
+                return False
+        return True
+
+    poll(quiet_and_deferred, timeout=RUN_TIMEOUT, interval=0.1, what="5 deferred tasks between bursts")
+    stack.api.kill_service("triggerer")
+    stack.api.start_service("triggerer")
+    assert _wait_run(stack, dag_id, run_id) == "success", _why(stack, dag_id, run_id)
+    for i in range(5):
+        assert lines_seen(i) == list(range(60)), i
+        # Nor does a line come back inside the event the triggerer logs when the job ends.
+        assert f"kn-line task={i} n=59" not in _event_lines(stack, dag_id, run_id, task_id, i)
+
+
+def _event_lines(stack: Stack, dag_id: str, run_id: str, task_id: str, map_index: int) -> str:
+    text = _task_log_text(stack, dag_id, run_id, task_id, map_index)
+    return "\n".join(line for line in text.splitlines() if "Trigger fired event" in line)
+
+
+def test_scheduler_restart_keeps_one_job(stack: Stack) -> None:
+    dag_id, task_id = "kn_scheduler_restart", "steady"
+    run_id = _trigger(stack.api, dag_id)
+    poll(
+        lambda: _states(stack.api, dag_id, run_id).get((task_id, -1)) == "deferred",
+        timeout=RUN_TIMEOUT,
+        what="the task to defer",
+    )
+    stack.api.kill_service("scheduler")
+    stack.api.start_service("scheduler")
+    assert _wait_run(stack, dag_id, run_id) == "success", _why(stack, dag_id, run_id)
+    assert len(_executions(stack, dag_id, run_id, task_id)) == 1
+    assert len(_job_dirs(stack, dag_id, task_id, 1)) + len(_job_dirs(stack, dag_id, task_id, 2)) == 1
+
+
+def test_not_deferrable_timeout_stops_the_job(stack: Stack) -> None:
+    dag_id, task_id = "kn_not_deferrable_timeout", "too_slow_in_worker"
+    run_id = _trigger(stack.api, dag_id)
+    assert _wait_run(stack, dag_id, run_id) == "failed", _why(stack, dag_id, run_id)
+    (job_dir,) = _job_dirs(stack, dag_id, task_id, 1)
+    executions = _executions(stack, dag_id, run_id, task_id)
+    assert len(executions) == 1
+    exit_record = poll(lambda: _read_json(job_dir / "exit.json"), timeout=30, what="the job to stop")
+    assert exit_record["cancelled"] is True
+    assert not process_alive(executions[0]["pid"])
+    assert (_read_json(job_dir / "status" / "cancelled.json") or {}).get("by") == "operator.on_kill"
+    assert "Timeout" in _task_log_text(stack, dag_id, run_id, task_id)
