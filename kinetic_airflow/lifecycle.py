@@ -22,6 +22,7 @@ writes both, and the one place that decides what a new ``execute`` does::
 
     recorded -> created -> shipped -> waiting -> delivered
     any state -> cancelled            waiting -> recorded (next attempt after a preemption)
+    recorded -> recorded              (a second execute of the try resumes an unfinished submit)
 
 Why a new try exists decides what it does (see ``decide``). Airflow's state store
 survives clears, so the record alone would make a re-run look like a crash recovery.
@@ -80,7 +81,7 @@ class Phase(str, enum.Enum):
 # Who may move the record from one phase to the next (the worker writes every record).
 _ALLOWED: dict[Phase | None, set[Phase]] = {
     None: {Phase.RECORDED},
-    Phase.RECORDED: {Phase.CREATED, Phase.CANCELLED},
+    Phase.RECORDED: {Phase.RECORDED, Phase.CREATED, Phase.CANCELLED},  # again: a resumed submit
     Phase.CREATED: {Phase.SHIPPED, Phase.CANCELLED},
     Phase.SHIPPED: {Phase.WAITING, Phase.DELIVERED, Phase.CANCELLED},
     Phase.WAITING: {Phase.WAITING, Phase.DELIVERED, Phase.RECORDED, Phase.CANCELLED},

@@ -11,22 +11,22 @@ fails (the run ends ``failed``). The test also checks, from inside the job, that
 neither module is importable there, so it cannot pass "by accident" because the
 DAG folder leaked onto the job's path.
 
-The services use a throwaway AIRFLOW_HOME, SQLite, the LocalExecutor and a free
+The services use a throwaway AIRFLOW_HOME, a private PostgreSQL, the LocalExecutor and a free
 port on 127.0.0.1 (see tests/components/airflow_services.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import pytest
-from components.airflow_services import AirflowServices, ServiceError, poll, process_alive
+from components.airflow_services import AirflowServices, poll, process_alive
+from components.dag_runs import kill_leftover_jobs, parsed, run_path, trigger
+from components.postgres import PostgresServer
 
 DAGS = Path(__file__).resolve().parent / "components_dags"
 DAG_IDS = ("kn_components", "kn_components_cancel")
@@ -40,16 +40,18 @@ pytestmark = pytest.mark.timeout(600)
 def airflow(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("airflow-components")
     kinetic_root = _kinetic_root(root)
+    postgres = PostgresServer()  # in the system temp dir: the postgres user must reach it
     services = AirflowServices(
         root,
         DAGS,
         extra_env={"KINETIC_BASE_URI": f"file://{kinetic_root}", "KINETIC_POLL_INTERVAL": "0.5"},
+        database_url=postgres.start().create_database("airflow"),
     )
     try:
         services.start()
         for dag_id in DAG_IDS:
             poll(
-                lambda d=dag_id: _parsed(services, d),
+                lambda d=dag_id: parsed(services, d),
                 timeout=90,
                 what=f"DAG {dag_id} to be parsed",
                 diagnostics=services.diagnostics,
@@ -57,7 +59,8 @@ def airflow(tmp_path_factory: pytest.TempPathFactory):
         yield services
     finally:
         services.stop()
-        _kill_leftover_jobs(kinetic_root)
+        kill_leftover_jobs(kinetic_root)
+        postgres.stop()
 
 
 def _kinetic_root(root: Path) -> Path:
@@ -65,40 +68,16 @@ def _kinetic_root(root: Path) -> Path:
     return root / "kinetic"
 
 
-def _parsed(services: AirflowServices, dag_id: str) -> bool:
-    errors = services.api("GET", "/api/v2/importErrors")["import_errors"]
-    if errors:  # the DAG folder holds only this test's files: fail fast instead of timing out
-        raise ServiceError(f"DAG import errors: {json.dumps(errors, indent=2)}")
-    return services.api("GET", f"/api/v2/dags/{dag_id}")["dag_id"] == dag_id
-
-
-def _kill_leftover_jobs(kinetic_root: Path) -> None:
-    """A failed test may leave a detached job process (its own session) behind: kill its group."""
-    for launch in kinetic_root.glob("jobs/*/launch.json"):
-        with contextlib.suppress(ValueError, OSError, KeyError):
-            pid = int(json.loads(launch.read_text())["pid"])
-            if process_alive(pid):
-                os.killpg(pid, signal.SIGKILL)
-
-
 # Helpers ---------------------------------------------------------------------------------------
-def _run_path(dag_id: str, run_id: str) -> str:
-    return f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}"
-
-
-def _trigger(services: AirflowServices, dag_id: str) -> str:
-    services.api("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
-    run = services.api("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": {}})
-    return run["dag_run_id"]
 
 
 def _ti_states(services: AirflowServices, dag_id: str, run_id: str) -> dict[str, str | None]:
-    tis = services.api("GET", f"{_run_path(dag_id, run_id)}/taskInstances")["task_instances"]
+    tis = services.api("GET", f"{run_path(dag_id, run_id)}/taskInstances")["task_instances"]
     return {ti["task_id"]: ti["state"] for ti in tis}
 
 
 def _xcom(services: AirflowServices, dag_id: str, run_id: str, task_id: str) -> Any:
-    path = f"{_run_path(dag_id, run_id)}/taskInstances/{task_id}/xcomEntries/return_value?deserialize=true"
+    path = f"{run_path(dag_id, run_id)}/taskInstances/{task_id}/xcomEntries/return_value?deserialize=true"
     return services.api("GET", path)["value"]
 
 
@@ -149,7 +128,7 @@ def _diagnostics(services: AirflowServices, dag_id: str, run_id: str, job_dir: P
 def _wait_run_finished(services: AirflowServices, dag_id: str, run_id: str) -> str:
     def finished() -> str | None:
         services.check_running()
-        state = services.api("GET", _run_path(dag_id, run_id))["state"]
+        state = services.api("GET", run_path(dag_id, run_id))["state"]
         return state if state in ("success", "failed") else None
 
     return poll(
@@ -163,7 +142,7 @@ def _wait_run_finished(services: AirflowServices, dag_id: str, run_id: str) -> s
 # Tests -----------------------------------------------------------------------------------------
 def test_scheduler_run_pickles_dag_file_and_sibling_module_by_value(airflow: AirflowServices) -> None:
     dag_id = "kn_components"
-    run_id = _trigger(airflow, dag_id)
+    run_id = trigger(airflow, dag_id)
     state = _wait_run_finished(airflow, dag_id, run_id)
     job_dir = _job_dir(airflow, dag_id, run_id, "compute")
 
@@ -210,7 +189,7 @@ def test_scheduler_run_pickles_dag_file_and_sibling_module_by_value(airflow: Air
 
 def test_marking_deferred_task_failed_kills_the_job(airflow: AirflowServices) -> None:
     dag_id, task_id = "kn_components_cancel", "sleep_long"
-    run_id = _trigger(airflow, dag_id)
+    run_id = trigger(airflow, dag_id)
     job_dir = _job_dir(airflow, dag_id, run_id, task_id)
 
     def why() -> str:
@@ -247,7 +226,7 @@ def test_marking_deferred_task_failed_kills_the_job(airflow: AirflowServices) ->
     # Mark the deferred task instance failed: the triggerer cancels the trigger as a user action
     # and calls BaseTrigger.on_kill (Airflow 3.3), which must stop the job.
     patched = airflow.api(
-        "PATCH", f"{_run_path(dag_id, run_id)}/taskInstances/{task_id}", {"new_state": "failed"}
+        "PATCH", f"{run_path(dag_id, run_id)}/taskInstances/{task_id}", {"new_state": "failed"}
     )
     assert patched["task_instances"][0]["state"] == "failed", patched
 
@@ -284,7 +263,7 @@ def test_marking_failed_before_the_triggerer_watches_still_kills_the_job(airflow
     cancels the job recorded in task_state_store.
     """
     dag_id, task_id = "kn_components_cancel", "sleep_long"
-    run_id = _trigger(airflow, dag_id)
+    run_id = trigger(airflow, dag_id)
     job_dir = _job_dir(airflow, dag_id, run_id, task_id)
 
     def why() -> str:
@@ -302,7 +281,7 @@ def test_marking_failed_before_the_triggerer_watches_still_kills_the_job(airflow
     os.killpg(triggerer, signal.SIGSTOP)
     try:
         supervisor_pid = poll(deferred, timeout=RUN_TIMEOUT, what="the task to defer", diagnostics=why)
-        airflow.api("PATCH", f"{_run_path(dag_id, run_id)}/taskInstances/{task_id}", {"new_state": "failed"})
+        airflow.api("PATCH", f"{run_path(dag_id, run_id)}/taskInstances/{task_id}", {"new_state": "failed"})
 
         def job_stopped() -> dict[str, Any] | None:
             exit_record = _read_json(job_dir / "exit.json")

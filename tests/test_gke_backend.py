@@ -8,12 +8,17 @@ import os
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
+import cloudpickle
 import pytest
 from helpers import ti_states, ti_try_numbers, xcom
 
 from kinetic_airflow.testing.cluster import ClusterEmulator, NodePool
+
+# Jobs built here without the operator run functions of this module: ship them by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 NODE_POOLS = [
     NodePool("cpu", {}),
@@ -203,23 +208,10 @@ def test_mark_failed_deletes_the_job(gke_env):
     """BaseTrigger.on_kill (user marks the deferred task failed / clears it) deletes our Job."""
     import asyncio
 
-    from kinetic_airflow.backends.gke.backend import GKEBackend
-    from kinetic_airflow.layout import JobIdentity
-    from kinetic_airflow.operators import KineticRunOperator
     from kinetic_airflow.triggers import KineticJobTrigger
 
     emulator, _ = gke_env
-    op = KineticRunOperator(task_id="long", python_callable=time.sleep, op_args=[600], backend="gke")
-    ref = op._job_ref(JobIdentity("d", "r", "long"), "gke", os.environ["KINETIC_BASE_URI"])
-    from kinetic_airflow.connections import storage_for
-    from kinetic_airflow.layout import JobLayout
-    from kinetic_airflow.payload import build_payload, manifest_json
-
-    storage = storage_for(ref["job_uri"])
-    path, fields = build_payload(time.sleep, [600], {})
-    storage.upload_file(path, JobLayout(ref["job_uri"]).payload)
-    storage.write_text(JobLayout(ref["job_uri"]).manifest, manifest_json({**fields, "job_id": ref["job_id"]}))
-    GKEBackend().submit(ref)
+    _, ref, _ = _emulated_job("long", time.sleep, [600])
     _wait_for_pod(emulator, "long")
     trigger = KineticJobTrigger(job=ref)
     kwargs = json.dumps(trigger.serialize()[1])
@@ -284,6 +276,26 @@ def test_name_clash_with_another_task_instances_job_is_refused(gke_env):
     assert batch.read_namespaced_job(k8s_job_name(ref), "default").metadata.name == k8s_job_name(ref)
 
 
+def _emulated_job(task_id: str, fn, args: list, **ref_fields):
+    """A job as the operator makes it (ref, payload, manifest, Job), without Airflow around it."""
+    from kinetic_airflow.backends.gke.backend import GKEBackend
+    from kinetic_airflow.connections import storage_for
+    from kinetic_airflow.layout import JobIdentity, JobLayout
+    from kinetic_airflow.operators import KineticRunOperator
+    from kinetic_airflow.payload import build_payload, manifest_json
+
+    op = KineticRunOperator(task_id=task_id, python_callable=fn, op_args=args, backend="gke")
+    run_id = f"r-{uuid.uuid4().hex[:8]}"  # one Job per call: the emulator outlives a test
+    ref = op._job_ref(JobIdentity("d", run_id, task_id), "gke", os.environ["KINETIC_BASE_URI"])
+    ref.update(ref_fields)
+    storage = storage_for(ref["job_uri"])
+    path, fields = build_payload(fn, args, {})
+    storage.upload_file(path, JobLayout(ref["job_uri"]).payload)
+    storage.write_text(JobLayout(ref["job_uri"]).manifest, manifest_json({**fields, "job_id": ref["job_id"]}))
+    GKEBackend().submit(ref)
+    return op, ref, storage
+
+
 def test_a_job_past_its_active_deadline_is_the_same_timeout_as_everywhere(gke_env):
     """Kubernetes enforcing activeDeadlineSeconds gives the task the same AirflowTaskTimeout (type and
     message) as the trigger's own deadline and the local backend do."""
@@ -292,20 +304,10 @@ def test_a_job_past_its_active_deadline_is_the_same_timeout_as_everywhere(gke_en
     from airflow.sdk.exceptions import AirflowTaskTimeout
 
     from kinetic_airflow.backends.gke.backend import GKEBackend
-    from kinetic_airflow.connections import storage_for
-    from kinetic_airflow.layout import JobIdentity, JobLayout
-    from kinetic_airflow.operators import KineticRunOperator
-    from kinetic_airflow.payload import build_payload, manifest_json
     from kinetic_airflow.watch import JobWatcher
 
-    op = KineticRunOperator(task_id="deadline", python_callable=time.sleep, op_args=[600], backend="gke")
-    ref = op._job_ref(JobIdentity("d", "r", "deadline"), "gke", os.environ["KINETIC_BASE_URI"])
-    ref["active_deadline_seconds"] = 3  # Kubernetes stops it; the watcher itself has no deadline
-    storage = storage_for(ref["job_uri"])
-    path, fields = build_payload(time.sleep, [600], {})
-    storage.upload_file(path, JobLayout(ref["job_uri"]).payload)
-    storage.write_text(JobLayout(ref["job_uri"]).manifest, manifest_json({**fields, "job_id": ref["job_id"]}))
-    GKEBackend().submit(ref)
+    # Kubernetes stops it after 3 s; the watcher itself has no deadline.
+    op, ref, storage = _emulated_job("deadline", time.sleep, [600], active_deadline_seconds=3)
     event = asyncio.run(JobWatcher(ref, storage, GKEBackend(), poll_interval=0.3).wait())
     assert event["status"] == "timeout" and event["cause"] == "timeout", event
     with pytest.raises(AirflowTaskTimeout) as raised:
@@ -313,3 +315,32 @@ def test_a_job_past_its_active_deadline_is_the_same_timeout_as_everywhere(gke_en
     assert "the task's execution_timeout passed while the job was running; the job was stopped" in str(
         raised.value
     )
+
+
+def _count_to(n: int) -> None:
+    for i in range(n):
+        print(f"count {i}", flush=True)
+
+
+def test_pod_log_survives_stream_errors_and_a_capped_log_names_kubectl(gke_env):
+    """A 403 on the log stream used to end following for good; it is retried now. The cap notice
+    names where the whole log is on a cluster (no job.log exists there)."""
+    import asyncio
+
+    from kinetic_airflow.backends.gke.backend import GKEBackend
+    from kinetic_airflow.watch import JobWatcher
+
+    emulator, _ = gke_env
+    emulator.inject_api_fault("GET", r"/pods/[^/]+/log", status=403, count=3)
+    _, ref, storage = _emulated_job("counting", _count_to, [200])
+    shown: list[str] = []
+    watcher = JobWatcher(
+        ref, storage, GKEBackend(), poll_interval=0.3, log_max_lines=40, emit_log=shown.append
+    )
+    event = asyncio.run(watcher.wait())
+    assert event["status"] == "success", event
+    counted = [line for line in shown if line.startswith("count ")]
+    assert counted[:5] == [f"count {i}" for i in range(5)] and counted[-1] == "count 199"
+    (notice,) = [line for line in shown if "log_max_lines=40" in line]
+    assert f"kubectl logs -n default job/kinetic-{ref['job_id']}" in notice
+    assert "job.log" not in notice

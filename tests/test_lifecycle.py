@@ -163,6 +163,11 @@ def test_transitions_outside_the_table_are_refused():
     job = _job()
     with pytest.raises(RuntimeError, match="not a lifecycle transition"):
         save_record(store, Phase.SHIPPED, job=job, now=TryInfo(1, "ti-1", 0), deadline=None)
+    recorded = _record(Phase.RECORDED)
+    again = save_record(
+        store, Phase.RECORDED, job=job, now=TryInfo(1, "ti-1", 0), deadline=None, previous=recorded
+    )
+    assert again["phase"] == "recorded"  # a second execute resuming an unfinished submit
     delivered = _record(Phase.DELIVERED, outcome="success")
     with pytest.raises(RuntimeError, match="delivered -> waiting"):
         save_record(

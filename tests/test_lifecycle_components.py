@@ -4,7 +4,7 @@
 module checks can be seen there: Airflow's executor-event race, clears and backfill
 re-runs with a state store that survives them, crashes of the task process and of
 the triggerer, a scheduler restart. Every kinetic function of
-``components_dags/kn_lifecycle.py`` appends a line per execution to its task
+``lifecycle_dags/kn_lifecycle.py`` appends a line per execution to its task
 instance's ``KINETIC_OUTPUT_DIR/executions.jsonl``, so the tests count real
 function executions; GKE-backend scenarios also count Job creations in the
 cluster emulator's request log.
@@ -24,17 +24,17 @@ import signal
 import subprocess
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import pytest
-from components.airflow_services import AirflowServices, ServiceError, poll, process_alive
+from components.airflow_services import AirflowServices, poll, process_alive
+from components.dag_runs import kill_leftover_jobs, parsed, run_path, trigger
 from components.emulator_process import EmulatorProcess
 from components.postgres import PostgresServer
 
 from kinetic_airflow.layout import JobIdentity, dns_label, output_dir_uri
 from kinetic_airflow.storage import uri_to_local_path
 
-DAG_FILE = Path(__file__).resolve().parent / "components_dags" / "kn_lifecycle.py"
+DAG_FILE = Path(__file__).resolve().parent / "lifecycle_dags" / "kn_lifecycle.py"
 RUN_TIMEOUT = 240.0
 RACE_MESSAGE = "but the task instance's state attribute is"
 
@@ -75,7 +75,7 @@ class Stack:
         self.airflow.start()
         for dag_id in DAG_IDS:
             poll(
-                lambda d=dag_id: _parsed(self.api, d),
+                lambda d=dag_id: parsed(self.api, d),
                 timeout=120,
                 what=f"DAG {dag_id} to be parsed",
                 diagnostics=self.airflow.diagnostics,
@@ -84,7 +84,7 @@ class Stack:
     def stop(self) -> None:
         if self.airflow is not None:
             self.airflow.stop()
-        _kill_leftover_jobs(self.kinetic_root)
+        kill_leftover_jobs(self.kinetic_root)
         self.emulator.stop()
         self.pg.stop()
 
@@ -100,6 +100,7 @@ DAG_IDS = (
     "kn_race_deferred",
     "kn_rerun",
     "kn_clear_deferred",
+    "kn_clear_running",
     "kn_crash_before_payload",
     "kn_crash_after_payload",
     "kn_triggerer_crash",
@@ -118,34 +119,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
         stack.stop()
 
 
-def _parsed(services: AirflowServices, dag_id: str) -> bool:
-    errors = services.api("GET", "/api/v2/importErrors")["import_errors"]
-    if errors:
-        raise ServiceError(f"DAG import errors: {json.dumps(errors, indent=2)}")
-    return services.api("GET", f"/api/v2/dags/{dag_id}")["dag_id"] == dag_id
-
-
-def _kill_leftover_jobs(kinetic_root: Path) -> None:
-    for launch in kinetic_root.glob("jobs/*/launch.json"):
-        with contextlib.suppress(ValueError, OSError, KeyError):
-            pid = int(json.loads(launch.read_text())["pid"])
-            if process_alive(pid):
-                os.killpg(pid, signal.SIGKILL)
-
-
 # Airflow helpers --------------------------------------------------------------------------------
-def _run_path(dag_id: str, run_id: str) -> str:
-    return f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}"
-
-
-def _trigger(services: AirflowServices, dag_id: str) -> str:
-    services.api("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
-    run = services.api("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": {}})
-    return run["dag_run_id"]
 
 
 def _tis(services: AirflowServices, dag_id: str, run_id: str) -> list[dict[str, Any]]:
-    return services.api("GET", f"{_run_path(dag_id, run_id)}/taskInstances?limit=1000")["task_instances"]
+    return services.api("GET", f"{run_path(dag_id, run_id)}/taskInstances?limit=1000")["task_instances"]
 
 
 def _states(services: AirflowServices, dag_id: str, run_id: str) -> dict[tuple[str, int], str | None]:
@@ -154,7 +132,7 @@ def _states(services: AirflowServices, dag_id: str, run_id: str) -> dict[tuple[s
 
 def _xcom(services: AirflowServices, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> Any:
     path = (
-        f"{_run_path(dag_id, run_id)}/taskInstances/{task_id}/xcomEntries/return_value"
+        f"{run_path(dag_id, run_id)}/taskInstances/{task_id}/xcomEntries/return_value"
         f"?deserialize=true&map_index={map_index}"
     )
     return services.api("GET", path)["value"]
@@ -171,7 +149,7 @@ def _why(stack: Stack, dag_id: str, run_id: str | None = None) -> str:
 def _wait_run(stack: Stack, dag_id: str, run_id: str, timeout: float = RUN_TIMEOUT) -> str:
     def finished() -> str | None:
         stack.api.check_running()
-        state = stack.api.api("GET", _run_path(dag_id, run_id))["state"]
+        state = stack.api.api("GET", run_path(dag_id, run_id))["state"]
         return state if state in ("success", "failed") else None
 
     return poll(
@@ -268,7 +246,7 @@ def test_short_jobs_never_fail_under_the_scheduler(
     failure a one-in-millions event. ``kn_race_deferred``'s jobs end 1-2 s after deferring.
     """
     mark = stack.emulator.request_mark()
-    run_ids = [_trigger(stack.api, dag_id) for _ in range(runs)]
+    run_ids = [trigger(stack.api, dag_id) for _ in range(runs)]
     for run_id in run_ids:
         assert _wait_run(stack, dag_id, run_id) == "success", _why(stack, dag_id, run_id)
     assert _race_failures(stack, dag_id) == []
@@ -291,14 +269,14 @@ def test_short_jobs_never_fail_under_the_scheduler(
 # Re-runs ----------------------------------------------------------------------------------------
 def test_clearing_a_succeeded_task_runs_a_new_job(stack: Stack) -> None:
     dag_id, task_id = "kn_rerun", "sweep"
-    run_id = _trigger(stack.api, dag_id)
+    run_id = trigger(stack.api, dag_id)
     assert _wait_run(stack, dag_id, run_id) == "success", _why(stack, dag_id, run_id)
     first = {i: _executions(stack, dag_id, run_id, task_id, i) for i in range(3)}
     assert all(len(e) == 1 for e in first.values()), first
 
     _clear(stack.api, dag_id, run_id, [task_id])
     poll(
-        lambda: stack.api.api("GET", _run_path(dag_id, run_id))["state"] != "success",
+        lambda: stack.api.api("GET", run_path(dag_id, run_id))["state"] != "success",
         timeout=30,
         what="the cleared run to restart",
     )
@@ -310,18 +288,27 @@ def test_clearing_a_succeeded_task_runs_a_new_job(stack: Stack) -> None:
         assert _xcom(stack.api, dag_id, run_id, task_id, i)["job_id"] == executions[1]["job_id"]
 
 
-def test_clearing_a_deferred_task_stops_its_job_and_runs_a_new_one(stack: Stack) -> None:
-    dag_id, task_id = "kn_clear_deferred", "slow_first_try"
-    run_id = _trigger(stack.api, dag_id)
+@pytest.mark.parametrize(
+    ("dag_id", "state", "stopped_by"),
+    [
+        ("kn_clear_deferred", "deferred", ("a new try", "trigger.on_kill")),
+        ("kn_clear_running", "running", ("operator.on_kill", "a new try")),
+    ],
+)
+def test_clearing_a_live_task_stops_its_job_and_runs_a_new_one(
+    stack: Stack, dag_id: str, state: str, stopped_by: tuple[str, ...]
+) -> None:
+    task_id = "slow_first_try"
+    run_id = trigger(stack.api, dag_id)
 
-    def deferred_and_running() -> dict | None:
+    def live_with_job() -> dict | None:
         stack.api.check_running()
-        if _states(stack.api, dag_id, run_id).get((task_id, -1)) != "deferred":
+        if _states(stack.api, dag_id, run_id).get((task_id, -1)) != state:
             return None
         executions = _executions(stack, dag_id, run_id, task_id)
         return executions[0] if executions else None
 
-    first = poll(deferred_and_running, timeout=RUN_TIMEOUT, what="try 1 deferred with its job running")
+    first = poll(live_with_job, timeout=RUN_TIMEOUT, what=f"try 1 {state} with its job running")
     (first_dir,) = _job_dirs(stack, dag_id, task_id, 1)
     assert first_dir.name == first["job_id"]
     _clear(stack.api, dag_id, run_id, [task_id])
@@ -335,7 +322,7 @@ def test_clearing_a_deferred_task_stops_its_job_and_runs_a_new_one(stack: Stack)
     assert exit_record["cancelled"] is True, exit_record
     assert not process_alive(first["pid"])
     marker = _read_json(first_dir / "status" / "cancelled.json")
-    assert marker and marker["by"] in ("a new try", "trigger.on_kill"), marker
+    assert marker and marker["by"] in stopped_by, marker
     assert not (first_dir / "result.json").exists()
 
 
@@ -397,7 +384,7 @@ def test_backfill_reprocess_and_a_recreated_run_run_new_jobs_with_current_code(s
 
     # A deleted DAG run, recreated after the code changed: its try 1 is a new job too.
     set_code_version(3)
-    stack.api.api("DELETE", _run_path(dag_id, run_ids[1]))
+    stack.api.api("DELETE", run_path(dag_id, run_ids[1]))
     backfill(dates[1], dates[1])
     poll(
         lambda: [ti["state"] for ti in _tis(stack.api, dag_id, run_ids[1])] == ["success"] * 3,
@@ -415,7 +402,7 @@ def test_backfill_reprocess_and_a_recreated_run_run_new_jobs_with_current_code(s
 # Crashes ----------------------------------------------------------------------------------------
 def test_task_killed_between_job_creation_and_payload_upload_still_succeeds_once(stack: Stack) -> None:
     dag_id, task_id = "kn_crash_before_payload", "survives_crash_before_payload"
-    run_id = _trigger(stack.api, dag_id)
+    run_id = trigger(stack.api, dag_id)
     assert _wait_run(stack, dag_id, run_id) == "success", _why(stack, dag_id, run_id)
     assert stack.crash_marker.exists(), "the task process was never killed"
     executions = _executions(stack, dag_id, run_id, task_id)
@@ -429,13 +416,13 @@ def test_task_killed_between_job_creation_and_payload_upload_still_succeeds_once
 
 
 def _running_task_pid(stack: Stack, dag_id: str, run_id: str, task_id: str) -> int | None:
-    ti = stack.api.api("GET", f"{_run_path(dag_id, run_id)}/taskInstances/{task_id}")
+    ti = stack.api.api("GET", f"{run_path(dag_id, run_id)}/taskInstances/{task_id}")
     return int(ti["pid"]) if ti["state"] == "running" and ti.get("pid") else None
 
 
 def test_task_killed_after_payload_upload_reattaches(stack: Stack) -> None:
     dag_id, task_id = "kn_crash_after_payload", "runs_through_worker_crash"
-    run_id = _trigger(stack.api, dag_id)
+    run_id = trigger(stack.api, dag_id)
 
     def running_with_job() -> int | None:
         dirs = _job_dirs(stack, dag_id, task_id, 1)
@@ -462,7 +449,7 @@ def _read_text(path: Path) -> str:
 
 def test_triggerer_crash_shows_every_job_line_exactly_once(stack: Stack) -> None:
     dag_id, task_id = "kn_triggerer_crash", "chatty"
-    run_id = _trigger(stack.api, dag_id)
+    run_id = trigger(stack.api, dag_id)
     streamed = re.compile(r"^\[[a-z0-9-]+\] kn-line task=(\d+) n=(\d+)$")
 
     def lines_seen(i: int) -> list[int]:
@@ -504,7 +491,7 @@ def _event_lines(stack: Stack, dag_id: str, run_id: str, task_id: str, map_index
 
 def test_scheduler_restart_keeps_one_job(stack: Stack) -> None:
     dag_id, task_id = "kn_scheduler_restart", "steady"
-    run_id = _trigger(stack.api, dag_id)
+    run_id = trigger(stack.api, dag_id)
     poll(
         lambda: _states(stack.api, dag_id, run_id).get((task_id, -1)) == "deferred",
         timeout=RUN_TIMEOUT,
@@ -519,7 +506,7 @@ def test_scheduler_restart_keeps_one_job(stack: Stack) -> None:
 
 def test_not_deferrable_timeout_stops_the_job(stack: Stack) -> None:
     dag_id, task_id = "kn_not_deferrable_timeout", "too_slow_in_worker"
-    run_id = _trigger(stack.api, dag_id)
+    run_id = trigger(stack.api, dag_id)
     assert _wait_run(stack, dag_id, run_id) == "failed", _why(stack, dag_id, run_id)
     (job_dir,) = _job_dirs(stack, dag_id, task_id, 1)
     executions = _executions(stack, dag_id, run_id, task_id)

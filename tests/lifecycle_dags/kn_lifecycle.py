@@ -101,6 +101,12 @@ def kn_clear_deferred():
     slow_first_try(600)
 
 
+@dag(schedule=None, start_date=START, catchup=False, tags=TAGS)
+def kn_clear_running():
+    # Waits in the worker: a clear finds the task RUNNING (Airflow kills it: RESTARTING).
+    slow_first_try.override(deferrable=False)(600)
+
+
 # Crashes ---------------------------------------------------------------------------------------
 class KillWorkerOnFirstPickle:
     """Pickling it SIGKILLs the process that pickles it, once per marker file.
@@ -186,6 +192,7 @@ kn_race_gke()
 kn_race_deferred()
 kn_rerun()
 kn_clear_deferred()
+kn_clear_running()
 kn_crash_before_payload()
 kn_crash_after_payload()
 kn_triggerer_crash()
