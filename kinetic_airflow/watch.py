@@ -9,10 +9,14 @@ watch, because Airflow does not enforce that timeout while a task is deferred.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import json
+import os
 import time
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobState
@@ -23,6 +27,7 @@ from kinetic_airflow.storage import Storage
 __all__ = ["JobWatcher", "describe_failure"]
 
 _NOT_FOUND_GRACE_SECONDS = 60.0
+_SHARED_CURSOR_SECONDS = 60.0
 _DRAIN_SECONDS = 5.0
 _TAIL_LINES = 20
 
@@ -83,6 +88,34 @@ def _classify_exit(status: BackendStatus) -> tuple[str, str, str]:
     )
 
 
+def _local_cursor_path(job: JobRef) -> Path:
+    from kinetic_airflow.config import resolve_setting
+
+    root = resolve_setting("local_state_dir") or os.path.join(
+        os.path.expanduser("~"), ".cache", "kinetic-airflow", "local"
+    )
+    where = hashlib.sha256(job["job_uri"].encode()).hexdigest()[:12]  # one job id, two storages
+    return Path(root) / "log-cursors" / f"{job['job_id']}-{where}.json"
+
+
+def _read_local(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except (FileNotFoundError, OSError):
+        return None
+
+
+def _write_local(path: Path, text: str) -> None:
+    """Atomic small write; a cursor that cannot be kept locally only costs repeats, never the job."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
 class JobWatcher:
     def __init__(
         self,
@@ -100,6 +133,7 @@ class JobWatcher:
         self.heartbeat_timeout = job.get("heartbeat_timeout")
         self.submitted_at = float(job.get("submitted_at") or time.time())
         self.last_heartbeat_check = 0.0
+        self.not_found_since: float | None = None
         self.layout = JobLayout(job["job_uri"])
         self.storage = storage
         self.backend = backend
@@ -109,33 +143,57 @@ class JobWatcher:
         self.emit_log = emit_log or (lambda line: None)
         self.log_offset = 0
         self.saved_offset = 0
+        self.shared_offset = 0
+        self.shared_saved_at = time.monotonic()
+        self._local_cursor = _local_cursor_path(job)
         self.lines_emitted = 0
         self.tail: deque[str] = deque(maxlen=_TAIL_LINES)
         self.held: deque[str] = deque(maxlen=max(1, log_max_lines // 2))
 
     @property
-    def _cursor_uri(self) -> str:
+    def _cursor_uri(self) -> str:  # the shared copy
         return self.layout.status("log-cursor")
 
     async def _load_cursor(self) -> None:
-        """Resume after the lines an earlier trigger (before a triggerer restart) already showed."""
-        text = await self.storage.aread_text_or_none(self._cursor_uri)
-        if text:
-            cursor = json.loads(text)
-            self.log_offset = self.saved_offset = int(cursor.get("offset", 0))
-            self.lines_emitted = int(cursor.get("lines", 0))
+        """Resume after the lines an earlier watcher (before a triggerer restart) already showed.
 
-    async def _save_cursor(self) -> None:
+        Two copies: one on this machine's disk, written after every batch of lines (free), and
+        one in job storage, written at most every ``_SHARED_CURSOR_SECONDS`` and at the end (so
+        it costs at most one storage request a minute). A triggerer restarted on this machine
+        resumes exactly; one that took the trigger over elsewhere may show again at most the
+        last minute's lines.
+        """
+        found = [await self.storage.aread_text_or_none(self._cursor_uri), _read_local(self._local_cursor)]
+        for text in found:
+            if text:
+                cursor = json.loads(text)
+                if int(cursor.get("offset", 0)) > self.log_offset:
+                    self.log_offset = int(cursor.get("offset", 0))
+                    self.lines_emitted = int(cursor.get("lines", 0))
+        self.saved_offset = self.shared_offset = self.log_offset
+
+    async def _save_cursor(self, *, final: bool = False) -> None:
+        text = json.dumps({"offset": self.log_offset, "lines": self.lines_emitted})
         if self.log_offset != self.saved_offset:
-            await self.storage.awrite_text(
-                self._cursor_uri, json.dumps({"offset": self.log_offset, "lines": self.lines_emitted})
-            )
+            _write_local(self._local_cursor, text)
             self.saved_offset = self.log_offset
+        shared_due = (
+            self.layout.job_uri.startswith("file://")  # the shared copy is a local file: free
+            or final
+            or time.monotonic() - self.shared_saved_at >= _SHARED_CURSOR_SECONDS
+        )
+        if shared_due and self.log_offset != self.shared_offset:
+            await self.storage.awrite_text(self._cursor_uri, text)
+            self.shared_offset = self.log_offset
+            self.shared_saved_at = time.monotonic()
+        if final:  # the shared copy is current: the local one has done its job
+            with contextlib.suppress(OSError):
+                self._local_cursor.unlink()
 
     async def _pump_logs(self) -> None:
-        """Show new job log lines, then save the cursor at once.
+        """Show new job log lines, then save the cursor at once (see ``_load_cursor``).
 
-        The cursor is saved after every batch, so a triggerer that dies shows again at most
+        The local copy is saved after every batch, so a triggerer that dies shows again at most
         the lines of the batch it was printing (none, unless it dies inside that print).
         """
         advanced = False
@@ -185,11 +243,11 @@ class JobWatcher:
                 break
             await asyncio.sleep(0.2)
         end = time.monotonic() + _DRAIN_SECONDS  # a log stream may trail the process's exit
-        while not await asyncio.to_thread(self.backend.log_complete, self.job) and time.monotonic() < end:
+        while not await self.backend.alog_complete(self.job) and time.monotonic() < end:
             await self._pump_logs()
             await asyncio.sleep(0.1)
         await self._pump_logs()
-        await self._save_cursor()
+        await self._save_cursor(final=True)
         self._flush_held()
 
     async def _heartbeat_age(self) -> float | None:
@@ -229,97 +287,127 @@ class JobWatcher:
         )
 
     async def wait(self, give_up_after: float | None = None) -> dict[str, Any] | None:
-        """The job's end as an event; None if ``give_up_after`` seconds pass first."""
-        not_found_since: float | None = None
+        """The job's end as an event; None if ``give_up_after`` seconds pass first.
+
+        Event-driven: between looks it sleeps in ``backend.await_change`` (the cluster watch, the
+        local supervisor's exit), and storage is read only when it matters — the result once the
+        process has ended, the heartbeat every ``heartbeat_timeout / 4`` while it runs — so a
+        running job costs no storage request per poll and a finished one is seen at once.
+        """
         give_up_at = time.monotonic() + give_up_after if give_up_after is not None else None
         await self._load_cursor()
-        while True:
-            await self._pump_logs()
-            summary = await self._summary()
-            if summary is not None:
-                await self._drain()
-                return self._result_event(summary)
-            status = await self.backend.astatus(self.job)
-            if status.state.terminal:
-                summary = await self._summary()  # it may have landed between the two reads
-                await self._drain()
-                if summary is not None:
-                    return self._result_event(summary)
-                if status.reason == "DeadlineExceeded":
+        try:
+            while True:
+                await self._pump_logs()
+                status = await self.backend.astatus(self.job)
+                event = await self._settle(status)
+                if event is not None:
+                    return event
+                if self.deadline is not None and time.time() >= self.deadline:
+                    await acancel_job(
+                        self.job,
+                        self.storage,
+                        self.backend,
+                        by="watcher",
+                        reason="the task's execution_timeout passed",
+                    )
+                    await self._drain()
                     return self._timeout_event()
-                cancelled = await self._cancelled()
-                if cancelled is not None:
-                    return self._cancelled_event(cancelled)
-                cause, message, hint = _classify_exit(status)
-                return self._event(
-                    "preempted" if cause == "preempted" else "failed",
-                    cause=cause,
-                    message=message,
-                    hint=hint,
-                    exit_code=status.exit_code,
-                )
-            if status.state is JobState.NOT_FOUND:
-                cancelled = await self._cancelled()
-                if cancelled is not None:
-                    await self._pump_logs()
-                    return self._cancelled_event(cancelled)
-                not_found_since = not_found_since or time.monotonic()
-                if time.monotonic() - not_found_since > _NOT_FOUND_GRACE_SECONDS:
-                    return self._event(
-                        "failed",
-                        cause="not_found",
-                        message="the job does not exist (deleted, or never created)",
-                        hint="Clear the task to start a new job.",
-                    )
-            else:
-                not_found_since = None
-            if (
-                status.state is JobState.PENDING
-                and status.reason == "Unschedulable"
-                and self.startup_timeout is not None
-                and time.time() - self.submitted_at > self.startup_timeout
-            ):
-                await self.backend.acancel(self.job)
-                selectors = json.dumps(self.job.get("node_selectors") or {}, sort_keys=True)
-                return self._event(
-                    "failed",
-                    cause="unschedulable",
-                    message=(
-                        f"the job could not be scheduled within startup_timeout={self.startup_timeout:.0f}s: "
-                        f"no node matches its nodeSelector {selectors} ({status.message})"
-                    ),
-                    hint="Create a node pool with these labels (or enable node auto-provisioning), check "
-                    "accelerator quota in the zone, or pick another accelerator.",
-                )
-            if (
-                status.state is JobState.RUNNING
-                and self.heartbeat_timeout
-                and time.monotonic() - self.last_heartbeat_check > min(15.0, self.heartbeat_timeout / 4)
-            ):
-                self.last_heartbeat_check = time.monotonic()
-                age = await self._heartbeat_age()
-                if age is not None and age > self.heartbeat_timeout:
-                    await self.backend.acancel(self.job)
-                    return self._event(
-                        "preempted",
-                        cause="heartbeat_stale",
-                        message=f"the runner's heartbeat stopped {age:.0f}s ago while the pod still looked "
-                        "alive: the node was most likely lost",
-                        hint="",
-                    )
-            if self.deadline is not None and time.time() >= self.deadline:
-                await acancel_job(
-                    self.job,
-                    self.storage,
-                    self.backend,
-                    by="watcher",
-                    reason="the task's execution_timeout passed",
-                )
-                await self._drain()
+                if give_up_at is not None and time.monotonic() >= give_up_at:
+                    await self._save_cursor(final=True)
+                    return None
+                await self.backend.await_change(self.job, self._next_look(give_up_at))
+        finally:
+            self.backend.close()
+
+    def _next_look(self, give_up_at: float | None) -> float:
+        wait = self.poll_interval
+        if self.deadline is not None:
+            wait = min(wait, max(0.0, self.deadline - time.time()))
+        if give_up_at is not None:
+            wait = min(wait, max(0.0, give_up_at - time.monotonic()))
+        return wait
+
+    async def _settle(self, status: BackendStatus) -> dict[str, Any] | None:
+        """The event that ends the wait, if this status ends it."""
+        if status.state.terminal:
+            summary = await self._summary()
+            await self._drain()
+            summary = summary or await self._summary()  # written just as the process ended
+            if summary is not None:
+                return self._result_event(summary)
+            if status.reason == "DeadlineExceeded":
                 return self._timeout_event()
-            if give_up_at is not None and time.monotonic() >= give_up_at:
-                return None
-            await asyncio.sleep(self.poll_interval)
+            cancelled = await self._cancelled()
+            if cancelled is not None:
+                return self._cancelled_event(cancelled)
+            cause, message, hint = _classify_exit(status)
+            return self._event(
+                "preempted" if cause == "preempted" else "failed",
+                cause=cause,
+                message=message,
+                hint=hint,
+                exit_code=status.exit_code,
+            )
+        if status.state is JobState.NOT_FOUND:
+            return await self._settle_not_found()
+        self.not_found_since = None
+        if (
+            status.state is JobState.PENDING
+            and status.reason == "Unschedulable"
+            and self.startup_timeout is not None
+            and time.time() - self.submitted_at > self.startup_timeout
+        ):
+            await self.backend.acancel(self.job)
+            selectors = json.dumps(self.job.get("node_selectors") or {}, sort_keys=True)
+            return self._event(
+                "failed",
+                cause="unschedulable",
+                message=(
+                    f"the job could not be scheduled within startup_timeout={self.startup_timeout:.0f}s: "
+                    f"no node matches its nodeSelector {selectors} ({status.message})"
+                ),
+                hint="Create a node pool with these labels (or enable node auto-provisioning), check "
+                "accelerator quota in the zone, or pick another accelerator.",
+            )
+        if (
+            status.state is JobState.RUNNING
+            and self.heartbeat_timeout
+            and time.monotonic() - self.last_heartbeat_check > self.heartbeat_timeout / 4
+        ):
+            # The watch cannot tell a frozen or cut-off node from a busy one: the runner's
+            # heartbeat can, read at a quarter of the timeout (under one read a minute by default).
+            self.last_heartbeat_check = time.monotonic()
+            age = await self._heartbeat_age()
+            if age is not None and age > self.heartbeat_timeout:
+                await self.backend.acancel(self.job)
+                return self._event(
+                    "preempted",
+                    cause="heartbeat_stale",
+                    message=f"the runner's heartbeat stopped {age:.0f}s ago while the pod still looked "
+                    "alive: the node was most likely lost",
+                    hint="",
+                )
+        return None
+
+    async def _settle_not_found(self) -> dict[str, Any] | None:
+        summary = await self._summary()  # ended long ago, and its Job has been cleaned up since
+        if summary is not None:
+            await self._drain()
+            return self._result_event(summary)
+        cancelled = await self._cancelled()
+        if cancelled is not None:
+            await self._pump_logs()
+            return self._cancelled_event(cancelled)
+        self.not_found_since = self.not_found_since or time.monotonic()
+        if time.monotonic() - self.not_found_since > _NOT_FOUND_GRACE_SECONDS:
+            return self._event(
+                "failed",
+                cause="not_found",
+                message="the job does not exist (deleted, or never created)",
+                hint="Clear the task to start a new job.",
+            )
+        return None
 
     def _timeout_event(self) -> dict[str, Any]:
         """The same event (and so the same AirflowTaskTimeout) whoever enforced the timeout."""

@@ -45,3 +45,33 @@ def run_runner(layout: JobLayout, python: str = sys.executable, timeout: float =
     )
     summary = open_storage(layout.job_uri).read_text_or_none(layout.result_summary())
     return proc, (json.loads(summary) if summary else None)
+
+
+def gke_job(task_id: str, fn: Any, args: list, **ref_fields: Any) -> tuple[Any, dict, Any]:
+    """A cluster job as the operator makes it (ref, payload, manifest, Job) without Airflow running it.
+
+    Uses the kinetic settings of the environment (KINETIC_BASE_URI, KINETIC_KUBERNETES_CONN_ID, ...).
+    Returns (operator, job ref, storage); one Job per call (the run id is random).
+    """
+    import uuid
+
+    from kinetic_airflow.backends.gke.backend import GKEBackend
+    from kinetic_airflow.connections import storage_for
+    from kinetic_airflow.layout import JobIdentity
+    from kinetic_airflow.operators import KineticRunOperator
+
+    op = KineticRunOperator(task_id=task_id, python_callable=fn, op_args=args, backend="gke")
+    run_id = f"r-{uuid.uuid4().hex[:8]}"
+    ref = op._job_ref(JobIdentity("d", run_id, task_id), "gke", os.environ["KINETIC_BASE_URI"])
+    manifest = ref_fields.pop("manifest", {})  # manifest overrides, e.g. heartbeat_seconds
+    ref.update(ref_fields)
+    storage = storage_for(ref["job_uri"])
+    layout = JobLayout(ref["job_uri"])
+    path, fields = build_payload(fn, list(args), {})
+    try:
+        storage.upload_file(path, layout.payload)
+    finally:
+        os.unlink(path)
+    storage.write_text(layout.manifest, manifest_json({**fields, "job_id": ref["job_id"], **manifest}))
+    GKEBackend().submit(ref)
+    return op, ref, storage

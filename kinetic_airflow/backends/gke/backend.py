@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
-import time
 from typing import Any
 
 from kinetic_airflow.accelerators import parse_accelerator
 from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobState
 from kinetic_airflow.backends.gke.classify import classify
 from kinetic_airflow.backends.gke.client import ApiError, KubeApi, kube_api
+from kinetic_airflow.backends.gke.logstream import PodLogStream
 from kinetic_airflow.backends.gke.manifest import (
     CONTAINER_NAME,
     TTL_AFTER_FINISHED_SECONDS,
@@ -31,8 +30,6 @@ __all__ = ["GKEBackend", "JobOwnershipError", "k8s_job_name"]
 log = logging.getLogger(__name__)
 
 TI_LABEL = "kinetic.airflow/ti"
-# A log stream that made no progress for this long (pod gone, API unreachable) is abandoned.
-_FOLLOW_GIVE_UP_SECONDS = 600.0
 
 
 class JobOwnershipError(RuntimeError):
@@ -47,82 +44,11 @@ def _owner_label(job: JobRef) -> str:
     return JobIdentity.from_dict(job["identity"]).labels()[TI_LABEL]
 
 
-class _LogFollower(threading.Thread):
-    """Streams one pod's log (follow=true) into memory: one request per pod, not per poll."""
-
-    def __init__(self, api: KubeApi, namespace: str, pod: str) -> None:
-        super().__init__(name=f"kinetic-log-{pod}", daemon=True)
-        self.api, self.namespace, self.pod = api, namespace, pod
-        self.lines: list[str] = []
-        self.done = threading.Event()
-        self.stop = threading.Event()
-        self.lock = threading.Lock()
-
-    def run(self) -> None:
-        """Follow the log to its end, reconnecting after any error with a growing pause.
-
-        A 400/404 means the container has not started yet (or the pod is gone); anything else
-        (a reset, a 5xx, a timeout) is transient. Lines already received are skipped on
-        reconnect. It gives up only after ``_FOLLOW_GIVE_UP_SECONDS`` without any progress.
-        """
-        received = 0
-        pause = 0.5
-        last_progress = time.monotonic()
-        while not self.stop.is_set():
-            if time.monotonic() - last_progress > _FOLLOW_GIVE_UP_SECONDS:
-                log.warning("giving up following the log of pod %s: no progress", self.pod)
-                break
-            try:
-                response = self.api.request(
-                    "GET",
-                    f"{KubeApi.pods_path(self.namespace, self.pod)}/log",
-                    query={"follow": "true", "container": CONTAINER_NAME},
-                    stream=True,
-                    timeout=(10, None),
-                    retry=False,
-                )
-            except Exception as exc:
-                if not (isinstance(exc, ApiError) and exc.status in (400, 404)):
-                    log.info("log stream of pod %s: %s; reconnecting", self.pod, exc)
-                self.stop.wait(pause)
-                pause = min(pause * 2, 10.0)
-                continue
-            seen, buffer = 0, b""
-            try:
-                for chunk in response.stream(65536, decode_content=True):
-                    buffer += chunk
-                    *complete, buffer = buffer.split(b"\n")
-                    for raw in complete:
-                        seen += 1
-                        if seen > received:
-                            with self.lock:
-                                self.lines.append(raw.decode("utf-8", "replace"))
-                            received = seen
-                            last_progress = time.monotonic()
-                            pause = 0.5
-                if buffer:
-                    seen += 1
-                    if seen > received:
-                        with self.lock:
-                            self.lines.append(buffer.decode("utf-8", "replace"))
-                        received = seen
-                self.done.set()
-                return
-            except Exception as exc:
-                log.info("log stream of pod %s broke: %s; reconnecting", self.pod, exc)
-                self.stop.wait(pause)
-                pause = min(pause * 2, 10.0)
-                continue
-            finally:
-                response.release_conn()
-        self.done.set()
-
-
 class GKEBackend(Backend):
     name = "gke"
 
     def __init__(self) -> None:
-        self._followers: dict[str, _LogFollower] = {}
+        self._streams: dict[str, PodLogStream] = {}
 
     @staticmethod
     def _api(job: JobRef) -> KubeApi:
@@ -212,11 +138,11 @@ class GKEBackend(Backend):
                 raise
 
     # Logs -------------------------------------------------------------------------------------
-    def _follower(self, job: JobRef) -> _LogFollower | None:
-        """The log stream of the job's newest started pod, opened on first use."""
+    def _stream(self, job: JobRef) -> PodLogStream | None:
+        """The log stream of the job's newest started pod, opened on first use (in this loop)."""
         name = k8s_job_name(job)
-        follower = self._followers.get(name)
-        if follower is None:
+        stream = self._streams.get(name)
+        if stream is None:
             watch = shared_watch(job["cluster"], job["namespace"])
             pods = [
                 p
@@ -226,11 +152,11 @@ class GKEBackend(Backend):
             if not pods:
                 return None
             pod = max(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "")
-            follower = self._followers[name] = _LogFollower(
-                self._api(job), job["namespace"], pod["metadata"]["name"]
+            stream = self._streams[name] = PodLogStream(
+                self._api(job), job["namespace"], pod["metadata"]["name"], CONTAINER_NAME
             )
-            follower.start()
-        return follower
+            stream.start()
+        return stream
 
     def full_log_hint(self, job: JobRef) -> str:
         name = k8s_job_name(job)
@@ -247,17 +173,24 @@ class GKEBackend(Backend):
         )["logs"]
         return f"Cloud Logging {url} , or `{command}` while the Job exists"
 
-    def log_complete(self, job: JobRef) -> bool:
-        follower = self._follower(job)
-        return follower is not None and follower.done.is_set()
+    async def alog_complete(self, job: JobRef) -> bool:
+        stream = self._stream(job)
+        return stream is not None and stream.done.is_set()
 
-    def read_log(self, job: JobRef, offset: int) -> tuple[str, int]:
+    async def aread_log(self, job: JobRef, offset: int) -> tuple[str, int]:
         """Offset counts lines: a rebuilt trigger skips what an earlier one already showed."""
-        follower = self._follower(job)
-        if follower is None:
+        stream = self._stream(job)
+        if stream is None:
             return "", offset
-        with follower.lock:
-            lines = follower.lines[offset:]
+        lines = stream.lines[offset:]
         if not lines:
             return "", offset
         return "\n".join(lines) + "\n", offset + len(lines)
+
+    async def await_change(self, job: JobRef, timeout: float) -> None:
+        await shared_watch(job["cluster"], job["namespace"]).await_change(k8s_job_name(job), timeout)
+
+    def close(self) -> None:
+        for stream in self._streams.values():
+            stream.stop()
+        self._streams.clear()

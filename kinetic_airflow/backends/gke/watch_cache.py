@@ -10,6 +10,8 @@ itself when nobody has asked for anything for a while.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -90,6 +92,8 @@ class _Collection(threading.Thread):
             else:
                 self.objects[name] = obj
         self.owner.changed.set()
+        # A Job is known by its name, a pod by the job-name label the Job controller gives it.
+        self.owner.notify(obj["metadata"].get("labels", {}).get("job-name") or name)
 
     def run(self) -> None:
         backoff = 0.2
@@ -128,6 +132,9 @@ class ClusterWatch:
         self.stopped = threading.Event()
         self.changed = threading.Event()
         self.last_used = time.monotonic()
+        # job name -> events of the event loops waiting for that job to change (await_change)
+        self._waiters: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+        self._waiters_lock = threading.Lock()
         self.jobs = _Collection(self, KubeApi.jobs_path(namespace))
         self.pods = _Collection(self, KubeApi.pods_path(namespace))
         self.jobs.start()
@@ -143,6 +150,37 @@ class ClusterWatch:
     def pods_of(self, job_name: str) -> list[dict[str, Any]]:
         self.last_used = time.monotonic()
         return self.pods.select("job-name", job_name)
+
+    def notify(self, job_name: str) -> None:
+        """Wake whoever awaits a change of ``job_name`` (called from the watch threads)."""
+        with self._waiters_lock:
+            waiters = list(self._waiters.get(job_name, ()))
+        for loop, event in waiters:
+            with contextlib.suppress(RuntimeError):  # that loop has closed meanwhile
+                loop.call_soon_threadsafe(event.set)
+
+    async def await_change(self, job_name: str, timeout: float) -> bool:
+        """Until the watch sees the Job or one of its pods change, or ``timeout``; True if it did.
+
+        This is what makes completion event-driven: a trigger sleeps here instead of polling,
+        and wakes within milliseconds of the pod's termination reaching the watch.
+        """
+        self.last_used = time.monotonic()
+        entry = (asyncio.get_running_loop(), asyncio.Event())
+        with self._waiters_lock:
+            self._waiters.setdefault(job_name, set()).add(entry)
+        try:
+            await asyncio.wait_for(entry[1].wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            with self._waiters_lock:
+                waiting = self._waiters.get(job_name)
+                if waiting is not None:
+                    waiting.discard(entry)
+                    if not waiting:
+                        del self._waiters[job_name]
 
     @property
     def idle(self) -> bool:

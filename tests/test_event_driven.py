@@ -1,0 +1,187 @@
+"""Waiting costs nothing: what observing a running job costs, and how fast an ended one is seen.
+
+Real parts only: job storage on fake-gcs-server with its access log (every request it
+serves is counted), the cluster emulator as a separate process (so every thread in
+this process is kinetic's or the test's), the watcher exactly as the trigger runs it.
+These are behaviour checks — no request while a job runs, an ended job seen without
+waiting for a poll, threads that do not grow with the number of jobs — not timings;
+bench/trigger_bench.py measures the rates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import cloudpickle
+import pytest
+from components.emulator_process import EmulatorProcess
+from jobkit import gke_job, make_job
+
+from kinetic_airflow.backends import get_backend
+from kinetic_airflow.backends.gke.watch_cache import reset_shared_state
+from kinetic_airflow.layout import JobIdentity
+from kinetic_airflow.storage import uri_to_local_path
+from kinetic_airflow.testing.gcs import FakeGCS
+from kinetic_airflow.watch import JobWatcher
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def counted_gcs(tmp_path_factory):
+    server = FakeGCS(access_log=tmp_path_factory.mktemp("gcs") / "access.log").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory, counted_gcs):
+    with EmulatorProcess(tmp_path_factory.mktemp("emu"), env=counted_gcs.environ()) as emulator:
+        yield emulator
+    reset_shared_state()
+
+
+@pytest.fixture
+def cluster_env(emulator, counted_gcs, monkeypatch, request):
+    reset_shared_state()
+    for key, value in {**counted_gcs.environ(), **emulator.airflow_env()}.items():
+        monkeypatch.setenv(key, value)
+    bucket = counted_gcs.create_bucket(
+        "kn-" + "".join(c for c in request.node.name.lower() if c.isalnum())[:30]
+    )
+    monkeypatch.setenv("KINETIC_BASE_URI", f"{bucket}/kinetic")
+    return counted_gcs
+
+
+def _chatty(lines: int, pause: float) -> str:
+    for n in range(lines):
+        print(f"line {n}", flush=True)
+        time.sleep(pause)
+    return "done"
+
+
+def _quick() -> str:
+    return "quick"
+
+
+def _watcher(ref, storage, shown, **kwargs) -> JobWatcher:
+    return JobWatcher(ref, storage, get_backend(ref["backend"]), emit_log=shown.append, **kwargs)
+
+
+def test_a_running_job_costs_no_storage_request_and_its_end_one(cluster_env):
+    gcs = cluster_env
+    # The runner beats once at start; a long period keeps its own writes out of the window.
+    _, ref, storage = gke_job("chatty", _chatty, [40, 0.25], manifest={"heartbeat_seconds": 3600})
+    ref["heartbeat_timeout"] = 300.0
+    shown: list[str] = []
+
+    async def scenario() -> tuple[dict, list, list]:
+        watcher = _watcher(ref, storage, shown, poll_interval=0.2)
+        waiting = asyncio.ensure_future(watcher.wait())
+        while sum(line.startswith("line ") for line in shown) < 5:  # running, and observed
+            assert not waiting.done(), waiting.result()
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.0)  # past the first heartbeat look
+        before = len(gcs.requests())
+        while sum(line.startswith("line ") for line in shown) < 25:  # 20 more lines, ~5 s, 25 polls
+            await asyncio.sleep(0.05)
+        during = gcs.requests()[before:]
+        event = await waiting
+        return event, during, gcs.requests()
+
+    event, during, everything = asyncio.run(scenario())
+    assert event["status"] == "success", event
+    assert during == [], during  # not one storage request while the job ran
+    result_reads = [r for r in everything if r.method == "GET" and "result.json" in r.path]
+    assert 1 <= len(result_reads) <= 2, result_reads  # read once it ended (again after the drain)
+    assert [line for line in shown if line.startswith("line ")] == [f"line {n}" for n in range(40)]
+
+
+@pytest.mark.parametrize("backend", ["gke", "local"])
+def test_an_ended_job_is_seen_without_waiting_for_a_poll(cluster_env, tmp_path, backend):
+    """With an hour between polls the watcher still returns: the end wakes it."""
+    if backend == "gke":
+        _, ref, storage = gke_job("quick", _quick, [])
+    else:
+        base = f"file://{tmp_path}"
+        make_job(base, _quick, job_id="quick")
+        ref = {
+            "backend": "local",
+            "job_id": "quick",
+            "job_uri": f"{base}/jobs/quick",
+            "local_dir": uri_to_local_path(f"{base}/jobs/quick"),
+            "python": sys.executable,
+            "identity": JobIdentity("d", "r", "quick").to_dict(),
+        }
+        from kinetic_airflow.storage import open_storage
+
+        storage = open_storage(base)
+        get_backend("local").submit(ref)
+    shown: list[str] = []
+    event = asyncio.run(_watcher(ref, storage, shown, poll_interval=3600).wait())
+    assert event["status"] == "success", event
+    assert event["summary"]["value_repr"] == "'quick'"
+
+
+def test_threads_do_not_grow_with_the_number_of_jobs(cluster_env):
+    """Twelve jobs whose logs stream at once: the triggerer's thread count stays where one job puts it."""
+
+    async def watch_all(count: int) -> tuple[list[dict], int]:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=4))
+        jobs = [
+            gke_job(f"many{count}", _chatty, [24, 0.25], manifest={"heartbeat_seconds": 3600})
+            for _ in range(count)
+        ]
+        shown = [[] for _ in jobs]
+        watchers = [
+            _watcher(ref, storage, shown[i], poll_interval=0.5) for i, (_, ref, storage) in enumerate(jobs)
+        ]
+        tasks = [asyncio.ensure_future(w.wait()) for w in watchers]
+        peak = 0
+        while not all(t.done() for t in tasks):
+            if all(any(line.startswith("line ") for line in s) for s in shown):  # all streaming
+                peak = max(peak, threading.active_count())
+            await asyncio.sleep(0.1)
+        return [t.result() for t in tasks], peak
+
+    baseline = threading.active_count()
+    one_events, one_peak = asyncio.run(watch_all(1))
+    many_events, many_peak = asyncio.run(watch_all(12))
+    assert {e["status"] for e in one_events + many_events} == {"success"}
+    assert one_peak and many_peak, (one_peak, many_peak)
+    # Kinetic's own threads: the namespace's two watch threads and the bounded executor (4),
+    # whatever the number of jobs. One thread per followed log would add eleven here.
+    assert many_peak <= baseline + 2 + 4 + 2, (baseline, one_peak, many_peak)
+    assert many_peak <= one_peak + 4, (one_peak, many_peak)
+
+
+def test_log_cursor_is_shared_at_a_bounded_rate(cluster_env):
+    """A chatty job writes its cursor to job storage at most once a minute (and when it ends);
+    the copy on this machine's disk is written after every batch."""
+    gcs = cluster_env
+    _, ref, storage = gke_job("cursor", _chatty, [30, 0.2], manifest={"heartbeat_seconds": 3600})
+    shown: list[str] = []
+    before = len(gcs.requests())
+    event = asyncio.run(_watcher(ref, storage, shown, poll_interval=0.2).wait())
+    assert event["status"] == "success"
+    writes = [r for r in gcs.requests()[before:] if r.method == "POST" and "upload" in r.path]
+    cursor = json.loads(storage.read_text(f"{ref['job_uri']}/status/log-cursor.json"))
+    assert cursor["offset"] == len(shown)  # GKE offsets count lines
+    # The job is shorter than a minute: one shared write, at its end (the job's own marker
+    # writes — started, heartbeat, result, finished — come from the pod, not the watcher).
+    assert len(writes) <= 1 + 5, writes
+    assert not list(Path(_local_root()).glob(f"log-cursors/{ref['job_id']}-*.json"))  # cleaned at the end
+
+
+def _local_root() -> str:
+    from kinetic_airflow.config import resolve_setting
+
+    return resolve_setting("local_state_dir")
