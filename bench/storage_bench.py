@@ -44,13 +44,14 @@ def _identity(x):
 
 def step(mode: str, bucket: str, mib: int) -> dict:
     """One measured step, in its own process."""
+    import cloudpickle
     import numpy as np
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage as gcs
 
     from kinetic_airflow.envelope import dump_envelope
     from kinetic_airflow.layout import JobLayout
-    from kinetic_airflow.payload import build_payload
+    from kinetic_airflow.payload import write_payload
     from kinetic_airflow.results import load_envelope
     from kinetic_airflow.storage import GCSStorage
 
@@ -65,16 +66,15 @@ def step(mode: str, bucket: str, mib: int) -> dict:
         arr = None
     start = time.perf_counter()
     if mode == "kinetic-upload":
-        path, _ = build_payload(_identity, [arr], {})
-        GCSStorage(client).upload_file(path, layout.payload)
-        os.unlink(path)
+        write_payload(GCSStorage(client), layout.payload, _identity, [arr], {})
     elif mode == "kinetic-download":
         value = load_envelope(GCSStorage(client), layout.result())["value"]
         assert value.nbytes == size
-    elif mode == "raw-upload":
-        client.bucket(bucket).blob(raw_name).upload_from_string(arr.tobytes())
-    elif mode == "raw-download":
-        value = np.frombuffer(client.bucket(bucket).blob(raw_name).download_as_bytes(), dtype="float64")
+    elif mode == "raw-upload":  # the same work: pickle the same payload, upload it in one call
+        data = cloudpickle.dumps({"fn": _identity, "args": [arr], "kwargs": {}, "env": {}, "volumes": None})
+        client.bucket(bucket).blob(raw_name).upload_from_string(data)
+    elif mode == "raw-download":  # the same work: download the same envelope in one call, unpickle it
+        value = cloudpickle.loads(client.bucket(bucket).blob("raw/result.pkl").download_as_bytes())["value"]
         assert value.nbytes == size
     elif mode == "prepare":
         import tempfile
@@ -84,7 +84,9 @@ def step(mode: str, bucket: str, mib: int) -> dict:
             dump_envelope({"ok": True, "value": arr}, fh)
             fh.flush()
             GCSStorage(client).upload_file(fh.name, layout.result())
-        client.bucket(bucket).blob(raw_name).upload_from_string(arr.tobytes())
+        client.bucket(bucket).blob("raw/result.pkl").upload_from_string(
+            cloudpickle.dumps({"ok": True, "value": arr})
+        )
         return {}
     seconds = time.perf_counter() - start
     return {"seconds": seconds, "peak_over_size": (_peak_bytes() - base_rss) / size}

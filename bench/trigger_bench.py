@@ -1,19 +1,25 @@
-"""Watching many deferred jobs: kinetic-airflow's trigger vs cncf-kubernetes' KubernetesJobTrigger.
+"""Watching many running jobs: kinetic-airflow's trigger vs cncf-kubernetes' KubernetesJobTrigger.
 
-In one run, against one local cluster emulator (a separate process, so its CPU
-is not counted):
+Everything a watched job costs is counted, on real stand-ins started here:
 
-1. N running Jobs (default 200) are created.
-2. A "triggerer" subprocess runs N KineticJobTrigger instances in one event loop
-   for a fixed window; another runs N KubernetesJobTrigger instances for the same
-   Jobs and window, with the same poll interval. For each we count the API
-   requests the emulator received and the CPU seconds the triggerer process used.
-3. Submit latency (operator execute start -> Job created) of KineticRunOperator vs
-   KubernetesJobOperator against the same emulator.
+* Kubernetes API requests, from the request log of the cluster emulator (a separate process);
+* storage requests, from the access log of fake-gcs-server: kinetic's job files live on
+  ``gs://`` as in production (the peer has none);
+* the triggerer's CPU seconds, its threads and its peak RSS (each side runs in a fresh
+  process holding N triggers in one event loop, as Airflow's triggerer does).
 
-    python bench/trigger_bench.py [--jobs 200] [--window 60] [--poll 5]
+The Jobs are real pods (processes) printing a line every 5 s; kinetic's triggers are built
+as the operator builds them (heartbeat checks on, log streaming on) and the runner's
+heartbeat object is refreshed every 30 s as a runner would (those writes are the job's,
+reported apart). Runs: kinetic at its default poll interval (2 s), the peer at the same
+interval, and the peer at its own default (10 s). The peer's effective poll rate is
+printed, so a peer that cannot keep up with its interval on this machine is visible.
 
-Targets: >= 10x fewer requests, <= 1/5 the CPU, submit latency <= 0.5x.
+    .venv/bin/python bench/trigger_bench.py --jobs 50 200 500 --window 300
+
+Targets (README): <= 2 storage requests per job per minute for kinetic in steady state;
+>= 10x fewer requests (API + storage) than KubernetesJobTrigger at equal intervals,
+start-up included; CPU <= 1/5; threads independent of N.
 """
 
 from __future__ import annotations
@@ -23,19 +29,22 @@ import asyncio
 import json
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
 
 CONN_ID = "kinetic_bench"
+BUCKET = "kn-bench"
+LINE_EVERY_SECONDS = 5
+HEARTBEAT_EVERY_SECONDS = 30.0
 
 
 def _cpu_seconds() -> float:
@@ -43,272 +52,115 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _request_count(url: str) -> int:
-    with urllib.request.urlopen(f"{url}/_emulator/requests?since=999999999", timeout=10) as resp:
-        return int(json.load(resp)["count"])
+def _access_lines(path: str) -> int:
+    with open(path, "rb") as fh:
+        return sum(1 for line in fh if b'HTTP/1.1\\" ' in line)
 
 
-def _job_ref(name: str, base_uri: str) -> dict[str, Any]:
-    job_id = name[len("kinetic-") :]
-    return {
-        "backend": "gke",
-        "job_id": job_id,
-        "job_uri": f"{base_uri}/jobs/{job_id}",
-        "base_uri": base_uri,
-        "identity": {"dag_id": "bench", "run_id": "r", "task_id": job_id, "map_index": -1},
-        "cluster": {"kubernetes_conn_id": CONN_ID},
-        "namespace": "default",
-        "accelerator": "cpu",
-        "node_selectors": {},
-        "startup_timeout": 3600.0,
-        "heartbeat_timeout": None,
-    }
-
-
-async def _run_triggers(triggers: list[Any], warmup: float, window: float, url: str) -> dict:
-    """Counters at start, after the warm-up (clients built, watches/streams open) and at the end."""
-
+# The triggerer side (a child process) --------------------------------------------------------------
+async def _run_triggers(triggers: list[Any], warmup: float, window: float, counters: Any) -> dict:
     async def consume(trigger: Any) -> None:
         async for _ in trigger.run():
             return
 
-    marks = [(time.monotonic(), _cpu_seconds(), _request_count(url))]
+    def mark() -> dict[str, float]:
+        return {"time": time.monotonic(), "cpu": _cpu_seconds(), **counters()}
+
+    start = mark()
     tasks = [asyncio.create_task(consume(t)) for t in triggers]
     await asyncio.sleep(warmup)
-    marks.append((time.monotonic(), _cpu_seconds(), _request_count(url)))
+    steady = mark()
     await asyncio.sleep(window)
-    marks.append((time.monotonic(), _cpu_seconds(), _request_count(url)))
+    end = mark()
+    threads = threading.active_count()
     finished = sum(t.done() for t in tasks)
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    (t0, c0, r0), (t1, c1, r1), (t2, c2, r2) = marks
     return {
-        "steady": {"elapsed": t2 - t1, "cpu_seconds": c2 - c1, "requests": r2 - r1},
-        "total": {"elapsed": t2 - t0, "cpu_seconds": c2 - c0, "requests": r2 - r0},
+        "start": start,
+        "steady": steady,
+        "end": end,
+        "threads": threads,
+        "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "finished_early": finished,
     }
 
 
-def triggerer(mode: str, names: list[str], url: str, window: float, poll: float, base_uri: str) -> dict:
-    """One triggerer process: N triggers of one kind in one event loop for ``window`` seconds."""
+def triggerer(
+    mode: str, refs: list[dict], poll: float, warmup: float, window: float, access_log: str
+) -> dict:
     import logging
 
+    from kinetic_airflow.testing.cluster import EmulatorAdminClient
+
     logging.disable(logging.CRITICAL)  # both sides equally: measure watching, not log formatting
+    admin = EmulatorAdminClient(os.environ["BENCH_EMULATOR_URL"])
+
+    def counters() -> dict[str, int]:
+        return {"api": int(admin.requests(since=2**62)["count"]), "storage": _access_lines(access_log)}
+
     if mode == "kinetic":
         from kinetic_airflow.triggers import KineticJobTrigger
 
-        triggers = [KineticJobTrigger(job=_job_ref(n, base_uri), poll_interval=poll) for n in names]
+        triggers = [KineticJobTrigger(job=ref, poll_interval=poll) for ref in refs]
     else:
         from airflow.providers.cncf.kubernetes.triggers.job import KubernetesJobTrigger
 
         triggers = [
             KubernetesJobTrigger(
-                job_name=n,
+                job_name=f"kinetic-{ref['job_id']}",
                 job_namespace="default",
                 pod_names=[],
                 pod_namespace="default",
-                base_container_name="base",
+                base_container_name="kinetic-worker",
                 kubernetes_conn_id=CONN_ID,
                 poll_interval=poll,
-                get_logs=False,
+                get_logs=True,  # the trigger itself never streams logs; the operator reads them after
             )
-            for n in names
+            for ref in refs
         ]
-    return asyncio.run(_run_triggers(triggers, max(10.0, 3 * poll), window, url))
+    return asyncio.run(_run_triggers(triggers, warmup, window, counters))
 
 
-def _context(task_id: str) -> dict[str, Any]:
-    class _Store(dict):
-        def set(self, key: str, value: Any, **_: Any) -> None:
-            self[key] = value
-
-    class _TI:
-        dag_id, run_id, map_index, try_number = "bench", f"run-{time.time_ns()}", -1, 1
-
-        def __init__(self) -> None:
-            self.task_id = task_id
-
-        def xcom_push(self, *args: Any, **kwargs: Any) -> None:
-            pass
-
-    return {"ti": _TI(), "task_state_store": _Store(), "dag": None, "run_id": _TI.run_id}
-
-
-def _post_times(url: str, since: int) -> list[float]:
-    with urllib.request.urlopen(f"{url}/_emulator/requests?since={since}", timeout=10) as resp:
-        records = json.load(resp)["requests"]
-    return [r["time"] for r in records if r["method"] == "POST" and r["path"].endswith("/jobs")]
-
-
-def submit_latency(kind: str, samples: int, url: str) -> list[float]:
-    """Seconds from execute() start until the Job-creating POST reaches the API server.
-
-    The arrival time comes from the emulator's request log, so the emulator's own work
-    (schema validation, storing) is left out for both operators alike.
-    """
-    from airflow.sdk.exceptions import TaskDeferred
-
-    times = []
-    for i in range(samples):
-        context = _context(f"submit-{kind}-{i}")
-        if kind == "kinetic":
-            from kinetic_airflow.operators import KineticRunOperator
-
-            op = KineticRunOperator(
-                task_id=f"submit-{i}", python_callable=time.sleep, op_args=[1], backend="gke"
-            )
-        else:
-            from airflow.providers.cncf.kubernetes.operators.job import KubernetesJobOperator
-
-            op = KubernetesJobOperator(
-                task_id=f"submit-{i}",
-                name=f"kjo-submit-{i}-{time.time_ns() % 10**8}",
-                namespace="default",
-                image="python:3.11-slim",
-                cmds=["sleep", "1"],
-                kubernetes_conn_id=CONN_ID,
-                wait_until_job_complete=False,
-                deferrable=False,
-                random_name_suffix=False,
-                get_logs=False,
-                do_xcom_push=False,
-            )
-        since = _request_count(url)
-        start = time.time()
-        try:
-            op.execute(context)
-        except TaskDeferred:
-            pass  # ours defers right after creating the Job
-        (posted,) = _post_times(url, since)
-        times.append(posted - start)
-    return times
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--jobs", type=int, default=200)
-    parser.add_argument("--window", type=float, default=60.0)
-    parser.add_argument("--poll", type=float, default=5.0)
-    parser.add_argument("--samples", type=int, default=10)
-    parser.add_argument("--child", default=None)
-    parser.add_argument("--url", default="")
-    parser.add_argument("--base-uri", default="")
-    args = parser.parse_args()
-    if args.child:
-        names = json.loads(os.environ["BENCH_JOB_NAMES"])
-        print(json.dumps(triggerer(args.child, names, args.url, args.window, args.poll, args.base_uri)))
-        return
-    if args.child is None and os.environ.get("BENCH_SUBMIT"):
-        print(json.dumps(submit_latency(os.environ["BENCH_SUBMIT"], args.samples, args.url)))
-        return
-
-    work = Path(tempfile.mkdtemp(prefix="kinetic-bench-"))
-    kubeconfig = work / "kubeconfig"
-    emulator = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "kinetic_airflow.testing.cluster",
-            "--port",
-            "0",
-            "--kubeconfig",
-            str(kubeconfig),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
+# The parent: stand-ins, jobs, runs, table ------------------------------------------------------------
+def _job_refs(count: int, env: dict[str, str]) -> list[dict]:
+    """Job references exactly as KineticRunOperator makes them (defaults for heartbeat etc.)."""
+    saved = dict(os.environ)
+    os.environ.update(env)
     try:
-        line = emulator.stdout.readline()
-        assert line.startswith("READY"), line
-        url = line.split()[1]
-        conn = {
-            "conn_type": "kubernetes",
-            "extra": {"kube_config_path": str(kubeconfig), "namespace": "default"},
-        }
-        env = {
-            **os.environ,
-            f"AIRFLOW_CONN_{CONN_ID.upper()}": json.dumps(conn),
-            "AIRFLOW_HOME": str(work / "airflow"),
-            "PYTHONPATH": str(REPO),
-            "KINETIC_BASE_URI": f"file://{work}/kinetic",
-            "KINETIC_KUBERNETES_CONN_ID": CONN_ID,
-            "KINETIC_RUNNER_PYTHON": sys.executable,
-        }
-        names = _create_jobs(kubeconfig, args.jobs)
-        env["BENCH_JOB_NAMES"] = json.dumps(names)
-        results = {}
-        for mode in ("kinetic", "cncf"):
-            out = subprocess.run(
-                [sys.executable, __file__, "--child", mode, "--url", url, "--window", str(args.window),
-                 "--poll", str(args.poll), "--base-uri", f"file://{work}/kinetic"],
-                env=env, capture_output=True, text=True,
-            )  # fmt: skip
-            if out.returncode != 0:
-                raise SystemExit(f"{mode} triggerer failed:\n{out.stderr[-3000:]}")
-            results[mode] = json.loads(out.stdout.strip().splitlines()[-1])
-        latency = {}
-        for kind in ("kinetic", "cncf"):
-            out = subprocess.run(
-                [sys.executable, __file__, "--samples", str(args.samples), "--url", url],
-                env={**env, "BENCH_SUBMIT": kind},
-                capture_output=True,
-                text=True,
-            )
-            if out.returncode != 0:
-                raise SystemExit(f"{kind} submit failed:\n{out.stderr[-3000:]}")
-            latency[kind] = json.loads(out.stdout.strip().splitlines()[-1])
+        from kinetic_airflow.layout import JobIdentity
+        from kinetic_airflow.operators import KineticRunOperator
+
+        op = KineticRunOperator(task_id="watched", python_callable=time.sleep, op_args=[1], backend="gke")
+        refs = []
+        for i in range(count):
+            identity = JobIdentity("bench", f"run-{time.time_ns()}", f"watched-{i}")
+            ref = op._job_ref(identity, "gke", env["KINETIC_BASE_URI"])
+            ref["submitted_at"] = time.time()
+            refs.append(ref)
+        return refs
     finally:
-        emulator.terminate()
-        emulator.wait(30)
-
-    print(
-        f"{args.jobs} running Jobs watched for {args.window:.0f}s, poll interval {args.poll}s (same for both)"
-    )
-    for phase, title in (("steady", "steady state (after warm-up)"), ("total", "including start-up")):
-        per_min = {}
-        print(title + ":")
-        for mode, r in results.items():
-            m = r[phase]
-            minutes = m["elapsed"] / 60
-            per_min[mode] = (m["requests"] / minutes, m["cpu_seconds"] / minutes)
-            print(
-                f"  {mode:8s} API requests/min {per_min[mode][0]:9.1f}   triggerer CPU s/min "
-                f"{per_min[mode][1]:7.2f}   (finished early: {r['finished_early']})"
-            )
-        cpu_ratio = per_min["kinetic"][1] / max(per_min["cncf"][1], 1e-9)
-        if per_min["kinetic"][0] == 0:
-            print(
-                "  requests: kinetic made none (its watches stay open); cncf polls every job (target >= 10x)"
-            )
-        else:
-            req_ratio = per_min["cncf"][0] / per_min["kinetic"][0]
-            print(f"  requests: kinetic uses {req_ratio:.1f}x fewer (target >= 10x)")
-        print(f"  CPU: kinetic uses {cpu_ratio:.2f} of cncf's (target <= 0.2)")
-    ours, theirs = statistics.median(latency["kinetic"]), statistics.median(latency["cncf"])
-    print(
-        f"submit latency (execute start -> Job POST at the API server), median of {args.samples}: "
-        f"kinetic {ours * 1000:.0f} ms, "
-        f"KubernetesJobOperator {theirs * 1000:.0f} ms, ratio {ours / theirs:.2f} (target <= 0.5)"
-    )
+        os.environ.clear()
+        os.environ.update(saved)
 
 
-def _create_jobs(kubeconfig: Path, count: int) -> list[str]:
+def _create_jobs(emulator: Any, refs: list[dict]) -> None:
     import kubernetes
 
-    client = kubernetes.config.new_client_from_config(str(kubeconfig))
-    batch = kubernetes.client.BatchV1Api(client)
-    names = []
-    for i in range(count):
-        name = f"kinetic-bench-{i:04d}"
-        labels = {"app": "kinetic", "job-id": name[len("kinetic-") :]}
+    batch = kubernetes.client.BatchV1Api(emulator.api_client())
+    core = kubernetes.client.CoreV1Api(emulator.api_client())
+    script = f"while true; do echo tick $(date +%s); sleep {LINE_EVERY_SECONDS}; done"
+    for ref in refs:
+        from kinetic_airflow.layout import JobIdentity
+
+        labels = JobIdentity.from_dict(ref["identity"]).labels()
         batch.create_namespaced_job(
             "default",
             {
                 "apiVersion": "batch/v1",
                 "kind": "Job",
-                "metadata": {"name": name, "labels": labels},
+                "metadata": {"name": f"kinetic-{ref['job_id']}", "labels": labels},
                 "spec": {
                     "backoffLimit": 0,
                     "template": {
@@ -316,22 +168,196 @@ def _create_jobs(kubeconfig: Path, count: int) -> list[str]:
                         "spec": {
                             "restartPolicy": "Never",
                             "containers": [
-                                {"name": "kinetic-worker", "image": "busybox", "command": ["sleep", "900"]}
+                                {
+                                    "name": "kinetic-worker",
+                                    "image": "busybox",
+                                    "command": ["sh", "-c", script],
+                                }
                             ],
                         },
                     },
                 },
             },
         )
-        names.append(name)
-    core = kubernetes.client.CoreV1Api(client)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         pods = core.list_namespaced_pod("default", label_selector="app=kinetic").items
-        if sum(p.status.phase == "Running" for p in pods) >= count:
-            break
+        if sum(p.status.phase == "Running" for p in pods) >= len(refs):
+            return
         time.sleep(1)
-    return names
+    raise SystemExit("the bench Jobs did not all start")
+
+
+def _delete_jobs(emulator: Any) -> None:
+    import kubernetes
+
+    batch = kubernetes.client.BatchV1Api(emulator.api_client())
+    batch.delete_collection_namespaced_job(
+        "default", label_selector="app=kinetic", propagation_policy="Background"
+    )
+
+
+class _Heartbeats(threading.Thread):
+    """What each job's runner does meanwhile: rewrite its heartbeat object every 30 s."""
+
+    def __init__(self, refs: list[dict]) -> None:
+        super().__init__(daemon=True)
+        self.refs, self.stop = refs, threading.Event()
+        self.times: list[float] = []  # time.monotonic() of each write (one clock for all processes)
+
+    def writes_between(self, start: float, end: float) -> int:
+        return sum(start <= t <= end for t in self.times)
+
+    def beat(self) -> None:
+        from kinetic_airflow.layout import JobLayout
+        from kinetic_airflow.storage import open_storage
+
+        storage = open_storage(self.refs[0]["job_uri"])
+        for ref in self.refs:
+            storage.write_text(
+                JobLayout(ref["job_uri"]).status("heartbeat"), json.dumps({"time": time.time()})
+            )
+            self.writes += 1
+
+    def run(self) -> None:
+        while not self.stop.wait(HEARTBEAT_EVERY_SECONDS):
+            self.beat()
+
+
+def _per_job_minute(result: dict, phase: str, jobs: int, job_side_writes: float) -> dict[str, float]:
+    a, b = result["start" if phase == "total" else "steady"], result["end"]
+    minutes = (b["time"] - a["time"]) / 60
+    storage = b["storage"] - a["storage"] - job_side_writes
+    return {
+        "api": (b["api"] - a["api"]) / jobs / minutes,
+        "storage": storage / jobs / minutes,
+        "all": (b["api"] - a["api"] + storage) / jobs / minutes,
+        "cpu_s_per_min": (b["cpu"] - a["cpu"]) / minutes,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--jobs", type=int, nargs="+", default=[50, 200, 500])
+    parser.add_argument("--window", type=float, default=300.0, help="seconds measured after the warm-up")
+    parser.add_argument("--warmup", type=float, default=30.0)
+    parser.add_argument("--kinetic-poll", type=float, default=2.0)
+    parser.add_argument("--peer-polls", type=float, nargs="+", default=[2.0, 10.0])
+    parser.add_argument("--child", default=None)
+    parser.add_argument("--poll", type=float, default=2.0)
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+    if args.child:
+        refs = json.loads(Path(os.environ["BENCH_REFS"]).read_text())
+        result = triggerer(
+            args.child, refs, args.poll, args.warmup, args.window, os.environ["BENCH_ACCESS_LOG"]
+        )
+        print(json.dumps(result))
+        return
+
+    from components.emulator_process import EmulatorProcess
+
+    from kinetic_airflow.testing.gcs import FakeGCS
+
+    work = Path(tempfile.mkdtemp(prefix="kinetic-trigger-bench-"))
+    access_log = work / "gcs-access.log"
+    table: list[dict] = []
+    with (
+        FakeGCS(access_log=access_log) as gcs,
+        EmulatorProcess(work / "emulator", env=gcs.environ()) as emulator,
+    ):
+        env = {
+            **os.environ,
+            **gcs.environ(),
+            **emulator.airflow_env(conn_id=CONN_ID),
+            "AIRFLOW_HOME": str(work / "airflow"),
+            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
+            "KINETIC_BASE_URI": f"gs://{BUCKET}/kinetic",
+            "KINETIC_LOCAL_STATE_DIR": str(work / "local"),
+            "BENCH_EMULATOR_URL": emulator.url,
+            "BENCH_ACCESS_LOG": str(access_log),
+        }
+        os.environ.update(gcs.environ())
+        gcs.create_bucket(BUCKET)
+        runs = [("kinetic", args.kinetic_poll)] + [("cncf", p) for p in args.peer_polls]
+        for count in args.jobs:
+            refs = _job_refs(count, env)
+            (work / "refs.json").write_text(json.dumps(refs))
+            _create_jobs(emulator, refs)
+            beats = _Heartbeats(refs)
+            beats.beat()
+            beats.start()
+            try:
+                for mode, poll in runs:
+                    out = subprocess.run(
+                        [sys.executable, __file__, "--child", mode, "--poll", str(poll),
+                         "--warmup", str(args.warmup), "--window", str(args.window)],
+                        env={**env, "BENCH_REFS": str(work / "refs.json")}, capture_output=True, text=True,
+                    )  # fmt: skip
+                    if out.returncode != 0:
+                        raise SystemExit(f"{mode} triggerer failed:\n{out.stderr[-3000:]}")
+                    result = json.loads(out.stdout.strip().splitlines()[-1])
+                    start, steady, end = (result[k]["time"] for k in ("start", "steady", "end"))
+                    # The runner's writes, not the trigger's: left out of the trigger's figures.
+                    job_writes = beats.writes_between(start, end)
+                    steady_writes = beats.writes_between(steady, end)
+                    row = {
+                        "jobs": count,
+                        "side": mode,
+                        "poll": poll,
+                        "steady": _per_job_minute(result, "steady", count, steady_writes),
+                        "total": _per_job_minute(result, "total", count, job_writes),
+                        "threads": result["threads"],
+                        "rss_mib": round(result["rss_mib"]),
+                        "finished_early": result["finished_early"],
+                        "job_side_storage_per_job_min": job_writes / count / ((end - start) / 60),
+                    }
+                    table.append(row)
+                    print(json.dumps(row), flush=True)
+            finally:
+                beats.stop.set()
+                _delete_jobs(emulator)
+    _print_table(table, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(table, indent=2))
+
+
+def _print_table(table: list[dict], args: argparse.Namespace) -> None:
+    print()
+    print(
+        f"per job per minute, window {args.window:.0f}s after a {args.warmup:.0f}s warm-up; "
+        "'all' = API + storage requests; CPU in triggerer-seconds per minute"
+    )
+    print(
+        f"{'N':>4} {'side':8} {'poll':>5} | {'steady: API':>11} {'storage':>8} {'all':>7} | "
+        f"{'with start-up: all':>18} | {'CPU s/min':>9} {'threads':>7} {'RSS MiB':>7} | {'nominal polls':>13}"
+    )
+    for row in table:
+        s, t = row["steady"], row["total"]
+        nominal = 60 / row["poll"]
+        print(
+            f"{row['jobs']:>4} {row['side']:8} {row['poll']:>5.0f} | {s['api']:>11.2f} {s['storage']:>8.2f} "
+            f"{s['all']:>7.2f} | {t['all']:>18.2f} | {s['cpu_s_per_min']:>9.2f} {row['threads']:>7} "
+            f"{row['rss_mib']:>7} | {nominal:>13.0f}"
+        )
+    print()
+    for count in sorted({r["jobs"] for r in table}):
+        rows = {(r["side"], r["poll"]): r for r in table if r["jobs"] == count}
+        ours = rows.get(("kinetic", args.kinetic_poll))
+        peer = rows.get(("cncf", args.kinetic_poll))
+        if ours and peer:
+            ratio = peer["total"]["all"] / max(ours["total"]["all"], 1e-9)
+            cpu = ours["steady"]["cpu_s_per_min"] / max(peer["steady"]["cpu_s_per_min"], 1e-9)
+            print(
+                f"N={count}: at equal poll intervals ({args.kinetic_poll:.0f}s) kinetic makes "
+                f"{ratio:.1f}x fewer requests (API + storage, start-up included; target >= 10x) and uses "
+                f"{cpu:.2f} of the peer's CPU (target <= 0.2); kinetic storage requests per job per "
+                f"minute in steady state {ours['steady']['storage']:.2f} (target <= 2); the runner's own "
+                "heartbeat writes add "
+                f"{ours['job_side_storage_per_job_min']:.2f}"
+            )
 
 
 if __name__ == "__main__":

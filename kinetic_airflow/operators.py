@@ -41,7 +41,7 @@ from kinetic_airflow.envelope import ResultRef, is_result_ref, replace_refs
 from kinetic_airflow.layout import JobIdentity, JobLayout, output_dir_uri
 from kinetic_airflow.lifecycle import Action, Phase, TryInfo, decide, load_record, save_record
 from kinetic_airflow.links import LINKS_XCOM_KEY, KineticJobConsoleLink, KineticJobLogsLink, job_links
-from kinetic_airflow.payload import build_payload, manifest_json, register_dag_modules_by_value
+from kinetic_airflow.payload import manifest_json, register_dag_modules_by_value, write_payload
 from kinetic_airflow.results import KineticJobError, load_envelope, raise_remote, to_xcom
 from kinetic_airflow.storage import Storage, uri_to_local_path
 from kinetic_airflow.triggers import KineticJobTrigger
@@ -389,13 +389,16 @@ class KineticRunOperator(BaseOperator):
         args, kwargs = self._resolve_args(storage, ref["base_uri"])
         volumes = {m: d.stage(storage, ref["base_uri"]) for m, d in self.volumes.items()}
         env = capture_env(self.capture_env_vars)
-        path, fields = build_payload(
-            self.python_callable, args, kwargs, env=env, volumes=volumes, task_label=f"task {self.task_id!r}"
+        fields = write_payload(
+            storage,
+            layout.payload,
+            self.python_callable,
+            args,
+            kwargs,
+            env=env,
+            volumes=volumes,
+            task_label=f"task {self.task_id!r}",
         )
-        try:
-            storage.upload_file(path, layout.payload)
-        finally:
-            os.unlink(path)
         output_dir = self.output_dir or output_dir_uri(ref["base_uri"], identity)
         manifest = {
             **fields,

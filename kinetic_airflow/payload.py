@@ -15,14 +15,15 @@ import os
 import platform
 import sys
 import sysconfig
-import tempfile
 import time
 from collections.abc import Iterable
 from typing import IO, Any
 
 import cloudpickle
 
-__all__ = ["PayloadError", "build_payload", "fingerprint", "register_dag_modules_by_value"]
+__all__ = ["PayloadError", "fingerprint", "register_dag_modules_by_value", "write_payload"]
+
+_SLICE = 8 * 1024 * 1024
 
 
 class PayloadError(TypeError):
@@ -108,19 +109,31 @@ def register_dag_modules_by_value(fn: Any, roots: Iterable[str | os.PathLike[str
 
 
 class _HashingWriter:
-    """File wrapper that hashes while cloudpickle streams into it (no second read pass)."""
+    """What cloudpickle streams into: hashes, counts and forwards in bounded slices.
+
+    Large buffers arrive whole as ``pickle.PickleBuffer`` (protocol 5, e.g. a 1 GiB array);
+    forwarding them in ``_SLICE`` pieces lets a streaming upload send each piece before the
+    next is copied, so memory stays at one slice. Failures of the sink are remembered, so
+    they are reported as storage errors, not as pickling errors.
+    """
 
     def __init__(self, fh: IO[bytes]) -> None:
         self.fh = fh
         self.digest = hashlib.sha256()
         self.size = 0
+        self.sink_error: BaseException | None = None
 
     def write(self, data: Any) -> int:
-        # Large buffers arrive as pickle.PickleBuffer (protocol 5): view them as raw bytes.
         view = memoryview(data).cast("B")
         self.digest.update(view)
         self.size += view.nbytes
-        return self.fh.write(view)
+        try:
+            for start in range(0, view.nbytes, _SLICE):
+                self.fh.write(view[start : start + _SLICE])
+        except BaseException as exc:
+            self.sink_error = exc
+            raise
+        return view.nbytes
 
 
 def _find_unpicklable(payload: dict[str, Any], error: Exception) -> str:
@@ -137,7 +150,9 @@ def _find_unpicklable(payload: dict[str, Any], error: Exception) -> str:
     return f"the payload cannot be pickled ({error})"
 
 
-def build_payload(
+def write_payload(
+    storage: Any,
+    uri: str,
     fn: Any,
     args: list[Any],
     kwargs: dict[str, Any],
@@ -145,17 +160,24 @@ def build_payload(
     env: dict[str, str] | None = None,
     volumes: dict[str, Any] | None = None,
     task_label: str = "",
-) -> tuple[str, dict[str, Any]]:
-    """Pickle to a temp file. Returns (path, manifest fields: sha256, size, fingerprint)."""
+) -> dict[str, Any]:
+    """Pickle straight into the payload object at ``uri``, digesting in the same pass.
+
+    No temp file and no second read: building a payload costs cloudpickle plus the upload.
+    Returns the manifest fields (sha256, size, fingerprint, pickling time).
+    """
     payload = {"fn": fn, "args": list(args), "kwargs": dict(kwargs), "env": env or {}, "volumes": volumes}
-    fd, path = tempfile.mkstemp(prefix="kinetic-payload-", suffix=".pkl")
     started = time.perf_counter()
+    writer: _HashingWriter | None = None
+    pickled = False
     try:
-        with os.fdopen(fd, "wb") as fh:
+        with storage.open_write(uri) as fh:
             writer = _HashingWriter(fh)
             cloudpickle.dump(payload, writer)
+            pickled = True
     except Exception as exc:
-        os.unlink(path)
+        if pickled or writer is None or writer.sink_error is not None:
+            raise  # storage failed (its own error names the bucket or permission)
         culprit = _find_unpicklable(payload, exc)
         where = f" for {task_label}" if task_label else ""
         raise PayloadError(
@@ -164,7 +186,7 @@ def build_payload(
             "objects instead of open files, locks, clients or connections, and create those inside "
             "the function."
         ) from exc
-    return path, {
+    return {
         "sha256": writer.digest.hexdigest(),
         "payload_bytes": writer.size,
         "fingerprint": fingerprint(),

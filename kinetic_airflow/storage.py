@@ -14,9 +14,11 @@ credentials (Workload Identity on GKE, ``STORAGE_EMULATOR_HOST`` in tests).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import unquote, urlparse
@@ -91,6 +93,10 @@ class Storage:
     def upload_file(self, local_path: str, uri: str) -> None:
         raise NotImplementedError
 
+    def open_write(self, uri: str) -> contextlib.AbstractContextManager[IO[bytes]]:
+        """A file to stream an object into; it appears whole on success and not at all on error."""
+        raise NotImplementedError
+
     def download_file(self, uri: str, local_path: str) -> None:
         raise NotImplementedError
 
@@ -160,6 +166,11 @@ class FileStorage(Storage):
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(local_path, "rb") as src, self._atomic_writer(path) as dst:
             shutil.copyfileobj(src, dst, _CHUNK_SIZE)
+
+    def open_write(self, uri: str) -> contextlib.AbstractContextManager[IO[bytes]]:
+        path = self._path(uri)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return self._atomic_writer(path)
 
     def download_file(self, uri: str, local_path: str) -> None:
         try:
@@ -283,6 +294,23 @@ class GCSStorage(Storage):
     def upload_file(self, local_path: str, uri: str) -> None:
         try:
             self._blob(uri, upload=True).upload_from_filename(local_path)
+        except Exception as exc:
+            raise self._bucket_exists_or_raise(uri, exc) from exc
+
+    @contextlib.contextmanager
+    def open_write(self, uri: str) -> Iterator[IO[bytes]]:
+        """A resumable upload fed as it is written: memory stays at one chunk, no temp file.
+
+        Only a clean exit finalizes the upload; after an error the unfinished session is
+        abandoned, so no partial object appears.
+        """
+        try:
+            writer = self._blob(uri, upload=True).open("wb", ignore_flush=True)
+        except Exception as exc:
+            raise self._bucket_exists_or_raise(uri, exc) from exc
+        yield writer
+        try:
+            writer.close()
         except Exception as exc:
             raise self._bucket_exists_or_raise(uri, exc) from exc
 

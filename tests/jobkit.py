@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from kinetic_airflow.layout import JobLayout
-from kinetic_airflow.payload import build_payload, manifest_json
+from kinetic_airflow.payload import manifest_json, write_payload
 from kinetic_airflow.storage import open_storage
 
 
@@ -24,11 +24,7 @@ def make_job(
 ) -> JobLayout:
     layout = JobLayout.for_job(base_uri, job_id)
     storage = open_storage(base_uri)
-    path, fields = build_payload(fn, list(args), kwargs or {})
-    try:
-        storage.upload_file(path, layout.payload)
-    finally:
-        os.unlink(path)
+    fields = write_payload(storage, layout.payload, fn, list(args), kwargs or {})
     manifest = {**fields, "job_id": job_id, "attempt": 1, "heartbeat_seconds": 1}
     manifest.update(manifest_overrides or {})
     storage.write_text(layout.manifest, manifest_json(manifest))
@@ -67,11 +63,7 @@ def gke_job(task_id: str, fn: Any, args: list, **ref_fields: Any) -> tuple[Any, 
     ref.update(ref_fields)
     storage = storage_for(ref["job_uri"])
     layout = JobLayout(ref["job_uri"])
-    path, fields = build_payload(fn, list(args), {})
-    try:
-        storage.upload_file(path, layout.payload)
-    finally:
-        os.unlink(path)
+    fields = write_payload(storage, layout.payload, fn, list(args), {})
     storage.write_text(layout.manifest, manifest_json({**fields, "job_id": ref["job_id"], **manifest}))
     GKEBackend().submit(ref)
     return op, ref, storage

@@ -11,7 +11,8 @@ import pytest
 
 from kinetic_airflow import Data, InvalidAcceleratorError, KineticRunOperator, kinetic_task
 from kinetic_airflow.envcapture import capture_env
-from kinetic_airflow.payload import PayloadError, build_payload
+from kinetic_airflow.payload import PayloadError, write_payload
+from kinetic_airflow.storage import FileStorage
 
 
 def _plain(x):
@@ -135,9 +136,13 @@ def test_wildcards_never_capture_process_critical_variables(caplog):
     assert capture_env(["KERAS_BACKEND", "PATH"], environ) == {"KERAS_BACKEND": "jax", "PATH": "/bin"}
 
 
-def test_unpicklable_argument_is_named():
+def test_unpicklable_argument_is_named(tmp_path):
+    target = f"file://{tmp_path}/payload.pkl"
     with pytest.raises(PayloadError) as info:
-        build_payload(_plain, [], {"lock": threading.Lock()}, task_label="task 'train'")
+        write_payload(
+            FileStorage(), target, _plain, [], {"lock": threading.Lock()}, task_label="task 'train'"
+        )
+    assert not list(tmp_path.iterdir())  # no half-written payload, no temp file left
     message = str(info.value)
     assert "for task 'train'" in message
     assert "argument 'lock' (a _thread.lock) cannot be pickled" in message

@@ -87,9 +87,7 @@ class FakeGCS:
         if self.access_log is None:
             raise RuntimeError("FakeGCS was started without access_log=")
         text = self.access_log.read_text(errors="replace") if self.access_log.exists() else ""
-        return [
-            StorageRequest(m["method"], m["path"], int(m["status"])) for m in _ACCESS.finditer(text)
-        ]
+        return [StorageRequest(m["method"], m["path"], int(m["status"])) for m in _ACCESS.finditer(text)]
 
     def client(self) -> Any:
         from google.auth.credentials import AnonymousCredentials

@@ -121,7 +121,7 @@ class KillWorkerOnFirstPickle:
     def __reduce__(self):
         import traceback
 
-        pickled_by_kinetic = any(frame.name == "build_payload" for frame in traceback.extract_stack())
+        pickled_by_kinetic = any(frame.name == "write_payload" for frame in traceback.extract_stack())
         if pickled_by_kinetic and not os.path.exists(self.marker):
             Path(self.marker).write_text(str(os.getpid()))
             os.kill(os.getpid(), signal.SIGKILL)
