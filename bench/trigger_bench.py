@@ -202,7 +202,10 @@ class _Heartbeats(threading.Thread):
 
     def __init__(self, refs: list[dict]) -> None:
         super().__init__(daemon=True)
+        from kinetic_airflow.storage import open_storage
+
         self.refs, self.stop = refs, threading.Event()
+        self.storage = open_storage(refs[0]["job_uri"])  # one client, as one runner would have
         self.times: list[float] = []  # time.monotonic() of each write (one clock for all processes)
 
     def writes_between(self, start: float, end: float) -> int:
@@ -210,14 +213,11 @@ class _Heartbeats(threading.Thread):
 
     def beat(self) -> None:
         from kinetic_airflow.layout import JobLayout
-        from kinetic_airflow.storage import open_storage
 
-        storage = open_storage(self.refs[0]["job_uri"])
         for ref in self.refs:
-            storage.write_text(
-                JobLayout(ref["job_uri"]).status("heartbeat"), json.dumps({"time": time.time()})
-            )
-            self.writes += 1
+            uri = JobLayout(ref["job_uri"]).status("heartbeat")
+            self.storage.write_text(uri, json.dumps({"time": time.time()}))
+            self.times.append(time.monotonic())
 
     def run(self) -> None:
         while not self.stop.wait(HEARTBEAT_EVERY_SECONDS):
