@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 import signal
 import socket
 import sys
@@ -392,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     code = runner.run()
     sys.stdout.flush()
     sys.stderr.flush()
+    # The result is uploaded: the downloaded payload and staged data are not needed any more.
+    shutil.rmtree(runner.workdir, ignore_errors=True)
     return code
 
 

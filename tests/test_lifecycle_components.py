@@ -346,7 +346,10 @@ def test_backfill_reprocess_and_a_recreated_run_run_new_jobs_with_current_code(s
         )
 
     def all_done(expected_try: int) -> bool:
+        """Every task instance succeeded on that try, and the scheduler has closed every run."""
         for run_id in run_ids:
+            if stack.api.api("GET", run_path(dag_id, run_id))["state"] != "success":
+                return False
             tis = _tis(stack.api, dag_id, run_id)
             if len(tis) != 3 or any(
                 ti["state"] != "success" or ti["try_number"] != expected_try for ti in tis
