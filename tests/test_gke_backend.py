@@ -12,23 +12,16 @@ from pathlib import Path
 
 import cloudpickle
 import pytest
+from components.emulator_process import DEFAULT_NODE_POOLS
 from helpers import ti_states, ti_try_numbers, xcom
 from jobkit import gke_job
 
-from kinetic_airflow.testing.cluster import ClusterEmulator, NodePool
+from kinetic_airflow.testing.cluster import ClusterEmulator
 
 # Jobs built here without the operator run functions of this module: ship them by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-NODE_POOLS = [
-    NodePool("cpu", {}),
-    NodePool("cpu-spot", {"cloud.google.com/gke-spot": "true"}),
-    NodePool("l4", {"cloud.google.com/gke-accelerator": "nvidia-l4"}),
-    NodePool(
-        "v6e",
-        {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice", "cloud.google.com/gke-tpu-topology": "*"},
-    ),
-]
+NODE_POOLS = list(DEFAULT_NODE_POOLS)
 
 
 @pytest.fixture(scope="module")

@@ -445,10 +445,6 @@ def _current_user() -> str:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    from kinetic_airflow.backends.local import process_alive
+
+    return process_alive(pid)
