@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["DEFAULTS", "default_base_uri", "resolve_setting"]
+__all__ = ["DEFAULTS", "default_base_uri", "local_state_root", "resolve_setting"]
 
 # Built-in defaults. None means "derived" (see default_base_uri) or "unset".
 DEFAULTS: dict[str, Any] = {
@@ -82,6 +82,13 @@ def resolve_setting(key: str, explicit: Any = None) -> Any:
         if value not in (None, ""):
             return _coerce(value, default)
     return default
+
+
+def local_state_root() -> str:
+    """Where this machine keeps kinetic's local state (local jobs' pid/exit/log files, log cursors)."""
+    return resolve_setting("local_state_dir") or os.path.join(
+        os.path.expanduser("~"), ".cache", "kinetic-airflow", "local"
+    )
 
 
 def default_base_uri(backend: str, project: str | None, cluster: str) -> str:

@@ -41,6 +41,7 @@ no record (the store's rows are deleted with their run) and Airflow's per-try id
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
 import logging
@@ -145,11 +146,11 @@ def save_record(
     previous: dict[str, Any] | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    """Write the record in ``phase``; refuses transitions the table above does not allow."""
-    before = _phase(previous) if previous and previous.get("job", {}).get("job_id") == job["job_id"] else None
-    if phase not in _ALLOWED[before]:
-        was = before.value if before else "no record"
-        raise RuntimeError(f"kinetic job record: {was} -> {phase.value} is not a lifecycle transition")
+    """Write the record in ``phase``; refuses transitions the table above does not allow.
+
+    Without a store (no ``task_state_store``) nothing persists, so there is nothing to keep
+    consistent: the record is only handed back.
+    """
     record = {
         "version": RECORD_VERSION,
         "phase": phase.value,
@@ -161,8 +162,13 @@ def save_record(
         "updated": time.time(),
         **extra,
     }
-    if store is not None:
-        store.set(STATE_KEY, record)
+    if store is None:
+        return record
+    before = _phase(previous) if previous and previous.get("job", {}).get("job_id") == job["job_id"] else None
+    if phase not in _ALLOWED[before]:
+        was = before.value if before else "no record"
+        raise RuntimeError(f"kinetic job record: {was} -> {phase.value} is not a lifecycle transition")
+    store.set(STATE_KEY, record)
     return record
 
 
@@ -199,12 +205,8 @@ def cancel_job(job: dict[str, Any], storage: Any, backend: Any, *, by: str, reas
 
 
 async def acancel_job(job: dict[str, Any], storage: Any, backend: Any, *, by: str, reason: str) -> None:
-    """``cancel_job`` for the triggerer's event loop."""
-    try:
-        await storage.awrite_text(cancelled_marker(job), _marker(by, reason))
-    except Exception as exc:
-        log.warning("could not write the cancelled marker of job %s: %s", job.get("job_id"), exc)
-    await backend.acancel(job)
+    """``cancel_job`` for the triggerer's event loop (both storages and backends block)."""
+    await asyncio.to_thread(cancel_job, job, storage, backend, by=by, reason=reason)
 
 
 # The decision --------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from airflow.sdk.exceptions import AirflowTaskTimeout
 from kinetic_airflow import lifecycle
 from kinetic_airflow.accelerators import parse_accelerator
 from kinetic_airflow.backends import BackendStatus, JobRef, JobState, get_backend
-from kinetic_airflow.config import default_base_uri, resolve_setting
+from kinetic_airflow.config import default_base_uri, local_state_root, resolve_setting
 from kinetic_airflow.connections import storage_for
 from kinetic_airflow.data import Data
 from kinetic_airflow.envcapture import capture_env
@@ -189,10 +189,7 @@ class KineticRunOperator(BaseOperator):
         if layout.job_uri.startswith("file://"):
             local_dir = uri_to_local_path(layout.job_uri)
         else:
-            root = resolve_setting("local_state_dir") or os.path.join(
-                os.path.expanduser("~"), ".cache", "kinetic-airflow", "local"
-            )
-            local_dir = os.path.join(root, identity.job_id)
+            local_dir = os.path.join(local_state_root(), identity.job_id)
         ref: JobRef = {
             "backend": backend,
             "job_id": identity.job_id,
@@ -271,17 +268,17 @@ class KineticRunOperator(BaseOperator):
             if decision.replaces is not None:
                 self._cancel(decision.replaces, by="a new try", reason=decision.reason)
             ref = self._job_ref(identity, backend_name, base_uri)
-            self._submit(context, ref, deadline, previous=record)
-            return self._wait(context, ref, deadline)
+            record = self._submit(context, ref, deadline, previous=record)
+            return self._wait(context, ref, deadline, previous=record)
         assert job is not None and record is not None
         recorded_deadline = record.get("deadline")
         if decision.action is Action.SUBMIT:
-            self._submit(context, job, recorded_deadline, previous=record)
+            record = self._submit(context, job, recorded_deadline, previous=record)
         elif decision.action is Action.SHIP:
-            self._ship(context, job, recorded_deadline, previous=record)
+            record = self._ship(context, job, recorded_deadline, previous=record)
         elif decision.action is Action.COLLECT:
             return self._collect(context, job)
-        return self._wait(context, job, recorded_deadline)
+        return self._wait(context, job, recorded_deadline, previous=record)
 
     def _execute_without_store(
         self, context: Context, identity: JobIdentity, backend: str, base_uri: str, deadline: float | None
@@ -290,10 +287,9 @@ class KineticRunOperator(BaseOperator):
         log.warning("task_state_store is not available: crash recovery is limited to the job name")
         ref = self._job_ref(identity, backend, base_uri)
         summary, status, _ = self._observe(ref)
-        if summary is not None or status.state is not JobState.NOT_FOUND:
-            return self._wait(context, ref, deadline)
-        self._submit(context, ref, deadline, previous=None)
-        return self._wait(context, ref, deadline)
+        if summary is None and status.state is JobState.NOT_FOUND:
+            self._submit(context, ref, deadline, previous=None)
+        return self._wait(context, ref, deadline, previous=None)
 
     def _observe(self, ref: JobRef) -> tuple[dict[str, Any] | None, BackendStatus, bool]:
         """(result summary, backend status, cancelled on purpose) of a job."""
@@ -332,40 +328,41 @@ class KineticRunOperator(BaseOperator):
 
         return [convert(a) for a in self.op_args], {k: convert(v) for k, v in self.op_kwargs.items()}
 
-    def _record(self, phase: Phase, ref: JobRef, deadline: float | None, previous: Any, **extra: Any) -> Any:
-        context = self._context
+    @staticmethod
+    def _record(
+        context: Context, phase: Phase, ref: JobRef, deadline: float | None, previous: Any, **extra: Any
+    ) -> dict[str, Any]:
+        """Move the job record to ``phase``; returns the record, for the next step's ``previous``."""
         now = TryInfo.of(context["ti"])
         store = context.get("task_state_store")
         return save_record(store, phase, job=ref, now=now, deadline=deadline, previous=previous, **extra)
 
-    def _submit(self, context: Context, ref: JobRef, deadline: float | None, previous: Any) -> None:
+    def _submit(self, context: Context, ref: JobRef, deadline: float | None, previous: Any) -> dict[str, Any]:
         """Record the job, create it, then ship the payload.
 
         Creating first lets the cluster's scheduling, node scale-up and image pull overlap the
         upload (the runner waits for the manifest). Each step is recorded before the next, so a
         crash anywhere leaves a record that says exactly what is left to do.
         """
-        self._context = context
         ref.setdefault("submitted_at", time.time())
         if self._gcp_conn_id():
             ref["gcp_conn_id"] = self._gcp_conn_id()
-        record = self._record(Phase.RECORDED, ref, deadline, previous)
+        record = self._record(context, Phase.RECORDED, ref, deadline, previous)
         get_backend(ref["backend"]).submit(ref)
-        record = self._record(Phase.CREATED, ref, deadline, record)
-        self._ship(context, ref, deadline, previous=record)
+        record = self._record(context, Phase.CREATED, ref, deadline, record)
+        return self._ship(context, ref, deadline, previous=record)
 
-    def _ship(self, context: Context, ref: JobRef, deadline: float | None, previous: Any) -> None:
+    def _ship(self, context: Context, ref: JobRef, deadline: float | None, previous: Any) -> dict[str, Any]:
         """Upload the payload of a created job; if that fails, stop the job before raising."""
-        self._context = context
         identity = JobIdentity.from_dict(ref["identity"])
         try:
             payload_bytes, output_dir = self._ship_payload(context, ref, identity)
         except BaseException:
             log.error("could not ship the payload of job %s; cancelling the job", ref["job_id"])
             self._cancel(ref, by="worker", reason="its payload could not be built or uploaded")
-            self._record(Phase.CANCELLED, ref, deadline, previous)
+            self._record(context, Phase.CANCELLED, ref, deadline, previous)
             raise
-        self._record(Phase.SHIPPED, ref, deadline, previous)
+        record = self._record(context, Phase.SHIPPED, ref, deadline, previous)
         log.info(
             "submitted kinetic job %s (%s, %s, %d-byte payload); files at %s; KINETIC_OUTPUT_DIR=%s",
             ref["job_id"],
@@ -375,6 +372,7 @@ class KineticRunOperator(BaseOperator):
             ref["job_uri"],
             output_dir,
         )
+        return record
 
     def _ship_payload(self, context: Context, ref: JobRef, identity: JobIdentity) -> tuple[int, str]:
         layout = JobLayout(ref["job_uri"])
@@ -442,7 +440,7 @@ class KineticRunOperator(BaseOperator):
         )
         context["ti"].xcom_push(key=LINKS_XCOM_KEY, value=links)
 
-    def _wait(self, context: Context, ref: JobRef, deadline: float | None) -> Any:
+    def _wait(self, context: Context, ref: JobRef, deadline: float | None, previous: Any) -> Any:
         """Wait for the job: in the worker briefly (or wholly, if not deferrable), then deferred.
 
         Short jobs are awaited here (``wait_before_defer``) and a deferred task's event is held
@@ -450,9 +448,7 @@ class KineticRunOperator(BaseOperator):
         Airflow's executor-event race (README), which fails a task whose trigger fires while
         the scheduler has not yet processed the exit of the process that deferred it.
         """
-        self._context = context
-        store = context.get("task_state_store")
-        self._record(Phase.WAITING, ref, deadline, lifecycle.load_record(store))
+        self._record(context, Phase.WAITING, ref, deadline, previous)
         self._push_links(context, ref)
         self._active_job = ref
         if not self.deferrable:
@@ -484,7 +480,6 @@ class KineticRunOperator(BaseOperator):
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> Any:
         if not event or "job" not in event:
             raise KineticJobError(f"the trigger returned no usable event: {event!r}")
-        self._context = context
         self._active_job = None
         ref: JobRef = event["job"]
         status = event.get("status")
@@ -493,15 +488,14 @@ class KineticRunOperator(BaseOperator):
         try:
             value = self._outcome(ref, event)
         except BaseException:
-            self._delivered(ref, "failed" if status != "timeout" else "timeout")
+            self._delivered(context, ref, "failed" if status != "timeout" else "timeout")
             raise
-        self._delivered(ref, "success")
+        self._delivered(context, ref, "success")
         return value
 
-    def _delivered(self, ref: JobRef, outcome: str) -> None:
+    def _delivered(self, context: Context, ref: JobRef, outcome: str) -> None:
         """Record that this job's outcome reached Airflow (unless a newer job owns the record)."""
-        store = self._context.get("task_state_store")
-        record = lifecycle.load_record(store)
+        record = lifecycle.load_record(context.get("task_state_store"))
         if record is not None and record["job"]["job_id"] != ref["job_id"]:
             log.warning(
                 "not recording the outcome of job %s: the record now names job %s",
@@ -510,7 +504,9 @@ class KineticRunOperator(BaseOperator):
             )
             return
         try:
-            self._record(Phase.DELIVERED, ref, (record or {}).get("deadline"), record, outcome=outcome)
+            self._record(
+                context, Phase.DELIVERED, ref, (record or {}).get("deadline"), record, outcome=outcome
+            )
         except Exception as exc:  # bookkeeping must never hide the job's own outcome
             log.warning("could not record the outcome of job %s: %s", ref["job_id"], exc)
 
@@ -556,7 +552,7 @@ class KineticRunOperator(BaseOperator):
         identity = JobIdentity.from_dict(ref["identity"])
         limit = int(resolve_setting("preemption_retries", self.preemption_retries))
         if identity.attempt > limit:
-            self._delivered(ref, "failed")
+            self._delivered(context, ref, "failed")
             raise KineticJobError(
                 describe_failure(event)
                 + f"\nThe job was preempted {identity.attempt} times (preemption_retries={limit})."
@@ -573,8 +569,8 @@ class KineticRunOperator(BaseOperator):
             limit - identity.attempt,
             new_ref["job_id"],
         )
-        self._submit(context, new_ref, deadline, previous=record)
-        return self._wait(context, new_ref, deadline)
+        record = self._submit(context, new_ref, deadline, previous=record)
+        return self._wait(context, new_ref, deadline, previous=record)
 
 
 def min_deferral_seconds() -> float:

@@ -89,19 +89,16 @@ def _classify_exit(status: BackendStatus) -> tuple[str, str, str]:
 
 
 def _local_cursor_path(job: JobRef) -> Path:
-    from kinetic_airflow.config import resolve_setting
+    from kinetic_airflow.config import local_state_root
 
-    root = resolve_setting("local_state_dir") or os.path.join(
-        os.path.expanduser("~"), ".cache", "kinetic-airflow", "local"
-    )
     where = hashlib.sha256(job["job_uri"].encode()).hexdigest()[:12]  # one job id, two storages
-    return Path(root) / "log-cursors" / f"{job['job_id']}-{where}.json"
+    return Path(local_state_root()) / "log-cursors" / f"{job['job_id']}-{where}.json"
 
 
 def _read_local(path: Path) -> str | None:
     try:
         return path.read_text()
-    except (FileNotFoundError, OSError):
+    except OSError:
         return None
 
 
