@@ -15,7 +15,9 @@ reported apart). Runs: kinetic at its default poll interval (2 s), the peer at t
 interval, and the peer at its own default (10 s). The peer's effective poll rate is
 printed, so a peer that cannot keep up with its interval on this machine is visible.
 
-    .venv/bin/python bench/trigger_bench.py --jobs 50 200 500 --window 300
+    .venv/bin/python bench/trigger_bench.py --jobs 20 200 500 --window 300
+
+N = 20 is there so the peer is measured where it keeps up with its interval on 2 cores.
 
 Targets (README): <= 2 storage requests per job per minute for kinetic in steady state;
 >= 10x fewer requests (API + storage) than KubernetesJobTrigger at equal intervals,
@@ -240,7 +242,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--jobs", type=int, nargs="+", default=[50, 200, 500])
+    parser.add_argument("--jobs", type=int, nargs="+", default=[20, 200, 500])
     parser.add_argument("--window", type=float, default=300.0, help="seconds measured after the warm-up")
     parser.add_argument("--warmup", type=float, default=30.0)
     parser.add_argument("--kinetic-poll", type=float, default=2.0)
@@ -346,18 +348,26 @@ def _print_table(table: list[dict], args: argparse.Namespace) -> None:
     for count in sorted({r["jobs"] for r in table}):
         rows = {(r["side"], r["poll"]): r for r in table if r["jobs"] == count}
         ours = rows.get(("kinetic", args.kinetic_poll))
-        peer = rows.get(("cncf", args.kinetic_poll))
-        if ours and peer:
+        if not ours:
+            continue
+        for (side, poll), peer in sorted(rows.items()):
+            if side != "cncf":
+                continue
             ratio = peer["total"]["all"] / max(ours["total"]["all"], 1e-9)
             cpu = ours["steady"]["cpu_s_per_min"] / max(peer["steady"]["cpu_s_per_min"], 1e-9)
+            kept_up = peer["steady"]["api"] / (60 / poll)
             print(
-                f"N={count}: at equal poll intervals ({args.kinetic_poll:.0f}s) kinetic makes "
-                f"{ratio:.1f}x fewer requests (API + storage, start-up included; target >= 10x) and uses "
-                f"{cpu:.2f} of the peer's CPU (target <= 0.2); kinetic storage requests per job per "
-                f"minute in steady state {ours['steady']['storage']:.2f} (target <= 2); the runner's own "
-                "heartbeat writes add "
-                f"{ours['job_side_storage_per_job_min']:.2f}"
+                f"N={count}: vs the peer at {poll:.0f}s ("
+                + ("equal intervals" if poll == args.kinetic_poll else "its default")
+                + f"; it made {kept_up:.0%} of its nominal polls): kinetic makes {ratio:.1f}x fewer "
+                f"requests (API + storage, start-up included; target >= 10x at equal intervals) and "
+                f"uses {cpu:.2f} of its CPU (target <= 0.2)"
             )
+        print(
+            f"N={count}: kinetic storage requests per job per minute in steady state "
+            f"{ours['steady']['storage']:.2f} (target <= 2); threads {ours['threads']}; the runner's "
+            f"own heartbeat writes add {ours['job_side_storage_per_job_min']:.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -217,14 +217,14 @@ class GCSStorage(Storage):
     scheme = "gs"
 
     def __init__(self, client: Any = None) -> None:
-        self._client = client
+        self._client = _without_bucket_metadata_cache(client) if client is not None else None
 
     @property
     def client(self) -> Any:
         if self._client is None:
             from google.cloud import storage
 
-            self._client = _ambient_client(storage)
+            self._client = _without_bucket_metadata_cache(_ambient_client(storage))
         return self._client
 
     def _blob(self, uri: str, *, upload: bool = False) -> Any:
@@ -333,6 +333,19 @@ class GCSStorage(Storage):
         if not out and name and self.exists(prefix_uri):
             return [prefix_uri]
         return sorted(out)
+
+
+def _without_bucket_metadata_cache(client: Any) -> Any:
+    """Switch off google-cloud-storage's (3.x) bucket metadata cache on our clients.
+
+    It only decorates tracing spans, but it costs requests: a background ``GET`` of the bucket
+    (in a new thread) the first time a client touches it, and another after every 404 — and a
+    watcher reading a not-yet-written file is a 404. Every call site checks the attribute
+    with ``hasattr(...) and client._bucket_metadata_cache``, so None turns it off cleanly.
+    """
+    if getattr(client, "_bucket_metadata_cache", None) is not None:
+        client._bucket_metadata_cache = None
+    return client
 
 
 def _ambient_client(storage_module: Any) -> Any:

@@ -27,6 +27,9 @@ from kinetic_airflow.storage import Storage
 __all__ = ["JobWatcher", "describe_failure"]
 
 _NOT_FOUND_GRACE_SECONDS = 60.0
+# The longest a watcher sleeps on a backend that notifies: a net under lost notifications
+# (one wake per five minutes costs nothing), not what makes it see changes.
+_QUIET_LOOK_SECONDS = 300.0
 _SHARED_CURSOR_SECONDS = 60.0
 _DRAIN_SECONDS = 5.0
 _TAIL_LINES = 20
@@ -130,6 +133,7 @@ class JobWatcher:
         self.heartbeat_timeout = job.get("heartbeat_timeout")
         self.submitted_at = float(job.get("submitted_at") or time.time())
         self.last_heartbeat_check = 0.0
+        self.last_output = time.monotonic()  # a live log vouches for a live process
         self.not_found_since: float | None = None
         self.layout = JobLayout(job["job_uri"])
         self.storage = storage
@@ -199,11 +203,12 @@ class JobWatcher:
             if new_offset == self.log_offset:
                 break
             self.log_offset = new_offset
+            self.last_output = time.monotonic()
             advanced = True
             for line in text.splitlines():
                 self._show(line)
-        if advanced:
-            await self._save_cursor()
+        if advanced or self.log_offset != self.shared_offset:
+            await self._save_cursor()  # the shared copy may have come due since the last lines
 
     def _show(self, line: str) -> None:
         """The first half of the cap goes out live, the last half when the job has ended."""
@@ -286,10 +291,12 @@ class JobWatcher:
     async def wait(self, give_up_after: float | None = None) -> dict[str, Any] | None:
         """The job's end as an event; None if ``give_up_after`` seconds pass first.
 
-        Event-driven: between looks it sleeps in ``backend.await_change`` (the cluster watch, the
-        local supervisor's exit), and storage is read only when it matters — the result once the
-        process has ended, the heartbeat every ``heartbeat_timeout / 4`` while it runs — so a
-        running job costs no storage request per poll and a finished one is seen at once.
+        Event-driven: between looks it sleeps in ``backend.await_change`` (the cluster watch and
+        the pod's log stream; the local supervisor's exit), and storage is read only when it
+        matters — the result once the process has ended, the heartbeat only after the log has
+        been silent for ``heartbeat_timeout / 4`` — so a running job costs no storage request
+        per look and a finished one is seen at once. On a backend that notifies, the watcher
+        sleeps until its next duty (deadline, heartbeat look, startup timeout), not a poll.
         """
         give_up_at = time.monotonic() + give_up_after if give_up_after is not None else None
         await self._load_cursor()
@@ -313,17 +320,35 @@ class JobWatcher:
                 if give_up_at is not None and time.monotonic() >= give_up_at:
                     await self._save_cursor(final=True)
                     return None
-                await self.backend.await_change(self.job, self._next_look(give_up_at))
+                await self.backend.await_change(self.job, self._next_look(status, give_up_at))
         finally:
             self.backend.close()
 
-    def _next_look(self, give_up_at: float | None) -> float:
-        wait = self.poll_interval
+    def _next_look(self, status: BackendStatus, give_up_at: float | None) -> float:
+        """Seconds until the watcher has something to do that no notification would tell it."""
+        if not self.backend.notifies:
+            wait = self.poll_interval
+        else:
+            wait = _QUIET_LOOK_SECONDS
+            now = time.monotonic()
+            if status.state is JobState.RUNNING and self.heartbeat_timeout:
+                wait = min(wait, self._heartbeat_look_at() - now)
+            if status.state is JobState.PENDING and self.startup_timeout is not None:
+                wait = min(wait, self.submitted_at + self.startup_timeout - time.time())
+            if status.state is JobState.NOT_FOUND:
+                wait = min(wait, self.poll_interval)  # gone: the grace period runs on a clock
+            if self.log_offset != self.shared_offset and not self.layout.job_uri.startswith("file://"):
+                wait = min(wait, self.shared_saved_at + _SHARED_CURSOR_SECONDS - now)
         if self.deadline is not None:
-            wait = min(wait, max(0.0, self.deadline - time.time()))
+            wait = min(wait, self.deadline - time.time())
         if give_up_at is not None:
-            wait = min(wait, max(0.0, give_up_at - time.monotonic()))
-        return wait
+            wait = min(wait, give_up_at - time.monotonic())
+        return max(0.05, wait)
+
+    def _heartbeat_look_at(self) -> float:
+        """When to read the heartbeat: a quarter of the timeout after the last sign of life (a
+        log line, or the last heartbeat read). A pod whose log flows is not read at all."""
+        return max(self.last_output, self.last_heartbeat_check) + (self.heartbeat_timeout or 0) / 4
 
     async def _settle(self, status: BackendStatus) -> dict[str, Any] | None:
         """The event that ends the wait, if this status ends it."""
@@ -370,10 +395,11 @@ class JobWatcher:
         if (
             status.state is JobState.RUNNING
             and self.heartbeat_timeout
-            and time.monotonic() - self.last_heartbeat_check > self.heartbeat_timeout / 4
+            and time.monotonic() >= self._heartbeat_look_at()
         ):
-            # The watch cannot tell a frozen or cut-off node from a busy one: the runner's
-            # heartbeat can, read at a quarter of the timeout (under one read a minute by default).
+            # The watch cannot tell a frozen or cut-off node from a busy one, but a log that
+            # still flows can; after a quarter of the timeout of silence the runner's heartbeat
+            # is read (under one read a minute by default, none while the job prints).
             self.last_heartbeat_check = time.monotonic()
             age = await self._heartbeat_age()
             if age is not None and age > self.heartbeat_timeout:

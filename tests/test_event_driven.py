@@ -185,3 +185,76 @@ def _local_root() -> str:
     from kinetic_airflow.config import resolve_setting
 
     return resolve_setting("local_state_dir")
+
+
+def _quiet(seconds: float) -> str:
+    print("go", flush=True)
+    time.sleep(seconds)
+    print("end", flush=True)
+    return "quiet"
+
+
+def test_a_quiet_running_job_does_not_wake_its_watcher(cluster_env):
+    """No timer: while nothing about the job changes, the watcher sleeps (a poller would look
+    thirty times in these six seconds at poll_interval=0.2)."""
+    _, ref, storage = gke_job("quiet", _quiet, [6.0], manifest={"heartbeat_seconds": 3600})
+    ref["heartbeat_timeout"] = 300.0
+    shown: list[str] = []
+    watcher = _watcher(ref, storage, shown, poll_interval=0.2)
+    looks: list[list[str]] = []
+    status_of = watcher.backend.astatus
+
+    async def counted_status(job):
+        looks.append(list(shown))
+        return await status_of(job)
+
+    watcher.backend.astatus = counted_status
+    event = asyncio.run(watcher.wait())
+    assert event["status"] == "success", event
+    assert [line for line in shown if line in ("go", "end")] == ["go", "end"], shown
+    during = [seen for seen in looks if seen and seen[-1] == "go"]
+    assert 1 <= len(during) <= 2, len(during)  # the look that showed "go" (and one spurious wake)
+
+
+def test_the_heartbeat_is_read_only_while_the_log_is_silent(cluster_env):
+    """A log that flows vouches for the process; a silent one gets its heartbeat read."""
+    gcs = cluster_env
+
+    def heartbeat_reads(fn, args) -> int:
+        _, ref, storage = gke_job("beat", fn, args, manifest={"heartbeat_seconds": 0.5})
+        ref["heartbeat_timeout"] = 2.0  # a look after 0.5 s of silence
+        shown: list[str] = []
+
+        async def scenario() -> int:
+            waiting = asyncio.ensure_future(_watcher(ref, storage, shown, poll_interval=0.2).wait())
+            while not any(line.startswith(("line", "go")) for line in shown):  # the function runs
+                assert not waiting.done(), waiting.result()
+                await asyncio.sleep(0.05)
+            before = len(gcs.requests())
+            while not any(line.startswith(("line 19", "end")) for line in shown):
+                await asyncio.sleep(0.05)
+            reads = [r for r in gcs.requests()[before:] if r.method == "GET" and "heartbeat" in r.path]
+            event = await waiting
+            assert event["status"] == "success", event
+            return len(reads)
+
+        return asyncio.run(scenario())
+
+    assert heartbeat_reads(_chatty, [20, 0.1]) == 0  # a line every 0.1 s for 2 s
+    assert heartbeat_reads(_quiet, [3.0]) >= 3  # silent for 3 s: a look every 0.5 s
+
+
+def test_reading_a_missing_file_costs_one_request(cluster_env):
+    """google-cloud-storage 3.x would GET the bucket in the background after each 404 (and on
+    first use); kinetic's clients have that cache off, so a 404 is one request."""
+    from kinetic_airflow.connections import storage_for
+
+    gcs = cluster_env
+    base = __import__("os").environ["KINETIC_BASE_URI"]
+    storage = storage_for(base)
+    before = len(gcs.requests())
+    for n in range(4):
+        assert storage.read_text_or_none(f"{base}/missing-{n}.json") is None
+    time.sleep(1.0)  # the library's checks run in background threads: give them time to show
+    seen = [(r.method, r.path.split("?")[0]) for r in gcs.requests()[before:]]
+    assert len(seen) == 4 and all("missing-" in path for _, path in seen), seen

@@ -43,6 +43,9 @@ class Backend:
     """Subclasses implement the sync methods; the async ones default to a worker thread."""
 
     name: str = ""
+    # True when ``await_change`` returns on every change that matters (state, new log lines),
+    # so a watcher may sleep until its next duty instead of its poll interval.
+    notifies: bool = False
 
     def submit(self, job: JobRef, *, env: dict[str, str] | None = None) -> None:
         """Start the job. Idempotent: a job that already exists under this name is adopted."""

@@ -49,6 +49,8 @@ class GKEBackend(Backend):
 
     def __init__(self) -> None:
         self._streams: dict[str, PodLogStream] = {}
+        self._change_events: dict[str, asyncio.Event] = {}
+        self._watches: dict[str, Any] = {}
 
     @staticmethod
     def _api(job: JobRef) -> KubeApi:
@@ -115,6 +117,14 @@ class GKEBackend(Backend):
         return classify(found, watch.pods_of(name))
 
     async def astatus(self, job: JobRef) -> BackendStatus:
+        """From the shared watch's memory, in the loop (no thread hop) once it is synced and
+        knows the Job; otherwise in a thread, which may ask the API."""
+        self._changes(job)
+        watch = shared_watch(job["cluster"], job["namespace"])
+        name = k8s_job_name(job)
+        found = watch.job(name) if watch.synced else None
+        if found is not None:
+            return classify(found, watch.pods_of(name))
         return await asyncio.to_thread(self._cached_status, job)
 
     # Cancel -----------------------------------------------------------------------------------
@@ -155,6 +165,7 @@ class GKEBackend(Backend):
             stream = self._streams[name] = PodLogStream(
                 self._api(job), job["namespace"], pod["metadata"]["name"], CONTAINER_NAME
             )
+            stream.listeners.add(self._changes(job))
             stream.start()
         return stream
 
@@ -187,10 +198,38 @@ class GKEBackend(Backend):
             return "", offset
         return "\n".join(lines) + "\n", offset + len(lines)
 
+    notifies = True
+
+    def _changes(self, job: JobRef) -> asyncio.Event:
+        """The job's change event, subscribed to the watch before its state is first read, so
+        a change between a look and the next wait is never lost (see ``await_change``)."""
+        name = k8s_job_name(job)
+        event = self._change_events.get(name)
+        if event is None:
+            event = self._change_events[name] = asyncio.Event()
+            self._watches[name] = shared_watch(job["cluster"], job["namespace"])
+            self._watches[name].subscribe(name, event)
+        return event
+
     async def await_change(self, job: JobRef, timeout: float) -> None:
-        await shared_watch(job["cluster"], job["namespace"]).await_change(k8s_job_name(job), timeout)
+        """Until the watch sees the Job or a pod of it change, its log stream brings lines or
+        ends, or ``timeout``: no timer wakes a watcher whose job is quiet.
+
+        The event stays subscribed between waits and is cleared on waking, before the watcher
+        looks again: whatever changes after that look sets it, and the next wait returns at once.
+        """
+        changed = self._changes(job)
+        try:
+            await asyncio.wait_for(changed.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+        changed.clear()
 
     def close(self) -> None:
         for stream in self._streams.values():
             stream.stop()
         self._streams.clear()
+        for name, event in self._change_events.items():
+            self._watches[name].unsubscribe(name, event)
+        self._change_events.clear()
+        self._watches.clear()

@@ -53,6 +53,8 @@ class PodLogStream:
         self.api, self.namespace, self.pod, self.container = api, namespace, pod, container
         self.lines: list[str] = []
         self.done = asyncio.Event()
+        # Set when lines arrive or the stream ends: what wakes a watcher instead of a timer.
+        self.listeners: set[asyncio.Event] = set()
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -61,6 +63,10 @@ class PodLogStream:
     def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
+
+    def _wake(self) -> None:
+        for listener in self.listeners:
+            listener.set()
 
     async def _run(self) -> None:
         import aiohttp
@@ -85,6 +91,8 @@ class PodLogStream:
                                     if seen > received:
                                         self.lines.append(raw.decode("utf-8", "replace"))
                                         received, pause, last_progress = seen, 0.5, time.monotonic()
+                                if complete:
+                                    self._wake()
                             if buffer and seen + 1 > received:
                                 self.lines.append(buffer.decode("utf-8", "replace"))
                             return
@@ -96,3 +104,4 @@ class PodLogStream:
                 log.warning("giving up following the log of pod %s: no progress", self.pod)
         finally:
             self.done.set()
+            self._wake()

@@ -47,6 +47,7 @@ class _Collection(threading.Thread):
             self.objects = {item["metadata"]["name"]: item for item in listing.get("items", [])}
         self.resource_version = listing.get("metadata", {}).get("resourceVersion")
         self.synced.set()
+        self.owner.notify(None)  # changes missed while the watch was down are in this listing
 
     def _watch_once(self) -> None:
         response = self.owner.api.request(
@@ -91,7 +92,6 @@ class _Collection(threading.Thread):
                 self.objects.pop(name, None)
             else:
                 self.objects[name] = obj
-        self.owner.changed.set()
         # A Job is known by its name, a pod by the job-name label the Job controller gives it.
         self.owner.notify(obj["metadata"].get("labels", {}).get("job-name") or name)
 
@@ -130,9 +130,8 @@ class ClusterWatch:
         self.api = api
         self.namespace = namespace
         self.stopped = threading.Event()
-        self.changed = threading.Event()
         self.last_used = time.monotonic()
-        # job name -> events of the event loops waiting for that job to change (await_change)
+        # job name -> (loop, event) of the watchers waiting for that job to change
         self._waiters: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
         self._waiters_lock = threading.Lock()
         self.jobs = _Collection(self, KubeApi.jobs_path(namespace))
@@ -151,39 +150,52 @@ class ClusterWatch:
         self.last_used = time.monotonic()
         return self.pods.select("job-name", job_name)
 
-    def notify(self, job_name: str) -> None:
-        """Wake whoever awaits a change of ``job_name`` (called from the watch threads)."""
+    def notify(self, job_name: str | None) -> None:
+        """Wake whoever waits on ``job_name`` (everyone for None: a relist may have changed any
+        job). Called from the watch threads; each waiter's event is set in its own loop."""
         with self._waiters_lock:
-            waiters = list(self._waiters.get(job_name, ()))
+            if job_name is None:
+                waiters = [entry for entries in self._waiters.values() for entry in entries]
+            else:
+                waiters = list(self._waiters.get(job_name, ()))
         for loop, event in waiters:
             with contextlib.suppress(RuntimeError):  # that loop has closed meanwhile
                 loop.call_soon_threadsafe(event.set)
 
-    async def await_change(self, job_name: str, timeout: float) -> bool:
-        """Until the watch sees the Job or one of its pods change, or ``timeout``; True if it did.
+    def subscribe(self, job_name: str, event: asyncio.Event) -> None:
+        """Set ``event`` (in the running loop) whenever the Job or one of its pods changes.
 
-        This is what makes completion event-driven: a trigger sleeps here instead of polling,
-        and wakes within milliseconds of the pod's termination reaching the watch.
+        This is what makes completion event-driven: a trigger sleeps on its event instead of
+        polling, and wakes within milliseconds of the pod's termination reaching the watch.
         """
         self.last_used = time.monotonic()
-        entry = (asyncio.get_running_loop(), asyncio.Event())
         with self._waiters_lock:
-            self._waiters.setdefault(job_name, set()).add(entry)
-        try:
-            await asyncio.wait_for(entry[1].wait(), timeout)
-            return True
-        except asyncio.TimeoutError:
-            return False
-        finally:
-            with self._waiters_lock:
-                waiting = self._waiters.get(job_name)
-                if waiting is not None:
-                    waiting.discard(entry)
-                    if not waiting:
-                        del self._waiters[job_name]
+            self._waiters.setdefault(job_name, set()).add((asyncio.get_running_loop(), event))
+
+    def unsubscribe(self, job_name: str, event: asyncio.Event) -> None:
+        with self._waiters_lock:
+            waiting = self._waiters.get(job_name)
+            if waiting is not None:
+                waiting.discard((asyncio.get_running_loop(), event))
+                if not waiting:
+                    del self._waiters[job_name]
+
+    @property
+    def synced(self) -> bool:
+        """Both collections listed and their watch threads alive: the cache may be trusted."""
+        return (
+            self.jobs.synced.is_set()
+            and self.pods.synced.is_set()
+            and self.jobs.is_alive()
+            and self.pods.is_alive()
+            and not self.stopped.is_set()
+        )
 
     @property
     def idle(self) -> bool:
+        with self._waiters_lock:
+            if self._waiters:  # a watcher sleeping until this watch wakes it is a user
+                return False
         return time.monotonic() - self.last_used > _IDLE_STOP_SECONDS
 
     def stop(self) -> None:
