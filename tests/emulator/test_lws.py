@@ -15,7 +15,7 @@ GROUP, VERSION, PLURAL = "leaderworkerset.x-k8s.io", "v1", "leaderworkersets"
 ENV_DUMP = (
     "import os, time\n"
     "for k in ('LWS_LEADER_ADDRESS', 'LWS_GROUP_SIZE', 'LWS_WORKER_INDEX',\n"
-    "          'TPU_WORKER_ID', 'TPU_WORKER_HOSTNAMES'):\n"
+    "          'TPU_WORKER_ID', 'TPU_WORKER_HOSTNAMES', 'TPU_PROCESS_ADDRESSES'):\n"
     "    print(k, os.environ.get(k), flush=True)\n"
     "time.sleep(120)\n"
 )
@@ -65,6 +65,7 @@ def test_lws_size_3_runs_group_with_lws_env(
     by_name = {p.metadata.name: p for p in pods}
     assert set(by_name) == {"trainer-0", "trainer-0-1", "trainer-0-2"}
     hostnames = "trainer-0.trainer,trainer-0-1.trainer,trainer-0-2.trainer"
+    addresses = "trainer-0.trainer:8476,trainer-0-1.trainer:8476,trainer-0-2.trainer:8476"
     for index, name in enumerate(["trainer-0", "trainer-0-1", "trainer-0-2"]):
         pod = by_name[name]
         labels = pod.metadata.labels
@@ -75,21 +76,34 @@ def test_lws_size_3_runs_group_with_lws_env(
         assert pod.spec.subdomain == "trainer" and pod.spec.hostname == name
         assert pod.metadata.owner_references[0].kind == "LeaderWorkerSet"
         assert "tpu-v5-lite-podslice" in pod.spec.node_name
-        env_names = [e.name for e in pod.spec.containers[0].env]
-        assert env_names[:3] == ["LWS_LEADER_ADDRESS", "LWS_GROUP_SIZE", "LWS_WORKER_INDEX"]
-        out = wait_until(lambda name=name: read_log(core, name).count("\n") >= 5 and read_log(core, name))
-        values = dict(line.split(" ", 1) for line in out.splitlines())
-        assert values == {
+        # The pod spec shows what the LWS webhook injects (cluster DNS names) ...
+        spec_env = {e.name: e.value for e in pod.spec.containers[0].env}
+        assert list(spec_env)[:3] == ["LWS_LEADER_ADDRESS", "LWS_GROUP_SIZE", "LWS_WORKER_INDEX"]
+        assert spec_env == {
             "LWS_LEADER_ADDRESS": f"trainer-0.trainer.{NS}",
             "LWS_GROUP_SIZE": "3",
             "LWS_WORKER_INDEX": str(index),
-            "TPU_WORKER_ID": str(index),
             "TPU_WORKER_HOSTNAMES": hostnames,
+            "TPU_WORKER_ID": str(index),
+            "TPU_NAME": "trainer-0",
+            "TPU_PROCESS_ADDRESSES": addresses,
+            "TPU_PROCESS_PORT": "8476",
+        }
+        # ... and the process gets them resolved to the (shared) pod IP.
+        out = wait_until(lambda name=name: read_log(core, name).count("\n") >= 6 and read_log(core, name))
+        values = dict(line.split(" ", 1) for line in out.splitlines())
+        assert values == {
+            "LWS_LEADER_ADDRESS": "127.0.0.1",
+            "LWS_GROUP_SIZE": "3",
+            "LWS_WORKER_INDEX": str(index),
+            "TPU_WORKER_ID": str(index),
+            "TPU_WORKER_HOSTNAMES": "127.0.0.1,127.0.0.1,127.0.0.1",
+            "TPU_PROCESS_ADDRESSES": "127.0.0.1:8476,127.0.0.1:8476,127.0.0.1:8476",
         }
     assert "leader-name" not in str(by_name["trainer-0"].metadata.annotations)
-    assert (
-        by_name["trainer-0-2"].metadata.annotations["leaderworkerset.sigs.k8s.io/leader-name"] == "trainer-0"
-    )
+    worker_annotations = by_name["trainer-0-2"].metadata.annotations
+    assert worker_annotations["leaderworkerset.sigs.k8s.io/leader-name"] == "trainer-0"
+    assert worker_annotations["leaderworkerset.sigs.k8s.io/leader-requests-tpus"] == "true"
 
     def available() -> dict[str, Any] | None:
         obj = custom.get_namespaced_custom_object_status(GROUP, VERSION, NS, PLURAL, "trainer")
@@ -117,6 +131,10 @@ def test_lws_size_3_runs_group_with_lws_env(
         message="LWS pods deleted",
     )
     wait_until(lambda: not any(pid_alive(pid) for pid in pids), message="LWS processes killed")
+    wait_until(
+        lambda: "trainer" not in {s.metadata.name for s in core.list_namespaced_service(NS).items},
+        message="headless service deleted",
+    )
 
 
 def test_invalid_lws_is_rejected(apis: tuple[client.CustomObjectsApi, client.CoreV1Api]) -> None:

@@ -64,6 +64,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--max-grace-seconds", type=float, default=5.0, help="cap on termination grace periods"
     )
+    parser.add_argument(
+        "--no-cluster-dns",
+        action="store_true",
+        help="hand pod processes cluster DNS names as they are (default: names of pods and headless "
+        "Services in their env become 127.0.0.1)",
+    )
     parser.add_argument("--work-dir", help="directory for pod logs (default: a temp dir removed on exit)")
     parser.add_argument("--node-pools", help="JSON file: [{name, labels, taints:[{key,value,effect}]}]")
     parser.add_argument("--log-level", default="WARNING", help="Python log level (default WARNING)")
@@ -80,6 +86,7 @@ async def serve(args: argparse.Namespace) -> int:
         node_pools=_load_pools(args.node_pools),
         namespaces=namespaces,
         max_grace_seconds=args.max_grace_seconds,
+        resolve_cluster_dns=not args.no_cluster_dns,
     )
     server = ApiServer(cluster, args.host, args.port)
     stop = asyncio.Event()

@@ -101,6 +101,7 @@ class Cluster:
         max_grace_seconds: float = 5.0,
         inherit_env: bool = True,
         extra_env: dict[str, str] | None = None,
+        resolve_cluster_dns: bool = True,
         restart_backoff: float = 0.5,
         job_backoff: float = 0.2,
         image_pull_backoff: float = 0.5,
@@ -123,6 +124,7 @@ class Cluster:
             max_grace_seconds=max_grace_seconds,
             inherit_env=inherit_env,
             extra_env=extra_env or {},
+            resolve_cluster_dns=resolve_cluster_dns,
             restart_backoff=restart_backoff,
             image_pull_backoff=image_pull_backoff,
         )

@@ -44,6 +44,8 @@ LWS_GROUP_KEY = "leaderworkerset.sigs.k8s.io/group-key"
 LWS_REVISION = "leaderworkerset.sigs.k8s.io/template-revision-hash"
 LWS_SIZE = "leaderworkerset.sigs.k8s.io/size"
 LWS_LEADER_NAME = "leaderworkerset.sigs.k8s.io/leader-name"
+LWS_LEADER_REQUESTS_TPUS = "leaderworkerset.sigs.k8s.io/leader-requests-tpus"
+TPU_PROCESS_DEFAULT_PORT = 8476
 
 MSG_COMPLETE = "Reached expected number of succeeded pods"
 MSG_BACKOFF = "Job has reached the specified backoff limit"
@@ -78,6 +80,20 @@ def _set_cond(
 
 def _pod_ready(pod: dict[str, Any]) -> bool:
     return _cond_true((pod.get("status") or {}).get("conditions") or [], "Ready")
+
+
+def _requests_tpus(container: dict[str, Any]) -> bool:
+    resources = container.get("resources") or {}
+    return any(
+        str((resources.get(section) or {}).get("google.com/tpu", "0")) not in ("0", "")
+        for section in ("limits", "requests")
+    )
+
+
+def _tpu_containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Containers, then init containers, that request ``google.com/tpu`` (LWS's order)."""
+    containers = list(spec.get("containers") or []) + list(spec.get("initContainers") or [])
+    return [c for c in containers if _requests_tpus(c)]
 
 
 def _controller_uid(obj: dict[str, Any]) -> str | None:
@@ -547,9 +563,8 @@ class LeaderWorkerSetController:
         md = lws["metadata"]
         name, ns = md["name"], md["namespace"]
         lwt = lws["spec"]["leaderWorkerTemplate"]
-        template = copy.deepcopy(
-            (lwt.get("leaderTemplate") or lwt["workerTemplate"]) if worker == 0 else lwt["workerTemplate"]
-        )
+        leader_template = lwt.get("leaderTemplate") or lwt["workerTemplate"]
+        template = copy.deepcopy(leader_template if worker == 0 else lwt["workerTemplate"])
         leader = f"{name}-{group}"
         pod_name = leader if worker == 0 else f"{leader}-{worker}"
         tmd = template.get("metadata") or {}
@@ -569,44 +584,24 @@ class LeaderWorkerSetController:
         annotations[LWS_SIZE] = str(size)
         if worker > 0:
             annotations[LWS_LEADER_NAME] = leader
+            if _tpu_containers(leader_template.get("spec") or {}):
+                annotations[LWS_LEADER_REQUESTS_TPUS] = "true"
         spec = template.get("spec") or {}
         spec["hostname"] = pod_name
         spec["subdomain"] = name
+        # The LWS pod webhook: TPU variables are appended first, then the LWS variables
+        # are put in front of every container's env (so user values may use $(LWS_...)).
+        self._add_tpu_env(spec, annotations, leader, name, worker, size)
         lws_env = [
             {"name": "LWS_LEADER_ADDRESS", "value": f"{leader}.{name}.{ns}"},
             {"name": "LWS_GROUP_SIZE", "value": str(size)},
-            {
-                "name": "LWS_WORKER_INDEX",
-                "valueFrom": {
-                    "fieldRef": {"apiVersion": "v1", "fieldPath": f"metadata.labels['{LWS_WORKER}']"}
-                },
-            },
+            {"name": "LWS_WORKER_INDEX", "value": str(worker)},
         ]
         names = {e["name"] for e in lws_env}
         for group_key in ("containers", "initContainers"):
             for container in spec.get(group_key) or []:
                 existing = [e for e in container.get("env") or [] if e.get("name") not in names]
                 container["env"] = copy.deepcopy(lws_env) + existing
-        tpu_container = next(
-            (
-                c
-                for c in list(spec.get("containers") or []) + list(spec.get("initContainers") or [])
-                if any(
-                    "google.com/tpu" in ((c.get("resources") or {}).get(section) or {})
-                    for section in ("limits", "requests")
-                )
-            ),
-            None,
-        )
-        if tpu_container is not None and not any(
-            e.get("name") in ("TPU_WORKER_HOSTNAMES", "TPU_WORKER_ID") for e in tpu_container["env"]
-        ):
-            hostnames = [f"{leader}.{name}"] + [f"{leader}-{i}.{name}" for i in range(1, size)]
-            tpu_container["env"] += [
-                {"name": "TPU_WORKER_HOSTNAMES", "value": ",".join(hostnames)},
-                {"name": "TPU_WORKER_ID", "value": str(worker)},
-                {"name": "TPU_NAME", "value": leader},
-            ]
         return {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -628,6 +623,40 @@ class LeaderWorkerSetController:
             },
             "spec": spec,
         }
+
+    @staticmethod
+    def _add_tpu_env(
+        spec: dict[str, Any], annotations: dict[str, str], leader: str, subdomain: str, worker: int, size: int
+    ) -> None:
+        """``AddTPUVariables`` of the LWS webhook (without subgroups)."""
+        containers = _tpu_containers(spec)
+        if not containers or any(
+            e.get("name") in ("TPU_WORKER_HOSTNAMES", "TPU_WORKER_ID") for e in containers[0].get("env") or []
+        ):
+            return
+        leader_is_tpu_worker = worker == 0 or annotations.get(LWS_LEADER_REQUESTS_TPUS) == "true"
+        index = worker if leader_is_tpu_worker else worker - 1
+
+        def own_port(container: dict[str, Any]) -> str | None:
+            env = container.get("env") or []
+            return next((str(e.get("value", "")) for e in env if e.get("name") == "TPU_PROCESS_PORT"), None)
+
+        ports = [own_port(c) or str(TPU_PROCESS_DEFAULT_PORT + i) for i, c in enumerate(containers)]
+        hosts = ([f"{leader}.{subdomain}"] if leader_is_tpu_worker else []) + [
+            f"{leader}-{i}.{subdomain}" for i in range(1, size)
+        ]
+        hostnames = [h for h in hosts for _ in containers]
+        addresses = [f"{h}:{p}" for h in hosts for p in ports]
+        for i, container in enumerate(containers):
+            env = container.setdefault("env", [])
+            env += [
+                {"name": "TPU_WORKER_HOSTNAMES", "value": ",".join(hostnames)},
+                {"name": "TPU_WORKER_ID", "value": str(index * len(containers) + i)},
+                {"name": "TPU_NAME", "value": leader},
+                {"name": "TPU_PROCESS_ADDRESSES", "value": ",".join(addresses)},
+            ]
+            if own_port(container) is None:
+                env.append({"name": "TPU_PROCESS_PORT", "value": ports[i]})
 
     def _ensure_service(self, lws: dict[str, Any]) -> None:
         md = lws["metadata"]

@@ -64,6 +64,10 @@ class ClusterEmulator:
         inherit_env: give pod processes this process's environment underneath the container ``env``
             (needed for ``PATH``/``PYTHONPATH``; set False for a clean environment with only ``PATH``).
         extra_env: variables added to every pod process (e.g. ``STORAGE_EMULATOR_HOST``).
+        resolve_cluster_dns: in the environment of pod processes (and ``$(VAR)`` expansions in
+            command/args), replace cluster DNS names of pods and headless Services
+            (``LWS_LEADER_ADDRESS``, ``TPU_WORKER_HOSTNAMES``...) with 127.0.0.1, since there is no
+            cluster DNS here; the API objects keep the real names.
         restart_backoff_seconds: first CrashLoopBackOff delay (doubles, capped at 5 s).
         job_backoff_seconds: first delay before the Job controller replaces a failed pod (doubles, 10x cap).
         image_pull_backoff_seconds: first ImagePullBackOff delay (doubles, capped at 10 s).
@@ -80,6 +84,7 @@ class ClusterEmulator:
         work_dir: str | os.PathLike[str] | None = None,
         inherit_env: bool = True,
         extra_env: dict[str, str] | None = None,
+        resolve_cluster_dns: bool = True,
         restart_backoff_seconds: float = 0.5,
         job_backoff_seconds: float = 0.2,
         image_pull_backoff_seconds: float = 0.5,
@@ -90,6 +95,7 @@ class ClusterEmulator:
             "max_grace_seconds": max_grace_seconds,
             "inherit_env": inherit_env,
             "extra_env": dict(extra_env or {}),
+            "resolve_cluster_dns": resolve_cluster_dns,
             "restart_backoff": restart_backoff_seconds,
             "job_backoff": job_backoff_seconds,
             "image_pull_backoff": image_pull_backoff_seconds,

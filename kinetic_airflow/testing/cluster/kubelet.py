@@ -27,14 +27,16 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections import ChainMap
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import dns
 from ._util import fmt_nano, fmt_time, parse_time, utcnow, wait_event
 from .nodes import find_node, scale_up_message
-from .resources import CONFIGMAPS, PODS, SECRETS
+from .resources import CONFIGMAPS, PODS, SECRETS, SERVICES
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -226,16 +228,32 @@ class ContainerState:
 _VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][-._A-Za-z0-9]*)\)")
 
 
-def expand_vars(text: str, env: dict[str, str]) -> str:
-    """Kubernetes ``$(VAR)`` expansion (``$$`` escapes; unknown references stay as they are)."""
-
-    def repl(match: re.Match[str]) -> str:
-        if match.group(0) == "$$":
-            return "$"
+def expand_vars_spans(text: str, env: Mapping[str, str]) -> tuple[str, list[tuple[int, int]]]:
+    """:func:`expand_vars`, plus the spans of the result that came from variables."""
+    out: list[str] = []
+    spans: list[tuple[int, int]] = []
+    length = pos = 0
+    for match in _VAR_REF.finditer(text):
+        out.append(text[pos : match.start()])
+        length += match.start() - pos
+        pos = match.end()
         name = match.group(1)
-        return env[name] if name in env else match.group(0)
+        if match.group(0) == "$$":
+            piece = "$"
+        elif name in env:
+            piece = env[name]
+            spans.append((length, length + len(piece)))
+        else:
+            piece = match.group(0)
+        out.append(piece)
+        length += len(piece)
+    out.append(text[pos:])
+    return "".join(out), spans
 
-    return _VAR_REF.sub(repl, text)
+
+def expand_vars(text: str, env: Mapping[str, str]) -> str:
+    """Kubernetes ``$(VAR)`` expansion (``$$`` escapes; unknown references stay as they are)."""
+    return expand_vars_spans(text, env)[0]
 
 
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+)([a-zA-Z]*)$")
@@ -609,7 +627,7 @@ class PodRuntime:
             if self.killing:
                 return False
             try:
-                env, defined = self._build_env(spec)
+                env, mapping = self._build_env(spec)
             except ConfigError as exc:
                 state.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}
                 self.event("Warning", "Failed", f"Error: {exc}", once=True)
@@ -618,7 +636,7 @@ class PodRuntime:
                     return False
                 continue
             try:
-                run = self._start_process(spec, state, env, defined)
+                run = self._start_process(spec, state, env, mapping)
             except StartError as exc:
                 now = fmt_time()
                 state.state = {
@@ -747,8 +765,26 @@ class PodRuntime:
             raise ConfigError(f"couldn't find key {key} in {label} {self.namespace}/{name}")
         return data[key]
 
+    def _headless_services(self) -> dns.Headless:
+        """(namespace, name) of every headless Service, when cluster names are rewritten at all."""
+        if not self.kubelet.resolve_cluster_dns:
+            return set()
+        return {
+            (svc["metadata"]["namespace"], svc["metadata"]["name"])
+            for svc in self.cluster.store.list(SERVICES)
+            if (svc.get("spec") or {}).get("clusterIP") == "None"
+            and not svc["metadata"].get("deletionTimestamp")
+        }
+
     def _build_env(self, container: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
-        """Process environment and the variables the container spec defines (for ``$(VAR)``)."""
+        """Process environment, and the ``$(VAR)`` mapping for command/args.
+
+        As in the kubelet: ``envFrom`` first, then ``env`` in order, each ``value``
+        expanded against the variables defined before it and the service variables
+        (``KUBERNETES_SERVICE_HOST``...). The mapping holds the values as the spec
+        defines them; in the process environment, cluster DNS names of pods and
+        headless Services are replaced with 127.0.0.1 (see :mod:`.dns`).
+        """
         pod = self.pod()
         if pod is None:
             raise ConfigError("pod deleted")
@@ -760,14 +796,13 @@ class PodRuntime:
         spec = pod["spec"]
         hostname = spec.get("hostname") or self.name
         port = str(self.cluster.port or 0)
-        env.update(
-            {
-                "HOSTNAME": hostname,
-                "KUBERNETES_SERVICE_HOST": "127.0.0.1",
-                "KUBERNETES_SERVICE_PORT": port,
-                "KUBERNETES_PORT": f"tcp://127.0.0.1:{port}",
-            }
-        )
+        service_env = {
+            "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+            "KUBERNETES_SERVICE_PORT": port,
+            "KUBERNETES_PORT": f"tcp://127.0.0.1:{port}",
+        }
+        env["HOSTNAME"] = hostname
+        env.update(service_env)
         defined: dict[str, str] = {}
         for source in container.get("envFrom") or []:
             prefix = source.get("prefix", "")
@@ -802,17 +837,21 @@ class PodRuntime:
                 if value is not None:
                     defined[name] = value
             else:
-                defined[name] = expand_vars(str(item.get("value", "")), defined)
-        env.update(defined)
-        return env, defined
+                defined[name] = expand_vars(str(item.get("value", "")), ChainMap(defined, service_env))
+        headless = self._headless_services()
+        env.update({k: dns.rewrite(v, self.namespace, headless) for k, v in defined.items()})
+        return env, {**service_env, **defined}
 
     def _start_process(
-        self, container: dict[str, Any], state: ContainerState, env: dict[str, str], defined: dict[str, str]
+        self, container: dict[str, Any], state: ContainerState, env: dict[str, str], mapping: dict[str, str]
     ) -> ContainerRun:
-        argv = [
-            expand_vars(str(a), defined)
-            for a in (container.get("command") or []) + (container.get("args") or [])
-        ]
+        headless = self._headless_services()
+        argv = []
+        for arg in (container.get("command") or []) + (container.get("args") or []):
+            # Only names that came from $(VAR) expansion are rewritten: literal text in the
+            # command may be code (python -c ...) that merely mentions a name.
+            text, spans = expand_vars_spans(str(arg), mapping)
+            argv.append(dns.rewrite(text, self.namespace, headless, only=spans))
         if not argv:
             raise StartError(
                 "failed to create containerd task: the cluster emulator runs the container's command "
@@ -1043,6 +1082,7 @@ class Kubelet:
         max_grace_seconds: float,
         inherit_env: bool,
         extra_env: dict[str, str],
+        resolve_cluster_dns: bool = True,
         restart_backoff: float = 0.5,
         restart_backoff_max: float = 5.0,
         image_pull_backoff: float = 0.5,
@@ -1052,6 +1092,7 @@ class Kubelet:
         self.max_grace_seconds = max_grace_seconds
         self.inherit_env = inherit_env
         self.extra_env = dict(extra_env)
+        self.resolve_cluster_dns = resolve_cluster_dns
         self.restart_backoff = restart_backoff
         self.restart_backoff_max = restart_backoff_max
         self.image_pull_backoff = image_pull_backoff
