@@ -27,12 +27,15 @@ from typing import Any
 
 from kinetic_airflow.storage import join_uri
 
-__all__ = ["STATE_KEY", "JobIdentity", "JobLayout", "dns_label", "output_dir_uri"]
+__all__ = ["MAX_JOB_ID", "STATE_KEY", "JobIdentity", "JobLayout", "dns_label", "output_dir_uri"]
 
 # The task_state_store key under which a task instance's current job reference is kept.
 STATE_KEY = "kinetic_job"
 
-_MAX_JOB_ID = 52  # leaves room for "kinetic-" and pod suffixes within 63-char DNS labels
+# Leaves room within 63-char DNS labels for "kinetic-{id}-xxxxx" (Job pods) and for
+# "keras-pathways-{id}-0-999" (kinetic's LeaderWorkerSet name, and its pods' hostnames).
+_MAX_JOB_ID = 42
+MAX_JOB_ID = _MAX_JOB_ID
 
 
 def dns_label(text: str, limit: int) -> str:

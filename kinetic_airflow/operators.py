@@ -230,6 +230,8 @@ class KineticRunOperator(BaseOperator):
             "service_account": resolve_setting("service_account") or None,
             "active_deadline_seconds": deadline,
             "container_env": self.container_env,
+            "hosts": spec.hosts,
+            "chips_per_host": spec.chips_per_host if spec.kind == "tpu" else None,
             "startup_timeout": float(resolve_setting("startup_timeout", self.startup_timeout)),
             "heartbeat_timeout": float(resolve_setting("heartbeat_timeout")),
         }
@@ -436,7 +438,7 @@ class KineticRunOperator(BaseOperator):
             location=cluster.get("location") or "",
             cluster=cluster.get("name") or "",
             namespace=ref["namespace"],
-            job_name=f"kinetic-{ref['job_id']}",
+            job_name=get_backend(ref["backend"]).object_name(ref),
         )
         context["ti"].xcom_push(key=LINKS_XCOM_KEY, value=links)
 
@@ -514,7 +516,8 @@ class KineticRunOperator(BaseOperator):
         """The job's value as XCom, or the exception that says why there is none."""
         status = event.get("status")
         storage = self._storage(ref["job_uri"])
-        result_uri = JobLayout(ref["job_uri"]).result()
+        # a multi-host job's failure is reported from the failing host's own envelope
+        result_uri = JobLayout(ref["job_uri"]).result(int(event.get("host") or 0))
         identity = JobIdentity.from_dict(ref["identity"])
         if status == "success":
             envelope = load_envelope(storage, result_uri)
@@ -543,7 +546,7 @@ class KineticRunOperator(BaseOperator):
             except Exception as exc:  # user classes missing on the worker: keep the text
                 log.warning("could not load the remote exception object: %s", exc)
                 envelope = None
-            raise_remote(envelope, summary, ref["job_id"])
+            raise_remote(envelope, summary, ref["job_id"], where=event.get("where") or "")
         raise KineticJobError(describe_failure(event))
 
     def _resubmit_after_preemption(self, context: Context, event: dict[str, Any]) -> Any:

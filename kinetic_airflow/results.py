@@ -95,18 +95,24 @@ def _note(exc: BaseException, text: str) -> None:
         add_note(text)
 
 
-def raise_remote(envelope: dict[str, Any] | None, summary: dict[str, Any], job_id: str) -> None:
-    """Re-raise the function's exception with its original type where it can be loaded."""
+def raise_remote(
+    envelope: dict[str, Any] | None, summary: dict[str, Any], job_id: str, where: str = ""
+) -> None:
+    """Re-raise the function's exception with its original type where it can be loaded.
+
+    ``where``: on a multi-host job, which host raised it ("host 2 of 4 (also failed: ...)").
+    """
     tb = summary.get("traceback") or ""
     phase = summary.get("phase")
+    job = f"kinetic job {job_id}" + (f", {where}" if where else "")
     if tb:
-        log.error("Remote traceback (job %s, phase %s):\n%s", job_id, phase, tb.rstrip())
+        log.error("Remote traceback (%s, phase %s):\n%s", job, phase, tb.rstrip())
     exc = envelope.get("exception") if envelope else None
     if phase == "execute" and isinstance(exc, Exception):
-        _note(exc, f"Raised remotely in kinetic job {job_id} (phase execute). Remote traceback:\n{tb}")
+        _note(exc, f"Raised remotely in {job} (phase execute). Remote traceback:\n{tb}")
         raise exc
     error_type = summary.get("error_type") or "Error"
     message = summary.get("error_message") or "unknown error"
     if phase == "execute":
-        raise KineticRemoteError(error_type, message, tb)
-    raise KineticJobError(f"kinetic job {job_id} failed in phase {phase!r}: {message}")
+        raise KineticRemoteError(error_type, (f"{where}: " if where else "") + message, tb)
+    raise KineticJobError(f"{job} failed in phase {phase!r}: {message}")

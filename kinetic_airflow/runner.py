@@ -115,6 +115,8 @@ class JobRunner:
     # Markers ------------------------------------------------------------------------------
     def marker(self, name: str, **extra: Any) -> None:
         record = {"time": _now(), "host": self.host, "pid": os.getpid(), "hostname": socket.gethostname()}
+        if os.environ.get("KINETIC_POD_UID"):
+            record["pod_uid"] = os.environ["KINETIC_POD_UID"]
         record.update(extra)
         try:
             self.storage.write_text(self.layout.status(name, self.host), json.dumps(record))
@@ -386,9 +388,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _already_ran(runner: JobRunner) -> dict[str, Any] | None:
+    """This host's ``started`` marker of this attempt, if its runner has run here before.
+
+    Only for multi-host jobs: a LeaderWorkerSet pod restarts its container whenever the
+    runner ends (``restartPolicy: Always`` is the only one LWS allows). Running the function
+    again on one host alone would run it twice and hang in the collectives; the attempt's
+    outcome is already decided by what the first run wrote, so the restarted runner waits
+    until the watcher deletes the group.
+    """
+    if int(os.environ.get("KINETIC_NUM_HOSTS") or 1) <= 1:
+        return None
+    text = runner.storage.read_text_or_none(runner.layout.status("started", runner.host))
+    return json.loads(text) if text else None
+
+
+def _wait_to_be_stopped(runner: JobRunner, earlier: dict[str, Any]) -> int:
+    same_pod = earlier.get("pod_uid") and earlier.get("pod_uid") == os.environ.get("KINETIC_POD_UID")
+    log(
+        f"host {runner.host} already ran this attempt's function "
+        + ("in this pod" if same_pod else "in an earlier pod (this one replaced it)")
+        + "; not running it again. Waiting for the attempt's LeaderWorkerSet to be deleted."
+    )
+    shutil.rmtree(runner.workdir, ignore_errors=True)
+    while True:
+        signal.pause()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     runner = JobRunner(args.job_uri, _host_index(args.host_index), args.heartbeat_seconds)
+    earlier = _already_ran(runner)
+    if earlier is not None:
+        return _wait_to_be_stopped(runner, earlier)
     _install_sigterm_marker(runner)
     code = runner.run()
     sys.stdout.flush()

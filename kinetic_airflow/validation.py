@@ -87,6 +87,11 @@ def is_templated(value: Any) -> bool:
 
 
 def check_backend_fits(backend: str | None, spec: Any) -> None:
+    if backend == "pathways" and spec.kind != "tpu":
+        raise ValueError(
+            f"backend='pathways' runs TPU slices (a LeaderWorkerSet of TPU hosts), not {spec.kind} "
+            f"accelerators like {spec.text!r}: use backend='gke' (or 'auto') for CPUs and GPUs."
+        )
     if backend == "gke" and spec.multi_host:
         raise ValueError(
             f"accelerator {spec.text!r} spans {spec.hosts} hosts; backend='gke' runs single-host Jobs. "

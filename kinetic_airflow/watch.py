@@ -35,6 +35,22 @@ _DRAIN_SECONDS = 5.0
 _TAIL_LINES = 20
 
 
+def _progress(offset: Any) -> int:
+    """How far a log offset has got, to pick the further of two saved cursors."""
+    if isinstance(offset, dict):
+        return sum(int(v) for v in offset.values())
+    return int(offset or 0)
+
+
+def _host_of(line: str) -> str:
+    """The host a multi-host log line came from ("3" for "[h3] ..."), "" for a one-host job."""
+    if line.startswith("[h"):
+        end = line.find("] ", 2)
+        if end > 2 and line[2:end].isdigit():
+            return line[2:end]
+    return ""
+
+
 def describe_failure(event: dict[str, Any]) -> str:
     """The task's error text: cause, job, hint and the last log lines."""
     job = event.get("job") or {}
@@ -142,14 +158,19 @@ class JobWatcher:
         self.deadline = deadline
         self.log_max_lines = log_max_lines
         self.emit_log = emit_log or (lambda line: None)
-        self.log_offset = 0
-        self.saved_offset = 0
-        self.shared_offset = 0
+        # Where the log was read up to: an int (bytes or lines) or, for a multi-host job, lines
+        # per host ({"0": n, "3": m}); the backend defines it, the watcher only keeps it.
+        self.log_offset: Any = 0
+        self.saved_offset: Any = 0
+        self.shared_offset: Any = 0
         self.shared_saved_at = time.monotonic()
         self._local_cursor = _local_cursor_path(job)
-        self.lines_emitted = 0
+        # Lines shown so far and the end of a capped log held back, per host ("" for one host):
+        # the cap is per host, so one chatty host cannot hide the others.
+        self.lines_emitted: dict[str, int] = {}
         self.tail: deque[str] = deque(maxlen=_TAIL_LINES)
-        self.held: deque[str] = deque(maxlen=max(1, log_max_lines // 2))
+        self.held: dict[str, deque[str]] = {}
+        self.hosts = int(job.get("hosts") or 1)
 
     @property
     def _cursor_uri(self) -> str:  # the shared copy
@@ -168,9 +189,10 @@ class JobWatcher:
         for text in found:
             if text:
                 cursor = json.loads(text)
-                if int(cursor.get("offset", 0)) > self.log_offset:
-                    self.log_offset = int(cursor.get("offset", 0))
-                    self.lines_emitted = int(cursor.get("lines", 0))
+                if _progress(cursor.get("offset", 0)) > _progress(self.log_offset):
+                    self.log_offset = cursor.get("offset", 0)
+                    lines = cursor.get("lines", 0)
+                    self.lines_emitted = dict(lines) if isinstance(lines, dict) else {"": int(lines)}
         self.saved_offset = self.shared_offset = self.log_offset
 
     async def _save_cursor(self, *, final: bool = False) -> None:
@@ -213,29 +235,32 @@ class JobWatcher:
     def _show(self, line: str) -> None:
         """The first half of the cap goes out live, the last half when the job has ended."""
         self.tail.append(line)
-        self.lines_emitted += 1
+        host = _host_of(line)
+        count = self.lines_emitted[host] = self.lines_emitted.get(host, 0) + 1
         head = self.log_max_lines - self.log_max_lines // 2
-        if self.lines_emitted <= head:
+        if count <= head:
             self.emit_log(line)
             return
-        if self.lines_emitted == head + 1:
+        if count == head + 1:
+            who = f"host {host}'s" if host else "the job's"
             self.emit_log(
-                f"[kinetic] the job's log is longer than [kinetic] log_max_lines={self.log_max_lines}: "
+                f"[kinetic] {who} log is longer than [kinetic] log_max_lines={self.log_max_lines}: "
                 f"the next lines are left out here and its last {self.log_max_lines // 2} lines follow "
                 f"when it ends. Full log: {self.backend.full_log_hint(self.job)}"
             )
-        self.held.append(line)
+        self.held.setdefault(host, deque(maxlen=max(1, self.log_max_lines // 2))).append(line)
 
     def _flush_held(self) -> None:
         """After the job ended: the last lines of a capped log, with how many were left out."""
-        if not self.held:
-            return
         head = self.log_max_lines - self.log_max_lines // 2
-        skipped = self.lines_emitted - head - len(self.held)
-        if skipped > 0:
-            self.emit_log(f"[kinetic] ... {skipped} lines left out ...")
-        while self.held:
-            self.emit_log(self.held.popleft())
+        for host, held in sorted(self.held.items()):
+            skipped = self.lines_emitted.get(host, 0) - head - len(held)
+            if skipped > 0:
+                self.emit_log(
+                    f"[kinetic] ... {skipped} lines{f' of host {host}' if host else ''} left out ..."
+                )
+            while held:
+                self.emit_log(held.popleft())
 
     async def _drain(self) -> None:
         """Let a finishing process flush its last lines, then read them."""
@@ -252,15 +277,27 @@ class JobWatcher:
         await self._save_cursor(final=True)
         self._flush_held()
 
-    async def _heartbeat_age(self) -> float | None:
-        """Seconds since the runner's last heartbeat, or None before it started beating."""
-        text = await self.storage.aread_text_or_none(self.layout.status("heartbeat"))
+    async def _heartbeat_age(self, host: int = 0) -> float | None:
+        """Seconds since a runner's last heartbeat, or None before it started beating."""
+        text = await self.storage.aread_text_or_none(self.layout.status("heartbeat", host))
         if not text:
             return None
         return time.time() - float(json.loads(text).get("time", 0))
 
-    async def _summary(self) -> dict[str, Any] | None:
-        text = await self.storage.aread_text_or_none(self.layout.result_summary())
+    async def _stalest_heartbeat(self, status: BackendStatus) -> tuple[float | None, int]:
+        """(age, host) of the oldest heartbeat among the hosts still running their function."""
+        ended = {int(h) for h in status.details.get("ended_hosts") or []}
+        stalest: tuple[float | None, int] = (None, 0)
+        for host in range(self.hosts):
+            if host in ended:
+                continue  # its runner finished: it beats no more, and need not
+            age = await self._heartbeat_age(host)
+            if age is not None and (stalest[0] is None or age > stalest[0]):
+                stalest = (age, host)
+        return stalest
+
+    async def _summary(self, host: int = 0) -> dict[str, Any] | None:
+        text = await self.storage.aread_text_or_none(self.layout.result_summary(host))
         return json.loads(text) if text else None
 
     def _event(self, status: str, **fields: Any) -> dict[str, Any]:
@@ -271,21 +308,34 @@ class JobWatcher:
             event["log_tail"] = list(self.tail)
         return event
 
-    def _result_event(self, summary: dict[str, Any]) -> dict[str, Any]:
+    def _result_event(
+        self, summary: dict[str, Any], host: int | None = None, others: list[int] | None = None
+    ) -> dict[str, Any]:
+        """``host``/``others``: on a multi-host job, the failing host reported and the other
+        hosts that failed too (the lowest index is the one reported)."""
         if summary.get("ok"):
             return self._event("success", summary=summary)
         phase = summary.get("phase")
         user = phase == "execute"
+        where = ""
+        extra: dict[str, Any] = {}
+        if host is not None:
+            where = f"host {host} of {self.hosts}"
+            if others:
+                where += f" (also failed: hosts {', '.join(map(str, others))})"
+            extra = {"host": host, "other_failed_hosts": list(others or []), "where": where}
         return self._event(
             "failed",
             summary=summary,
             cause="user_error" if user else f"{phase}_error",
-            message=(
+            message=(f"{where}: " if where else "")
+            + (
                 f"{summary.get('error_type')}: {summary.get('error_message')}"
                 if user
                 else f"the job failed in phase {phase!r}: {summary.get('error_message')}"
             ),
             hint="" if user else "This is a failure of the job's setup, not of your function.",
+            **extra,
         )
 
     async def wait(self, give_up_after: float | None = None) -> dict[str, Any] | None:
@@ -306,6 +356,7 @@ class JobWatcher:
                 status = await self.backend.astatus(self.job)
                 event = await self._settle(status)
                 if event is not None:
+                    await self.backend.arelease(self.job)
                     return event
                 if self.deadline is not None and time.time() >= self.deadline:
                     await acancel_job(
@@ -352,6 +403,12 @@ class JobWatcher:
 
     async def _settle(self, status: BackendStatus) -> dict[str, Any] | None:
         """The event that ends the wait, if this status ends it."""
+        if (
+            status.state.terminal
+            and self.hosts > 1
+            and (status.state is JobState.SUCCEEDED or status.reason == "Error")
+        ):
+            return await self._settle_group(status)
         if status.state.terminal:
             summary = await self._summary()
             await self._drain()
@@ -382,6 +439,8 @@ class JobWatcher:
         ):
             await self.backend.acancel(self.job)
             selectors = json.dumps(self.job.get("node_selectors") or {}, sort_keys=True)
+            if self.job.get("chips_per_host"):
+                selectors += f" and {self.job['chips_per_host']} google.com/tpu chips per host"
             return self._event(
                 "failed",
                 cause="unschedulable",
@@ -401,17 +460,57 @@ class JobWatcher:
             # still flows can; after a quarter of the timeout of silence the runner's heartbeat
             # is read (under one read a minute by default, none while the job prints).
             self.last_heartbeat_check = time.monotonic()
-            age = await self._heartbeat_age()
+            age, host = await self._stalest_heartbeat(status)
             if age is not None and age > self.heartbeat_timeout:
                 await self.backend.acancel(self.job)
+                who = f"host {host}'s runner's" if self.hosts > 1 else "the runner's"
                 return self._event(
                     "preempted",
                     cause="heartbeat_stale",
-                    message=f"the runner's heartbeat stopped {age:.0f}s ago while the pod still looked "
+                    message=f"{who} heartbeat stopped {age:.0f}s ago while its pod still looked "
                     "alive: the node was most likely lost",
                     hint="",
                 )
         return None
+
+    async def _settle_group(self, status: BackendStatus) -> dict[str, Any]:
+        """All hosts ended, or some failed: every failing host's own record decides the event.
+
+        Read only now, once the pods say so: host 0's result, and the failure record of each
+        host whose runner ended with an error (non-leader hosts write only their failures).
+        """
+        await self._drain()
+        failed = [int(h) for h in status.details.get("failed_hosts") or []]
+        summaries = {h: await self._summary(h) for h in sorted({0, *failed})}
+        failures = {h: s for h, s in summaries.items() if s is not None and not s.get("ok")}
+        silent = [h for h in failed if summaries.get(h) is None]  # died without writing a record
+        if failures:
+            first = min(failures)
+            others = sorted((set(failures) | set(silent)) - {first})
+            return self._result_event(failures[first], host=first, others=others)
+        if silent:
+            codes = status.details.get("exit_codes") or {}
+            return self._event(
+                "failed",
+                cause="exit",
+                host=silent[0],
+                other_failed_hosts=silent[1:],
+                exit_code=codes.get(silent[0]),
+                message=f"host {silent[0]} of {self.hosts} ended (exit code {codes.get(silent[0])}) "
+                "without writing a result envelope"
+                + (f"; also failed: hosts {', '.join(map(str, silent[1:]))}" if silent[1:] else ""),
+                hint="The process died outside the function (a crash in a native library, os._exit, "
+                "or the runner could not start): check that host's log lines.",
+            )
+        leader = summaries.get(0)
+        if leader is not None:
+            return self._result_event(leader)
+        return self._event(
+            "failed",
+            cause="exit",
+            message="every host ended, but host 0 wrote no result envelope",
+            hint="Check host 0's log lines.",
+        )
 
     async def _settle_not_found(self) -> dict[str, Any] | None:
         summary = await self._summary()  # ended long ago, and its Job has been cleaned up since

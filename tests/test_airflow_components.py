@@ -83,9 +83,9 @@ def _xcom(services: AirflowServices, dag_id: str, run_id: str, task_id: str) -> 
 
 def _job_dir(services: AirflowServices, dag_id: str, run_id: str, task_id: str) -> Path:
     """Try 1's job: its id also hashes Airflow's per-try id, so find it by the run it names."""
-    from kinetic_airflow.layout import dns_label
+    from kinetic_airflow.layout import MAX_JOB_ID, dns_label
 
-    head = dns_label(f"{dag_id}-{task_id}", 52 - len("-0123456789-t1a1"))
+    head = dns_label(f"{dag_id}-{task_id}", MAX_JOB_ID - len("-0123456789-t1a1"))
 
     def find() -> Path | None:
         for path in (_kinetic_root(services.root) / "jobs").glob(f"{head}-*-t1a1"):

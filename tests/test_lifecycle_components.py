@@ -31,7 +31,7 @@ from components.dag_runs import kill_leftover_jobs, parsed, run_path, trigger
 from components.emulator_process import EmulatorProcess
 from components.postgres import PostgresServer
 
-from kinetic_airflow.layout import JobIdentity, dns_label, output_dir_uri
+from kinetic_airflow.layout import MAX_JOB_ID, JobIdentity, dns_label, output_dir_uri
 from kinetic_airflow.storage import uri_to_local_path
 
 DAG_FILE = Path(__file__).resolve().parent / "lifecycle_dags" / "kn_lifecycle.py"
@@ -199,7 +199,7 @@ def _executions(stack: Stack, dag_id: str, run_id: str, task_id: str, map_index:
 
 def _job_dirs(stack: Stack, dag_id: str, task_id: str, try_number: int) -> list[Path]:
     """Local job directories of this task's jobs of one try number (any run, any attempt)."""
-    head = dns_label(f"{dag_id}-{task_id}", 52 - len(f"-0123456789-t{try_number}a1"))
+    head = dns_label(f"{dag_id}-{task_id}", MAX_JOB_ID - len(f"-0123456789-t{try_number}a1"))
     return sorted(
         p
         for p in (stack.kinetic_root / "jobs").glob(f"{head}-*-t{try_number}a*")

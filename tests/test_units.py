@@ -41,9 +41,9 @@ def test_job_identity_is_deterministic_and_dns_safe():
     assert a.job_id.endswith("-t2a1") and a.next_attempt().job_id.endswith("-t2a2")
     import re
 
-    assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", a.job_id) and len(a.job_id) <= 52
+    assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", a.job_id) and len(a.job_id) <= 42
     long = JobIdentity("d" * 200, "r", "t" * 200)
-    assert len(long.job_id) <= 52 and len("kinetic-" + long.job_id) <= 63
+    assert len(long.job_id) <= 42 and len("keras-pathways-" + long.job_id + "-0-999") <= 63
     assert all(len(v) <= 63 for v in a.labels().values())
 
 

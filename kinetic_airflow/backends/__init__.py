@@ -17,8 +17,7 @@ def get_backend(name: str) -> Backend:
 
         return GKEBackend()
     if name == "pathways":
-        raise NotImplementedError(
-            "backend='pathways' (multi-host TPU on a LeaderWorkerSet) is not available in this version "
-            "of kinetic-airflow yet; use a single-host accelerator with backend='gke', or backend='local'"
-        )
+        from kinetic_airflow.backends.gke.pathways import PathwaysBackend
+
+        return PathwaysBackend()
     raise ValueError(f"unknown backend {name!r}: use 'local', 'gke', 'pathways' or 'auto'")

@@ -90,5 +90,12 @@ class Backend:
         """
         await asyncio.sleep(timeout)
 
+    async def arelease(self, job: JobRef) -> None:
+        """The attempt has ended and its outcome is decided: free what it still holds.
+
+        A finished Job holds nothing (its TTL cleans it up later, keeping its logs meanwhile);
+        a LeaderWorkerSet's hosts wait after their run until the group is deleted.
+        """
+
     def close(self) -> None:
         """Release what observing jobs opened (log streams); the watcher calls it when done."""

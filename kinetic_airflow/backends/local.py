@@ -72,6 +72,9 @@ class LocalBackend(Backend):
             "--", python, "-m", "kinetic_airflow.runner", "--job-uri", job["job_uri"],
         ]  # fmt: skip
         child_env = dict(os.environ)
+        # As kinetic does, Keras runs on JAX unless told otherwise. JAX_PLATFORMS is left to JAX
+        # here: this machine's hardware is whatever it is, whatever the accelerator string says.
+        child_env.setdefault("KERAS_BACKEND", "jax")
         child_env.update(env or {})
         log_path = state / "supervisor.log"
         with open(log_path, "ab") as supervisor_log:

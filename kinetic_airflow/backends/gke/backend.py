@@ -52,15 +52,32 @@ class GKEBackend(Backend):
         self._change_events: dict[str, asyncio.Event] = {}
         self._watches: dict[str, Any] = {}
 
+    kind_label = "Job"
+
     @staticmethod
     def _api(job: JobRef) -> KubeApi:
         return kube_api(job["cluster"])
+
+    # What a subclass running another kind of object (a LeaderWorkerSet) changes ---------------
+    def object_name(self, job: JobRef) -> str:
+        return k8s_job_name(job)
+
+    def object_path(self, job: JobRef, name: str | None = None) -> str:
+        return KubeApi.jobs_path(job["namespace"], name)
+
+    def _cached_object(self, watch: Any, name: str) -> dict[str, Any] | None:
+        return watch.job(name)
+
+    def _classify(
+        self, job: JobRef, found: dict[str, Any] | None, pods: list[dict[str, Any]]
+    ) -> BackendStatus:
+        return classify(found, pods)
 
     # Submit -----------------------------------------------------------------------------------
     def manifest(self, job: JobRef) -> dict[str, Any]:
         identity = JobIdentity.from_dict(job["identity"])
         return build_job_manifest(
-            name=k8s_job_name(job),
+            name=self.object_name(job),
             namespace=job["namespace"],
             labels=identity.labels(),
             annotations={
@@ -78,64 +95,68 @@ class GKEBackend(Backend):
 
     def submit(self, job: JobRef, *, env: dict[str, str] | None = None) -> None:
         api = self._api(job)
-        path = KubeApi.jobs_path(job["namespace"])
+        name = self.object_name(job)
+        manifest = self.manifest(job)
         try:
-            api.request("POST", path, body=self.manifest(job))
+            api.request("POST", self.object_path(job), body=manifest)
         except ApiError as exc:
             if exc.status != 409:
                 raise
-            existing = api.get_or_none(KubeApi.jobs_path(job["namespace"], k8s_job_name(job))) or {}
+            existing = api.get_or_none(self.object_path(job, name)) or {}
             owner = existing.get("metadata", {}).get("labels", {}).get(TI_LABEL)
             if owner != _owner_label(job):
                 raise JobOwnershipError(
-                    f"a Job named {k8s_job_name(job)} already exists in namespace {job['namespace']} but is "
+                    f"a {self.kind_label} named {name} already exists in namespace {job['namespace']} but is "
                     f"not labelled as this task instance's ({TI_LABEL}={owner!r}, expected "
                     f"{_owner_label(job)!r}); kinetic will not adopt or delete it. Delete it if it is stale."
                 ) from None
-            log.info("Job %s already exists for this task instance; adopting it", k8s_job_name(job))
+            log.info("%s %s already exists for this task instance; adopting it", self.kind_label, name)
 
     # Status -----------------------------------------------------------------------------------
     def status(self, job: JobRef) -> BackendStatus:
         api = self._api(job)
-        name = k8s_job_name(job)
-        found = api.get_or_none(KubeApi.jobs_path(job["namespace"], name))
+        name = self.object_name(job)
+        found = api.get_or_none(self.object_path(job, name))
         if found is None:
             return BackendStatus(JobState.NOT_FOUND)
         pods = api.request(
             "GET", KubeApi.pods_path(job["namespace"]), query={"labelSelector": f"job-name={name}"}
         ).get("items", [])
-        return classify(found, pods)
+        return self._classify(job, found, pods)
 
     def _cached_status(self, job: JobRef) -> BackendStatus:
         watch = shared_watch(job["cluster"], job["namespace"])
         if not watch.wait_synced(30):
             return self.status(job)
-        name = k8s_job_name(job)
-        found = watch.job(name)
+        name = self.object_name(job)
+        found = self._cached_object(watch, name)
         if found is None:  # just created and not seen yet, or really gone: ask once
             return self.status(job)
-        return classify(found, watch.pods_of(name))
+        return self._classify(job, found, watch.pods_of(name))
 
     async def astatus(self, job: JobRef) -> BackendStatus:
         """From the shared watch's memory, in the loop (no thread hop) once it is synced and
         knows the Job; otherwise in a thread, which may ask the API."""
         self._changes(job)
         watch = shared_watch(job["cluster"], job["namespace"])
-        name = k8s_job_name(job)
-        found = watch.job(name) if watch.synced else None
+        name = self.object_name(job)
+        found = self._cached_object(watch, name) if watch.synced else None
         if found is not None:
-            return classify(found, watch.pods_of(name))
+            return self._classify(job, found, watch.pods_of(name))
         return await asyncio.to_thread(self._cached_status, job)
 
     # Cancel -----------------------------------------------------------------------------------
     def cancel(self, job: JobRef) -> None:
         api = self._api(job)
-        path = KubeApi.jobs_path(job["namespace"], k8s_job_name(job))
+        name = self.object_name(job)
+        path = self.object_path(job, name)
         existing = api.get_or_none(path)
         if existing is None:
             return
         if existing.get("metadata", {}).get("labels", {}).get(TI_LABEL) != _owner_label(job):
-            log.warning("not deleting Job %s: it is not labelled as this task instance's", k8s_job_name(job))
+            log.warning(
+                "not deleting %s %s: it is not labelled as this task instance's", self.kind_label, name
+            )
             return
         try:
             api.request(
@@ -150,7 +171,7 @@ class GKEBackend(Backend):
     # Logs -------------------------------------------------------------------------------------
     def _stream(self, job: JobRef) -> PodLogStream | None:
         """The log stream of the job's newest started pod, opened on first use (in this loop)."""
-        name = k8s_job_name(job)
+        name = self.object_name(job)
         stream = self._streams.get(name)
         if stream is None:
             watch = shared_watch(job["cluster"], job["namespace"])
@@ -203,7 +224,7 @@ class GKEBackend(Backend):
     def _changes(self, job: JobRef) -> asyncio.Event:
         """The job's change event, subscribed to the watch before its state is first read, so
         a change between a look and the next wait is never lost (see ``await_change``)."""
-        name = k8s_job_name(job)
+        name = self.object_name(job)
         event = self._change_events.get(name)
         if event is None:
             event = self._change_events[name] = asyncio.Event()

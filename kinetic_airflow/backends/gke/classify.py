@@ -10,7 +10,7 @@ from typing import Any
 
 from kinetic_airflow.backends.base import BackendStatus, JobState
 
-__all__ = ["IMAGE_PULL_REASONS", "classify"]
+__all__ = ["IMAGE_PULL_REASONS", "classify", "pod_status"]
 
 IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
 # Pod-level reasons GKE/kubelet use when a node goes away or shuts down.
@@ -32,7 +32,7 @@ def _container_states(pod: dict[str, Any]) -> list[dict[str, Any]]:
     return list(status.get("initContainerStatuses") or []) + list(status.get("containerStatuses") or [])
 
 
-def _pod_status(pod: dict[str, Any]) -> BackendStatus | None:
+def pod_status(pod: dict[str, Any]) -> BackendStatus | None:
     """A terminal or otherwise decisive status read off one pod; None if it is just running."""
     name = pod["metadata"]["name"]
     status = pod.get("status", {})
@@ -123,7 +123,7 @@ def classify(job: dict[str, Any] | None, pods: list[dict[str, Any]]) -> BackendS
             message=f"the Job is being deleted (since {job['metadata']['deletionTimestamp']})",
         )
     pod = _newest(pods)
-    pod_status = _pod_status(pod) if pod is not None else None
+    decisive = pod_status(pod) if pod is not None else None
     if conditions.get("Complete", {}).get("status") == "True":
         return BackendStatus(JobState.SUCCEEDED, exit_code=0)
     failed = conditions.get("Failed") or conditions.get("FailureTarget")
@@ -134,13 +134,13 @@ def classify(job: dict[str, Any] | None, pods: list[dict[str, Any]]) -> BackendS
                 reason="DeadlineExceeded",
                 message=f"the Job exceeded activeDeadlineSeconds ({failed.get('message', '')})",
             )
-        if pod_status is not None and pod_status.state is JobState.FAILED:
-            return pod_status
+        if decisive is not None and decisive.state is JobState.FAILED:
+            return decisive
         return BackendStatus(
             JobState.FAILED, reason=failed.get("reason") or "Failed", message=failed.get("message", "")
         )
-    if pod_status is not None:
-        return pod_status
+    if decisive is not None:
+        return decisive
     if pod is None:
         return BackendStatus(
             JobState.PENDING, reason="NoPod", message="waiting for the Job's pod to be created"

@@ -49,8 +49,13 @@ def _target(api: KubeApi, path: str) -> tuple[str, dict[str, str], ssl.SSLContex
 
 
 class PodLogStream:
-    def __init__(self, api: KubeApi, namespace: str, pod: str, container: str) -> None:
+    def __init__(
+        self, api: KubeApi, namespace: str, pod: str, container: str, *, previous: bool = False
+    ) -> None:
+        """``previous``: read the log of the container's last run (an LWS host whose runner ended
+        and was restarted in place) instead of following the current one."""
         self.api, self.namespace, self.pod, self.container = api, namespace, pod, container
+        self.previous = previous
         self.lines: list[str] = []
         self.done = asyncio.Event()
         # Set when lines arrive or the stream ends: what wakes a watcher instead of a timer.
@@ -71,7 +76,8 @@ class PodLogStream:
     async def _run(self) -> None:
         import aiohttp
 
-        path = f"{KubeApi.pods_path(self.namespace, self.pod)}/log?follow=true&container={self.container}"
+        which = "previous=true" if self.previous else "follow=true"
+        path = f"{KubeApi.pods_path(self.namespace, self.pod)}/log?{which}&container={self.container}"
         received, pause, last_progress = 0, 0.5, time.monotonic()
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
         try:

@@ -10,7 +10,14 @@ from typing import Any
 
 from kinetic_airflow.accelerators import AcceleratorSpec
 
-__all__ = ["CONTAINER_NAME", "DEFAULT_IMAGES", "build_job_manifest", "default_image"]
+__all__ = [
+    "CONTAINER_NAME",
+    "DEFAULT_IMAGES",
+    "build_job_manifest",
+    "default_image",
+    "platform_env",
+    "pod_spec",
+]
 
 CONTAINER_NAME = "kinetic-worker"
 # Documented defaults per accelerator kind; build them from docker/ and override with
@@ -29,6 +36,65 @@ def default_image(spec: AcceleratorSpec) -> str:
     return DEFAULT_IMAGES[spec.kind]
 
 
+# What kinetic sets so Keras and JAX pick the job's hardware (kinetic's k8s_utils values).
+JAX_PLATFORMS = {"cpu": "cpu", "gpu": "gpu", "tpu": "tpu"}
+
+
+def platform_env(spec: AcceleratorSpec, user_env: dict[str, str] | None) -> dict[str, str]:
+    """KERAS_BACKEND=jax and JAX_PLATFORMS for the accelerator kind, unless the user set them."""
+    env = {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": JAX_PLATFORMS[spec.kind]}
+    return {k: v for k, v in env.items() if k not in (user_env or {})}
+
+
+def pod_spec(
+    *,
+    spec: AcceleratorSpec,
+    image: str,
+    job_uri: str,
+    job_id: str,
+    python: str = "python",
+    service_account: str | None = "kinetic",
+    env: dict[str, str] | None = None,
+    extra_env: list[dict[str, Any]] | None = None,
+    restart_policy: str = "Never",
+) -> dict[str, Any]:
+    """The pod of one host: the runner, the accelerator's resources, selectors and tolerations."""
+    resources: dict[str, Any] = {}
+    if spec.resources:
+        resources = {"limits": dict(spec.resources), "requests": dict(spec.resources)}
+    else:
+        resources = {"requests": dict(CPU_REQUESTS)}
+    values = {**platform_env(spec, env), **(env or {})}
+    container_env = [{"name": k, "value": str(v)} for k, v in sorted(values.items())]
+    container_env.append({"name": "KINETIC_JOB_ID", "value": job_id})
+    container_env.extend(extra_env or [])
+    spec_dict: dict[str, Any] = {
+        "restartPolicy": restart_policy,
+        "containers": [
+            {
+                "name": CONTAINER_NAME,
+                "image": image,
+                "imagePullPolicy": "IfNotPresent",
+                "command": [python, "-m", "kinetic_airflow.runner", "--job-uri", job_uri],
+                "env": container_env,
+                "resources": resources,
+            }
+        ],
+    }
+    if service_account:
+        spec_dict["serviceAccountName"] = service_account
+    if spec.node_selectors:
+        spec_dict["nodeSelector"] = dict(spec.node_selectors)
+    if spec.tolerations:
+        spec_dict["tolerations"] = [t.to_k8s() for t in spec.tolerations]
+    return spec_dict
+
+
+def pod_annotations(annotations: dict[str, str]) -> dict[str, str]:
+    # a training pod must not be evicted to save a node: it would lose its work
+    return {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false", **annotations}
+
+
 def build_job_manifest(
     *,
     name: str,
@@ -43,44 +109,22 @@ def build_job_manifest(
     active_deadline_seconds: int | None = None,
     env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    resources: dict[str, Any] = {}
-    if spec.resources:
-        resources = {"limits": dict(spec.resources), "requests": dict(spec.resources)}
-    else:
-        resources = {"requests": dict(CPU_REQUESTS)}
-    container_env = [{"name": k, "value": str(v)} for k, v in sorted((env or {}).items())]
-    container_env.append({"name": "KINETIC_JOB_ID", "value": labels.get("job-id", name)})
-    pod_spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "containers": [
-            {
-                "name": CONTAINER_NAME,
-                "image": image,
-                "imagePullPolicy": "IfNotPresent",
-                "command": [python, "-m", "kinetic_airflow.runner", "--job-uri", job_uri],
-                "env": container_env,
-                "resources": resources,
-            }
-        ],
-    }
-    if service_account:
-        pod_spec["serviceAccountName"] = service_account
-    if spec.node_selectors:
-        pod_spec["nodeSelector"] = dict(spec.node_selectors)
-    if spec.tolerations:
-        pod_spec["tolerations"] = [t.to_k8s() for t in spec.tolerations]
     job_spec: dict[str, Any] = {
         "backoffLimit": 0,
         "completions": 1,
         "parallelism": 1,
         "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_SECONDS,
         "template": {
-            "metadata": {
-                "labels": dict(labels),
-                # a training pod must not be evicted to save a node: it would lose its work
-                "annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false", **annotations},
-            },
-            "spec": pod_spec,
+            "metadata": {"labels": dict(labels), "annotations": pod_annotations(annotations)},
+            "spec": pod_spec(
+                spec=spec,
+                image=image,
+                job_uri=job_uri,
+                job_id=labels.get("job-id", name),
+                python=python,
+                service_account=service_account,
+                env=env,
+            ),
         },
     }
     if active_deadline_seconds:

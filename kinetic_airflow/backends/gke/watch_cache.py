@@ -24,7 +24,9 @@ __all__ = ["ClusterWatch", "shared_watch"]
 
 log = logging.getLogger(__name__)
 
-LABEL_SELECTOR = "app=kinetic"
+JOB_SELECTOR = "app=kinetic"
+LWS_SELECTOR = "app=kinetic-pathways"  # kinetic's own label for its LeaderWorkerSets and their pods
+POD_SELECTOR = "app in (kinetic,kinetic-pathways)"
 _WATCH_TIMEOUT_SECONDS = 240
 _IDLE_STOP_SECONDS = 300.0
 
@@ -32,17 +34,18 @@ _IDLE_STOP_SECONDS = 300.0
 class _Collection(threading.Thread):
     """Keeps ``objects`` (name -> dict) in step with the API for one resource type."""
 
-    def __init__(self, owner: ClusterWatch, path: str) -> None:
+    def __init__(self, owner: ClusterWatch, path: str, selector: str) -> None:
         super().__init__(name=f"kinetic-watch{path}", daemon=True)
         self.owner = owner
         self.path = path
+        self.selector = selector
         self.objects: dict[str, dict[str, Any]] = {}
         self.synced = threading.Event()
         self.resource_version: str | None = None
         self.lock = threading.Lock()
 
     def _relist(self) -> None:
-        listing = self.owner.api.request("GET", self.path, query={"labelSelector": LABEL_SELECTOR})
+        listing = self.owner.api.request("GET", self.path, query={"labelSelector": self.selector})
         with self.lock:
             self.objects = {item["metadata"]["name"]: item for item in listing.get("items", [])}
         self.resource_version = listing.get("metadata", {}).get("resourceVersion")
@@ -54,7 +57,7 @@ class _Collection(threading.Thread):
             "GET",
             self.path,
             query={
-                "labelSelector": LABEL_SELECTOR,
+                "labelSelector": self.selector,
                 "watch": "true",
                 "resourceVersion": self.resource_version,
                 "allowWatchBookmarks": "true",
@@ -134,17 +137,33 @@ class ClusterWatch:
         # job name -> (loop, event) of the watchers waiting for that job to change
         self._waiters: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
         self._waiters_lock = threading.Lock()
-        self.jobs = _Collection(self, KubeApi.jobs_path(namespace))
-        self.pods = _Collection(self, KubeApi.pods_path(namespace))
+        self.jobs = _Collection(self, KubeApi.jobs_path(namespace), JOB_SELECTOR)
+        self.pods = _Collection(self, KubeApi.pods_path(namespace), POD_SELECTOR)
+        self.groups: _Collection | None = None  # LeaderWorkerSets, watched once a job needs them
+        self._groups_lock = threading.Lock()
         self.jobs.start()
         self.pods.start()
 
+    def _collections(self) -> list[_Collection]:
+        return [c for c in (self.jobs, self.pods, self.groups) if c is not None]
+
     def wait_synced(self, timeout: float = 30.0) -> bool:
-        return self.jobs.synced.wait(timeout) and self.pods.synced.wait(timeout)
+        return all(c.synced.wait(timeout) for c in self._collections())
 
     def job(self, name: str) -> dict[str, Any] | None:
         self.last_used = time.monotonic()
         return self.jobs.get(name)
+
+    def watch_groups(self, path: str) -> None:
+        """Start watching LeaderWorkerSets at ``path`` (their API version comes from discovery)."""
+        with self._groups_lock:
+            if self.groups is None:
+                self.groups = _Collection(self, path, LWS_SELECTOR)
+                self.groups.start()
+
+    def group(self, name: str) -> dict[str, Any] | None:
+        self.last_used = time.monotonic()
+        return self.groups.get(name) if self.groups is not None else None
 
     def pods_of(self, job_name: str) -> list[dict[str, Any]]:
         self.last_used = time.monotonic()
@@ -183,13 +202,8 @@ class ClusterWatch:
     @property
     def synced(self) -> bool:
         """Both collections listed and their watch threads alive: the cache may be trusted."""
-        return (
-            self.jobs.synced.is_set()
-            and self.pods.synced.is_set()
-            and self.jobs.is_alive()
-            and self.pods.is_alive()
-            and not self.stopped.is_set()
-        )
+        collections = self._collections()
+        return all(c.synced.is_set() and c.is_alive() for c in collections) and not self.stopped.is_set()
 
     @property
     def idle(self) -> bool:

@@ -1,0 +1,183 @@
+"""Pathways backend: a multi-host TPU slice as one LeaderWorkerSet per attempt.
+
+Everything a Job attempt has, for N hosts: the same identity, labels, ownership check
+and task-state record; status from every host's pod (``group_status``); every host's
+log in the task log with a ``[hN]`` prefix; the group deleted once the attempt has
+ended (its hosts idle after their run, see ``lws_manifest``), so no slice is held after
+its outcome is known.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+from kinetic_airflow.accelerators import parse_accelerator
+from kinetic_airflow.backends.base import BackendStatus, JobRef
+from kinetic_airflow.backends.gke.backend import GKEBackend
+from kinetic_airflow.backends.gke.client import ApiError, KubeApi, cluster_key
+from kinetic_airflow.backends.gke.group_status import HostMemory, classify_group, host_index
+from kinetic_airflow.backends.gke.logstream import PodLogStream
+from kinetic_airflow.backends.gke.lws_manifest import LWS_GROUP, LWS_PLURAL, build_lws_manifest, lws_name
+from kinetic_airflow.backends.gke.manifest import CONTAINER_NAME
+from kinetic_airflow.backends.gke.watch_cache import shared_watch
+from kinetic_airflow.layout import JobIdentity
+from kinetic_airflow.links import job_links
+
+__all__ = ["LwsMissingError", "PathwaysBackend"]
+
+log = logging.getLogger(__name__)
+
+_INSTALL_HINT = (
+    "Install it with `kinetic up` (kinetic's infrastructure command installs LWS), or with "
+    "`kubectl apply --server-side -f https://github.com/kubernetes-sigs/lws/releases/latest/download/"
+    "manifests.yaml` (see https://lws.sigs.k8s.io/docs/installation/)."
+)
+
+
+class LwsMissingError(RuntimeError):
+    """The cluster has no LeaderWorkerSet API: multi-host slices cannot run there."""
+
+
+@functools.lru_cache(maxsize=32)
+def _discovered_version(key: str, api: KubeApi) -> str:
+    try:
+        group = api.request("GET", f"/apis/{LWS_GROUP}")
+    except ApiError as exc:
+        if exc.status == 404:
+            raise LwsMissingError(
+                f"this cluster has no LeaderWorkerSet API ({LWS_GROUP}): multi-host TPU slices "
+                f"(backend='pathways') run as LeaderWorkerSets. {_INSTALL_HINT}"
+            ) from None
+        raise
+    return (group.get("preferredVersion") or {}).get("version") or "v1"
+
+
+class PathwaysBackend(GKEBackend):
+    name = "pathways"
+    kind_label = "LeaderWorkerSet"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._memory: dict[str, HostMemory] = {}
+        self._host_streams: dict[str, dict[int, PodLogStream]] = {}
+
+    def api_version(self, job: JobRef) -> str:
+        return _discovered_version(cluster_key(job["cluster"]), self._api(job))
+
+    def object_name(self, job: JobRef) -> str:
+        return lws_name(job["job_id"])
+
+    def object_path(self, job: JobRef, name: str | None = None) -> str:
+        base = f"/apis/{LWS_GROUP}/{self.api_version(job)}/namespaces/{job['namespace']}/{LWS_PLURAL}"
+        return f"{base}/{name}" if name else base
+
+    def manifest(self, job: JobRef) -> dict[str, Any]:
+        identity = JobIdentity.from_dict(job["identity"])
+        return build_lws_manifest(
+            name=self.object_name(job),
+            namespace=job["namespace"],
+            labels=identity.labels(),
+            annotations={
+                "kinetic.airflow/task-instance": identity.ti_key,
+                "kinetic.airflow/job-uri": job["job_uri"],
+            },
+            spec=parse_accelerator(job["accelerator"]),
+            image=job["image"],
+            job_uri=job["job_uri"],
+            api_version=self.api_version(job),
+            python=job.get("runner_python") or "python",
+            service_account=job.get("service_account"),
+            env=job.get("container_env"),
+        )
+
+    # Status -----------------------------------------------------------------------------------
+    def _classify(
+        self, job: JobRef, found: dict[str, Any] | None, pods: list[dict[str, Any]]
+    ) -> BackendStatus:
+        memory = self._memory.setdefault(self.object_name(job), HostMemory())
+        hosts = int(job.get("hosts") or parse_accelerator(job["accelerator"]).hosts)
+        return classify_group(found, pods, hosts, memory)
+
+    def _cached_object(self, watch: Any, name: str) -> dict[str, Any] | None:
+        return watch.group(name)
+
+    def _group_watch(self, job: JobRef) -> Any:
+        watch = shared_watch(job["cluster"], job["namespace"])
+        watch.watch_groups(self.object_path(job))
+        return watch
+
+    def _cached_status(self, job: JobRef) -> BackendStatus:
+        self._group_watch(job)
+        return super()._cached_status(job)
+
+    async def astatus(self, job: JobRef) -> BackendStatus:
+        self._group_watch(job)
+        return await super().astatus(job)
+
+    async def arelease(self, job: JobRef) -> None:
+        """The attempt's outcome is known: delete the group (its hosts only wait now)."""
+        await self.acancel(job)
+
+    # Logs -------------------------------------------------------------------------------------
+    def _streams_of(self, job: JobRef) -> dict[int, PodLogStream]:
+        """One stream per host, opened once its pod has started (``previous`` if it already ended)."""
+        name = self.object_name(job)
+        streams = self._host_streams.setdefault(name, {})
+        watch = shared_watch(job["cluster"], job["namespace"])
+        for pod in watch.pods_of(name):
+            host = host_index(pod)
+            if host < 0 or host in streams:
+                continue
+            statuses = (pod.get("status") or {}).get("containerStatuses") or []
+            started = any((cs.get("state") or {}).get("running") or cs.get("lastState") for cs in statuses)
+            if not started:
+                continue
+            restarted = any(int(cs.get("restartCount") or 0) > 0 for cs in statuses)
+            stream = streams[host] = PodLogStream(
+                self._api(job), job["namespace"], pod["metadata"]["name"], CONTAINER_NAME, previous=restarted
+            )
+            stream.listeners.add(self._changes(job))
+            stream.start()
+        return streams
+
+    async def aread_log(self, job: JobRef, offset: Any) -> tuple[str, Any]:
+        """The offset is lines per host ({"0": n, "3": m}); every line carries its host's prefix."""
+        seen = dict(offset) if isinstance(offset, dict) else {}
+        out: list[str] = []
+        for host, stream in sorted(self._streams_of(job).items()):
+            start = int(seen.get(str(host), 0))
+            lines = stream.lines[start:]
+            if lines:
+                out.extend(f"[h{host}] {line}" for line in lines)
+                seen[str(host)] = start + len(lines)
+        if not out:
+            return "", offset
+        return "\n".join(out) + "\n", seen
+
+    async def alog_complete(self, job: JobRef) -> bool:
+        streams = self._streams_of(job)
+        return bool(streams) and all(stream.done.is_set() for stream in streams.values())
+
+    def full_log_hint(self, job: JobRef) -> str:
+        name = self.object_name(job)
+        command = f"kubectl logs -n {job['namespace']} -l job-name={name} --prefix --previous"
+        cluster = job.get("cluster") or {}
+        if cluster.get("kubernetes_conn_id") and not cluster.get("project"):
+            return f"`{command}` (until the attempt ends and its LeaderWorkerSet is deleted)"
+        url = job_links(
+            project=cluster.get("project"),
+            location=cluster.get("location") or "",
+            cluster=cluster.get("name") or "",
+            namespace=job["namespace"],
+            job_name=name,
+        )["logs"]
+        return f"Cloud Logging {url}"
+
+    def close(self) -> None:
+        for streams in self._host_streams.values():
+            for stream in streams.values():
+                stream.stop()
+        self._host_streams.clear()
+        super().close()
