@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -182,3 +184,198 @@ def test_container_restart_recreates_the_group(
 
     pods = wait_until(recreated, message="group recreated")
     assert all(p.status.container_statuses[0].restart_count == 0 for p in pods)
+
+
+def _uids(core: client.CoreV1Api, name: str) -> dict[str, str]:
+    pods = core.list_namespaced_pod(NS, label_selector=f"leaderworkerset.sigs.k8s.io/name={name}").items
+    return {p.metadata.name: p.metadata.uid for p in pods}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# Leader listens on $COORDINATOR (= $(LWS_LEADER_ADDRESS):$(RDV_PORT)); workers connect, send
+# their LWS_WORKER_INDEX and read the leader's reply. "rdv-0.rdv" below is literal code text.
+RENDEZVOUS = """
+import os, socket, sys, time
+index, size = int(os.environ["LWS_WORKER_INDEX"]), int(os.environ["LWS_GROUP_SIZE"])
+host, port = os.environ["COORDINATOR"].rsplit(":", 1)
+print("address", os.environ["LWS_LEADER_ADDRESS"], "argv", sys.argv[1], "literal", "rdv-0.rdv", flush=True)
+print("fqdn", socket.gethostbyname(os.environ["LEADER_FQDN"]), flush=True)
+if index == 0:
+    server = socket.create_server((host, int(port)))
+    seen = []
+    while len(seen) < size - 1:
+        conn, _ = server.accept()
+        with conn:
+            seen.append(int(conn.recv(16).decode()))
+            conn.sendall(b"leader")
+    print("leader saw", sorted(seen), flush=True)
+else:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            conn = socket.create_connection((host, int(port)), timeout=2)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    with conn:
+        conn.sendall(str(index).encode())
+        print("worker", index, "reached", conn.recv(16).decode(), flush=True)
+time.sleep(120)
+"""
+
+
+def test_lws_leader_address_reaches_the_leader(
+    apis: tuple[client.CustomObjectsApi, client.CoreV1Api],
+) -> None:
+    custom, core = apis
+    manifest = lws_manifest("rdv", RENDEZVOUS, size=4, tpu=False)
+    container = manifest["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
+    container["args"] = ["$(LWS_LEADER_ADDRESS)"]
+    container["env"] = [
+        {"name": "RDV_PORT", "value": str(_free_port())},
+        {"name": "COORDINATOR", "value": "$(LWS_LEADER_ADDRESS):$(RDV_PORT)"},
+        {"name": "LEADER_FQDN", "value": "$(LWS_LEADER_ADDRESS).svc.cluster.local"},
+    ]
+    custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, manifest)
+    names = ["rdv-0", "rdv-0-1", "rdv-0-2", "rdv-0-3"]
+    logs = wait_until(
+        lambda: (
+            (found := {n: read_log(core, n) for n in _uids(core, "rdv")})
+            and "leader saw" in found.get("rdv-0", "")
+            and all("reached" in found.get(n, "") for n in names[1:])
+            and found
+        ),
+        timeout=60,
+        message="rendezvous over LWS_LEADER_ADDRESS",
+    )
+    assert "leader saw [1, 2, 3]" in logs["rdv-0"]
+    for index, name in enumerate(names):
+        assert "address 127.0.0.1 argv 127.0.0.1 literal rdv-0.rdv\nfqdn 127.0.0.1\n" in logs[name]
+        if index:
+            assert f"worker {index} reached leader" in logs[name]
+        env = {e.name: e.value for e in core.read_namespaced_pod(name, NS).spec.containers[0].env}
+        assert env["LWS_LEADER_ADDRESS"] == f"rdv-0.rdv.{NS}"  # the API object keeps the DNS name
+        assert env["COORDINATOR"] == "$(LWS_LEADER_ADDRESS):$(RDV_PORT)"
+
+
+def test_cluster_dns_rewrite_can_be_turned_off(tmp_path: Path) -> None:
+    with ClusterEmulator(work_dir=tmp_path / "emu", resolve_cluster_dns=False) as emulator:
+        api = emulator.api_client()
+        custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+        code = "import os, time; print(os.environ['LWS_LEADER_ADDRESS'], flush=True); time.sleep(60)"
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, NS, PLURAL, lws_manifest("plain", code, size=1, tpu=False)
+        )
+        out = wait_until(lambda: _running(core, "plain") and read_log(core, "plain-0"))
+        assert out == f"plain-0.plain.{NS}\n"
+        api.close()
+
+
+# Worker 1 fails (exit 3) and worker 2 completes (exit 0) on their first run; afterwards all sleep.
+CRASH_ONCE = """
+import os, sys, time
+index = os.environ["LWS_WORKER_INDEX"]
+marker = os.path.join(os.environ["MARKERS"], index)
+first = not os.path.exists(marker)
+open(marker, "a").close()
+print("start", index, "first" if first else "again", flush=True)
+if first and index == "1":
+    sys.exit(3)
+if first and index == "2":
+    sys.exit(0)
+time.sleep(120)
+"""
+
+
+def test_restart_policy_none_restarts_in_place(
+    apis: tuple[client.CustomObjectsApi, client.CoreV1Api], k8s_cluster: ClusterEmulator, tmp_path: Path
+) -> None:
+    custom, core = apis
+    manifest = lws_manifest("none", CRASH_ONCE, size=3, tpu=False)
+    lwt = manifest["spec"]["leaderWorkerTemplate"]
+    lwt["restartPolicy"] = "None"
+    lwt["workerTemplate"]["spec"]["containers"][0]["env"] = [{"name": "MARKERS", "value": str(tmp_path)}]
+    custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, manifest)
+    uids = wait_until(lambda: len(found := _uids(core, "none")) == 3 and found)
+
+    def statuses() -> dict[str, client.V1ContainerStatus] | None:
+        pods = _running(core, "none")
+        found = {p.metadata.name: p.status.container_statuses[0] for p in pods}
+        ok = len(found) == 3 and all(cs.state.running for cs in found.values())
+        return found if ok and found["none-0-1"].restart_count and found["none-0-2"].restart_count else None
+
+    # A container exit (non-zero or 0) restarts that container only, in the same pod.
+    found = wait_until(statuses, message="workers restarted in place")
+    assert _uids(core, "none") == uids
+    assert found["none-0"].restart_count == 0
+    for name, code, reason in (("none-0-1", 3, "Error"), ("none-0-2", 0, "Completed")):
+        cs = found[name]
+        assert cs.restart_count == 1
+        assert (cs.last_state.terminated.exit_code, cs.last_state.terminated.reason) == (code, reason)
+        assert cs.last_state.terminated.container_id not in (None, cs.container_id)
+        index = name[-1]
+        assert read_log(core, name, previous=True) == f"start {index} first\n"
+        assert read_log(core, name) == f"start {index} again\n"
+    with pytest.raises(ApiException) as info:
+        read_log(core, "none-0", previous=True)
+    assert info.value.status == 400 and "previous terminated container" in api_error(info.value)["message"]
+
+    # OOM kill of the leader: restarted in place too.
+    k8s_cluster.oom_kill_pod(NS, "none-0")
+
+    def leader_restarted() -> client.V1ContainerStatus | None:
+        cs = core.read_namespaced_pod("none-0", NS).status.container_statuses[0]
+        return cs if cs.restart_count == 1 and cs.state.running else None
+
+    cs = wait_until(leader_restarted, message="leader restarted in place")
+    assert (cs.last_state.terminated.exit_code, cs.last_state.terminated.reason) == (137, "OOMKilled")
+    assert _uids(core, "none") == uids
+
+    # Preempting a worker: its StatefulSet recreates that pod only.
+    k8s_cluster.preempt_pod(NS, "none-0-2", grace_seconds=0)
+
+    def worker_replaced() -> dict[str, str] | None:
+        now = _uids(core, "none")
+        ok = len(_running(core, "none")) == 3 and now.get("none-0-2") not in (None, uids["none-0-2"])
+        return now if ok else None
+
+    now = wait_until(worker_replaced, message="preempted worker recreated")
+    assert {n: now[n] for n in ("none-0", "none-0-1")} == {n: uids[n] for n in ("none-0", "none-0-1")}
+
+    # Preempting the leader: the workers' StatefulSet belongs to the leader pod, so the group goes.
+    k8s_cluster.preempt_pod(NS, "none-0", grace_seconds=0)
+
+    def group_replaced() -> dict[str, str] | None:
+        latest = _uids(core, "none")
+        ok = len(_running(core, "none")) == 3 and not set(latest.values()) & set(now.values())
+        return latest if ok else None
+
+    wait_until(group_replaced, message="group recreated after leader loss")
+    lws_events = core.list_namespaced_event(NS, field_selector="involvedObject.name=none").items
+    assert not [e for e in lws_events if e.reason == "RecreateGroup"]
+
+
+def test_deleting_a_worker_recreates_the_group(
+    apis: tuple[client.CustomObjectsApi, client.CoreV1Api],
+) -> None:
+    custom, core = apis
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, NS, PLURAL, lws_manifest("regroup", "import time; time.sleep(120)", size=3, tpu=False)
+    )
+    first = wait_until(lambda: len(found := _running(core, "regroup")) == 3 and found)
+    old = {p.metadata.uid for p in first}
+    core.delete_namespaced_pod("regroup-0-1", NS, grace_period_seconds=1)
+    wait_until(
+        lambda: len(pods := _running(core, "regroup")) == 3 and not {p.metadata.uid for p in pods} & old,
+        message="group recreated",
+    )
+    events = core.list_namespaced_event(NS, field_selector="involvedObject.name=regroup").items
+    messages = [e.message for e in events if e.reason == "RecreateGroup"]
+    assert messages == ["Worker pod regroup-0-1 failed, deleted leader pod regroup-0 to recreate group 0"]

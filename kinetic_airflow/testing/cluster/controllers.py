@@ -741,14 +741,34 @@ class LeaderWorkerSetController:
         for group in range(replicas):
             members = groups.get(group, {})
             expected = [f"{md['name']}-{group}"] + [f"{md['name']}-{group}-{w}" for w in range(1, size)]
-            if self._needs_recreate(restart_policy, group, members, expected, tr):
+            trigger = self._recreate_trigger(restart_policy, group, members, expected, tr)
+            if trigger is not None:
+                leader_pod = members.get(expected[0])
+                if leader_pod is not None and not leader_pod["metadata"].get("deletionTimestamp"):
+                    self.cluster.record_event(
+                        lws,
+                        "Normal",
+                        "RecreateGroup",
+                        f"Worker pod {trigger} failed, deleted leader pod {expected[0]} "
+                        f"to recreate group {group}",
+                        component="lws",
+                    )
                 for pod in members.values():
                     self._delete(pod)
                 tr.complete_groups.discard(group)
                 continue
             if restart_policy in ("None", "Default"):
+                # StatefulSet semantics: a Failed/Succeeded pod is deleted and recreated
+                # (containers that exit are restarted in place by the kubelet, as the
+                # template's restartPolicy is Always). The workers' StatefulSet is owned
+                # by the leader pod, so losing the leader takes the workers with it.
+                leader_pod = members.get(expected[0])
+                leader_lost = leader_pod is None or bool(
+                    leader_pod["metadata"].get("deletionTimestamp")
+                    or (leader_pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+                )
                 for pod in members.values():
-                    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                    if leader_lost or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                         self._delete(pod)
             if any(p["metadata"].get("deletionTimestamp") for p in members.values()):
                 continue
@@ -771,27 +791,33 @@ class LeaderWorkerSetController:
         self._write_status(lws, tr, replicas, ready_groups)
 
     @staticmethod
-    def _needs_recreate(
+    def _recreate_trigger(
         policy: str, group: int, members: dict[str, dict[str, Any]], expected: list[str], tr: LwsTracking
-    ) -> bool:
+    ) -> str | None:
+        """Name of the pod that makes ``RecreateGroup*`` recreate the group, or None.
+
+        Upstream's pod controller deletes the leader (and with it the group) when a
+        member is being deleted or one of its containers restarted; a Failed/Succeeded
+        member (preempted) or one that vanished counts too.
+        """
         if policy not in ("RecreateGroupOnPodRestart", "RecreateGroupAfterStart") or not members:
-            return False
+            return None
         if policy == "RecreateGroupAfterStart":
             if len(members) < len(expected) or any(
                 (p.get("status") or {}).get("phase") == "Pending" for p in members.values()
             ):
-                return False
-        for pod in members.values():
+                return None
+        for name, pod in sorted(members.items()):
             status = pod.get("status") or {}
-            if status.get("phase") in ("Succeeded", "Failed"):
-                return True
+            if pod["metadata"].get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
+                return name
             for cs in list(status.get("containerStatuses") or []) + list(
                 status.get("initContainerStatuses") or []
             ):
                 if int(cs.get("restartCount") or 0) > 0:
-                    return True
+                    return name
         missing = [n for n in expected if n not in members]
-        return bool(missing) and group in tr.complete_groups
+        return missing[0] if missing and group in tr.complete_groups else None
 
     def _write_status(self, lws: dict[str, Any], tr: LwsTracking, replicas: int, ready: int) -> None:
         md = lws["metadata"]

@@ -204,6 +204,7 @@ class ContainerState:
     container_id: str | None = None
     image_id: str = ""
     logs: list[LogFile] = field(default_factory=list)
+    last_log: LogFile | None = None  # the run in ``last_state`` (``/log?previous=true``)
     current: ContainerRun | None = None
     finished: bool = False
     exit_code: int | None = None
@@ -651,7 +652,9 @@ class PodRuntime:
                 state.exit_code = 128
                 self.event("Warning", "Failed", f"Error: {exc}")
                 exit_code = 128
+                run_log = None
             else:
+                run_log = run.log
                 state.current = run
                 state.ever_started = True
                 state.container_id = run.container_id
@@ -687,6 +690,7 @@ class PodRuntime:
                 self.kubelet.restart_backoff * (2**state.restart_count), self.kubelet.restart_backoff_max
             )
             state.last_state = state.state
+            state.last_log = run_log
             state.state = {
                 "waiting": {
                     "reason": "CrashLoopBackOff",

@@ -697,11 +697,13 @@ class ApiServer:
             raise errors.bad_request(f'container "{container}" in pod "{name}" is waiting to start: {reason}')
         previous = _bool(q.get("previous"))
         if previous:
-            if len(state.logs) < 2:
+            # The kubelet reads the run recorded in lastState.terminated (during a
+            # CrashLoopBackOff that is the run that just exited).
+            if state.last_log is None:
                 raise errors.bad_request(
                     f'previous terminated container "{container}" in pod "{name}" not found'
                 )
-            log_file = state.logs[-2]
+            log_file = state.last_log
         else:
             log_file = state.logs[-1]
         follow = _bool(q.get("follow")) and not previous

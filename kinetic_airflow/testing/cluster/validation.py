@@ -188,6 +188,10 @@ def default_lws(obj: dict[str, Any]) -> None:
     """Apply the CRD's structural defaults (replicas, size, restartPolicy, startupPolicy...)."""
     raw, _ = _lws_crd(True)
     _apply_schema_defaults(raw, obj)
+    # The LWS webhook maps the deprecated restartPolicy Default to None.
+    lwt = (obj.get("spec") or {}).get("leaderWorkerTemplate")
+    if isinstance(lwt, dict) and lwt.get("restartPolicy") == "Default":
+        lwt["restartPolicy"] = "None"
 
 
 # --------------------------------------------------------------------- semantics
