@@ -3,6 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# keras-kinetic 0.0.4 in its own venv: the oracle of tests/test_accelerator_parity.py.
+bash scripts/setup-kinetic-oracle.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 set +e
