@@ -6,22 +6,33 @@ only the standard library because the job runner imports it inside containers
 that have no Airflow.
 
 Every fact here comes from the catalog in ``ACCELERATORS.md`` (GKE docs, GKE's
-own cluster-autoscaler tables, xpk). Where keras-kinetic 0.0.4's table disagrees
-with GKE (the v3 label, A100 80GB x16, missing shapes), this module follows GKE.
+own cluster-autoscaler tables, xpk). Every string keras-kinetic 0.0.4 accepts means
+the same hardware here (same nodeSelector, chips per host, hosts, tolerations; checked
+against the released wheel by ``tests/test_accelerator_parity.py``), except where
+kinetic contradicts GKE: the v3 node label, the value of the Spot toleration on Jobs,
+shapes GKE does not offer (v3 2048 chips, v4 4096 chips, A100 80GB x16), and a few
+strings kinetic reads silently (``cpu:8``, a bare ``8``, ``cpu:spot``).
 
 Grammar (case-insensitive, surrounding whitespace ignored)::
 
     cpu
     gpu                      -> 1 x L4 (kinetic's default GPU)
-    gpu-<N>                  -> N x L4
+    gpu-<N>                  -> N GPUs of the type kinetic picks: the first of H100,
+                                A100 80GB, A100, L4, V100, T4, P100, P4 that comes N to a
+                                machine (gpu-4 = 4 x H100)
     gpu-<type>, <type>       -> 1 GPU of that type             (gpu-l4, h100)
     gpu-<type>x<N>, <type>xN -> N GPUs on one machine           (gpu-a100x4, a100-80gbx8)
     tpu                      -> v5e, 4 chips, 2x2, one host (kinetic's default TPU)
-    tpu-<N>                  -> N chips of the first generation, in kinetic's order
-                                v6e, v5p, v5e, v4, v3, that has an N-chip slice
+    tpu-<N>                  -> N chips of the generation kinetic picks: the first of
+                                v6e, v5p, v5e, v4, v3 whose kinetic 0.0.4 table has an
+                                N-chip slice (tpu-4 = v5e 2x2, tpu-8 = v6e 2x4 on 2 hosts,
+                                tpu-512 = v4 8x8x8); counts kinetic does not list take the
+                                first of that order that GKE offers (tpu-6144 = v5p)
     tpu-<gen>                -> that generation's default size (kinetic's defaults)
     tpu-<gen>-<chips>        -> tpu-v5e-1, tpu-v6e-8, tpu-v5p-8, tpu7x-8, tpu-7x-8
     tpu-<gen>-<topology>     -> tpu-v5litepod-2x4, tpu-v6e-4x4, tpu-v5p-2x2x2
+    tpu-<gen>-<N>t           -> one host of the generation's N-chip machine
+                                (tpu-v6e-8t = 2x4 on one ct6e-standard-8t)
     <any of these>:spot      -> same hardware on Spot VMs
 
 ``gpu:``/``tpu:`` (kinetic's colon prefix) work like ``gpu-``/``tpu-``, and the
@@ -36,20 +47,20 @@ Conventions (decisions, not facts; see the catalog's "Conventions to decide"):
   (``2x2x2``, two hosts), not Google's ``v5p-8`` (4 chips, TensorCores counted).
   Users porting ``@kinetic.run`` code expect kinetic's meaning. The topology
   form is never ambiguous, so :attr:`AcceleratorSpec.text` (the normalized
-  string) always uses it, and :attr:`AcceleratorSpec.google_accelerator_type`
+  string) uses it, and :attr:`AcceleratorSpec.google_accelerator_type`
   gives Google's name. When a count is invalid but half of it is valid on a
   generation with two TensorCores per chip (``tpu-v3-8``), the error says so.
-* **8-chip v5e/v6e is one host**: ``2x4`` on the ``-8t`` machine (8 chips per
-  pod), not two ``-4t`` VMs (catalog section 6 point 8). GKE decides single vs
-  multi host from the pod's ``google.com/tpu`` request, so asking for 8 chips
-  is what selects the ``-8t`` machine. 16 chips and up are multi-host on
-  ``-4t`` machines. The two-VM ``2x4`` shape is deliberately not offered.
+* **8-chip v6e is two hosts, as in kinetic**: ``tpu-v6e-8`` (and ``tpu-v6e-2x4``,
+  ``tpu-v6e``, ``tpu-8``) is ``2x4`` on two ``ct6e-standard-4t`` VMs, the node
+  pool ``kinetic up`` makes. The one-host shape, ``2x4`` on one
+  ``ct6e-standard-8t``, is ``tpu-v6e-8t`` (its normalized text, since
+  ``tpu-v6e-2x4`` is the two-host one). GKE tells the two apart by the pod's
+  ``google.com/tpu`` request (4 or 8). 8-chip v5e is one ``ct5lp-hightpu-8t``
+  host, as in kinetic. 16 chips and up are multi-host on ``-4t`` machines.
 * **Defaults** follow kinetic: ``gpu`` is one L4 (``g2-standard-4``), ``tpu``
   is v5e ``2x2`` (4 chips, one ``ct5lp-hightpu-4t`` host). A bare generation
   uses kinetic's default chip count (v3 4, v4 4, v5e 4, v5p 8, v6e 8; TPU7x 4,
-  one full host). ``gpu-<N>`` means N L4s; kinetic instead picks "the most
-  capable" GPU (H100), which on GKE is Spot/flex-start only below 8 GPUs and an
-  expensive surprise.
+  one full host).
 * **``cloud.google.com/gke-accelerator-count`` is not put in the node
   selector.** GKE derives it from the pod's ``google.com/tpu`` /
   ``nvidia.com/gpu`` request (which always equals the chips/GPUs per node
@@ -60,9 +71,9 @@ Conventions (decisions, not facts; see the catalog's "Conventions to decide"):
   are multiples of 4 with A <= B <= C, and each sorted dimension stays within
   the GKE maximum (v4 ``12x16x16``, v5p ``16x16x24``, TPU7x ``16x16x36``; the
   TPU7x bound is only third-party evidence). A chip count maps to the most
-  cubic such shape (``tpu-v5p-256`` -> ``4x8x8``).
+  cubic such shape (``tpu-v5p-256`` -> ``4x8x8``), which is also kinetic's.
 * ``spot=True`` forces Spot; ``spot=False``/``None`` keep what the string says
-  (a ``:spot`` suffix is never silently dropped). Use
+  (a ``:spot`` suffix is never silently dropped, not even for ``cpu``). Use
   :meth:`AcceleratorSpec.with_spot` to turn Spot off.
 """
 
@@ -76,6 +87,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 __all__ = [
+    "CHIPS_NOTE",
     "DEFAULT_GPU",
     "DEFAULT_TPU",
     "GPU_TYPES",
@@ -93,6 +105,7 @@ __all__ = [
     "Toleration",
     "TpuGeneration",
     "TpuShape",
+    "accelerator_notes",
     "parse_accelerator",
     "valid_choices",
 ]
@@ -107,6 +120,14 @@ RESOURCE_TPU = "google.com/tpu"
 RESOURCE_GPU = "nvidia.com/gpu"
 
 _SPOT_SUFFIX = ":spot"
+
+#: Said in every TPU size error and by ``kinetic-airflow check``: the one convention
+#: that differs from Google's own names.
+CHIPS_NOTE = (
+    "TPU sizes count chips, as keras-kinetic does. Google's v3, v4, v5p and TPU7x names count "
+    "TensorCores (2 per chip): Google's v5p-8 is 4 chips on one host, tpu-v5p-4 here, while "
+    "tpu-v5p-8 here is 8 chips on 2 hosts (Google's v5p-16)."
+)
 
 
 class InvalidAcceleratorError(ValueError):
@@ -124,22 +145,28 @@ class InvalidAcceleratorError(ValueError):
         reason: str,
         choices: str | None = None,
         suggestion: str | None = None,
+        note: str | None = None,
     ) -> None:
         self.text = text
         self.reason = reason
         self.choices = valid_choices() if choices is None else choices
         self.suggestion = suggestion
+        self.note = note
         message = f"Invalid accelerator {text!r}: {reason}."
         if suggestion:
             message += f" Did you mean {suggestion!r}?"
         if self.choices:
             message += f" Valid: {self.choices}."
+        if note:
+            message += f" Note: {note}"
         super().__init__(message)
 
-    def __reduce__(self) -> tuple[type[InvalidAcceleratorError], tuple[str, str, str, str | None]]:
+    def __reduce__(
+        self,
+    ) -> tuple[type[InvalidAcceleratorError], tuple[str, str, str, str | None, str | None]]:
         # Exceptions are pickled by their args; ours has a richer __init__, so
         # rebuild from the fields (Airflow and multiprocessing pickle errors).
-        return (type(self), (self.text, self.reason, self.choices, self.suggestion))
+        return (type(self), (self.text, self.reason, self.choices, self.suggestion, self.note))
 
 
 @dataclass(frozen=True)
@@ -201,9 +228,11 @@ class TpuShape:
 class TpuGeneration:
     """A TPU generation as GKE offers it.
 
-    ``shapes`` lists the enumerated slices (each chip count once; for v5e/v6e
-    the 8-chip entry is the single-host ``-8t`` one). For 3D generations,
-    larger slices follow the multiple-of-4 rule up to ``max_dims`` on
+    ``shapes`` lists the enumerated slices, each chip count once and with
+    kinetic's meaning (v5e's 8 chips are one ``-8t`` host, v6e's are two ``-4t``
+    hosts). ``one_host_shapes`` adds single-host shapes that only the ``-<N>t``
+    spelling reaches (v6e's ``2x4`` on one ``-8t``). For 3D generations, larger
+    slices follow the multiple-of-4 rule up to ``max_dims`` on
     ``pod_machine_type``.
     """
 
@@ -218,6 +247,7 @@ class TpuGeneration:
     pod_machine_type: str
     max_dims: tuple[int, int, int] | None = None
     note: str = ""
+    one_host_shapes: tuple[TpuShape, ...] = ()
 
     def shape_for_chips(self, chips: int) -> TpuShape | None:
         """The slice for a chip count, or None when the generation has none."""
@@ -226,6 +256,19 @@ class TpuGeneration:
                 return shape
         dims = _LARGE_3D.get(self.name, {}).get(chips)
         return self._large_shape(dims) if dims else None
+
+    def shape_for_host(self, chips_per_host: int) -> TpuShape | None:
+        """The single-host slice on the generation's ``-<N>t`` machine, or None."""
+        for shape in (*self.one_host_shapes, *self.shapes):
+            if shape.hosts == 1 and shape.chips_per_host == chips_per_host:
+                return shape
+        return None
+
+    def host_sizes(self) -> tuple[int, ...]:
+        """Chips per host of the generation's single-host shapes (the ``<N>t`` choices)."""
+        return tuple(
+            sorted({s.chips_per_host for s in (*self.shapes, *self.one_host_shapes) if s.hosts == 1})
+        )
 
     def chip_counts(self) -> tuple[int, ...]:
         """Every valid chip count, ascending."""
@@ -258,12 +301,16 @@ def _tpu_shapes(label: str, rows: Iterable[tuple[str, str, int]]) -> tuple[TpuSh
     )
 
 
-def _lite_rows(prefix: str) -> list[tuple[str, str, int]]:
-    """v5e and v6e share one table: 1t/4t/8t single hosts, then 4t slices."""
+def _lite_rows(prefix: str, *, eight_on_one_host: bool) -> list[tuple[str, str, int]]:
+    """v5e and v6e share one table: 1t/4t single hosts, 2x4, then 4t slices.
+
+    ``2x4`` is what kinetic 0.0.4 makes of 8 chips: one ``-8t`` host for v5e, two
+    ``-4t`` hosts for v6e (the node pool ``kinetic up`` creates for ``tpu-v6e-8``).
+    """
     return [
         ("1x1", f"{prefix}-1t", 1),
         ("2x2", f"{prefix}-4t", 4),
-        ("2x4", f"{prefix}-8t", 8),
+        ("2x4", f"{prefix}-8t", 8) if eight_on_one_host else ("2x4", f"{prefix}-4t", 4),
         *((topo, f"{prefix}-4t", 4) for topo in ("4x4", "4x8", "8x8", "8x16", "16x16")),
     ]
 
@@ -312,7 +359,7 @@ TPU_GENERATIONS: dict[str, TpuGeneration] = {
         tensorcores_per_chip=1,
         google_prefix="v5litepod",
         default_chips=4,
-        shapes=_tpu_shapes("tpu-v5-lite-podslice", _lite_rows("ct5lp-hightpu")),
+        shapes=_tpu_shapes("tpu-v5-lite-podslice", _lite_rows("ct5lp-hightpu", eight_on_one_host=True)),
         pod_machine_type="ct5lp-hightpu-4t",
     ),
     "v5p": TpuGeneration(
@@ -335,8 +382,9 @@ TPU_GENERATIONS: dict[str, TpuGeneration] = {
         tensorcores_per_chip=1,
         google_prefix="v6e",
         default_chips=8,
-        shapes=_tpu_shapes("tpu-v6e-slice", _lite_rows("ct6e-standard")),
+        shapes=_tpu_shapes("tpu-v6e-slice", _lite_rows("ct6e-standard", eight_on_one_host=False)),
         pod_machine_type="ct6e-standard-4t",
+        one_host_shapes=_tpu_shapes("tpu-v6e-slice", [("2x4", "ct6e-standard-8t", 8)]),
     ),
     "tpu7x": TpuGeneration(
         name="tpu7x",
@@ -456,8 +504,30 @@ _RETIRED_GPUS = dict.fromkeys(("k80", "nvidia-tesla-k80"), "the K80 is retired a
 
 DEFAULT_GPU = "l4"
 DEFAULT_TPU = "v5e"
-# kinetic's preference order for a bare chip count (``tpu-8``).
-_TPU_COUNT_PREFERENCE = ("v6e", "v5p", "v5e", "v4", "v3")
+# kinetic 0.0.4's preference order for a bare chip count (``tpu-8``), with the chip
+# counts its own table lists for each generation: kinetic picks the first generation
+# whose table has the count, so tpu-4 is v5e and tpu-512 is v4 although v6e and v5p
+# have such slices too. (Written out from kinetic/core/accelerators.py at 0.0.4;
+# tests/test_accelerator_parity.py checks the outcome against the released wheel.)
+_KINETIC_TPU_COUNTS: tuple[tuple[str, tuple[int, ...]], ...] = (
+    ("v6e", (8, 16)),
+    ("v5p", (8, 16, 32)),
+    ("v5e", (1, 4, 8, 16, 32, 64, 128, 256)),
+    ("v4", (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)),
+    ("v3", (4, 16, 32, 64, 128, 256, 512, 1024, 2048)),
+)
+_TPU_COUNT_PREFERENCE = tuple(name for name, _ in _KINETIC_TPU_COUNTS)
+# The same for a bare GPU count (``gpu-4``): kinetic's "most capable first" order.
+_KINETIC_GPU_COUNTS: tuple[tuple[str, tuple[int, ...]], ...] = (
+    ("h100", (1, 2, 4, 8)),
+    ("a100-80gb", (1, 2, 4, 8, 16)),
+    ("a100", (1, 2, 4, 8, 16)),
+    ("l4", (1, 2, 4, 8)),
+    ("v100", (1, 2, 4, 8)),
+    ("t4", (1, 2, 4)),
+    ("p100", (1, 2, 4)),
+    ("p4", (1, 2, 4)),
+)
 
 _GPU_ALIASES: dict[str, str] = {a: g.name for g in GPU_TYPES.values() for a in (g.name, *g.aliases)}
 _TPU_ALIASES: dict[str, str] = {a: t.name for t in TPU_GENERATIONS.values() for a in (t.name, *t.aliases)}
@@ -606,8 +676,11 @@ def _gpu_spec(gpu: GpuType, count: int) -> AcceleratorSpec:
 def _tpu_spec(gen: TpuGeneration, shape: TpuShape) -> AcceleratorSpec:
     # "tpu7x" already starts with "tpu"; avoid "tpu-tpu7x-...".
     head = gen.name if gen.name.startswith("tpu") else f"tpu-{gen.name}"
+    # A one-host-only shape shares its topology with the default one (v6e 2x4), so
+    # its text names the machine instead; every other shape uses its topology.
+    size = f"{shape.chips_per_host}t" if shape in gen.one_host_shapes else shape.topology
     return AcceleratorSpec(
-        text=f"{head}-{shape.topology}",
+        text=f"{head}-{size}",
         kind="tpu",
         name=gen.name,
         gke_label=shape.gke_label,
@@ -632,8 +705,57 @@ def valid_choices() -> str:
     gens = ", ".join("v5e/v5litepod" if g == "v5e" else g for g in TPU_GENERATIONS)
     return (
         f"cpu; gpu, gpu-<type>, gpu-<type>x<count> with types {gpus}; "
-        f"tpu, tpu-<gen>-<chips>, tpu-<gen>-<topology> with gens {gens}; append ':spot'"
+        f"tpu, tpu-<gen>-<chips> (chips, not TensorCores), tpu-<gen>-<topology>, "
+        f"tpu-<gen>-<N>t (one N-chip host) with gens {gens}; append ':spot'"
     )
+
+
+def accelerator_notes(spec: AcceleratorSpec) -> tuple[str, ...]:
+    """What a user porting from kinetic or from Google's TPU names should know about
+    ``spec`` (shown by ``kinetic-airflow check``)."""
+    notes: list[str] = []
+    if spec.kind == "tpu":
+        gen = TPU_GENERATIONS[spec.name]
+        hosts = f"{spec.hosts} hosts of {spec.chips_per_host}" if spec.multi_host else "one host"
+        notes.append(
+            f"{spec.text} is {spec.chips} chips on {hosts} ({spec.machine_type}); "
+            f"Google calls this slice {spec.google_accelerator_type}."
+        )
+        if gen.tensorcores_per_chip == 2:
+            half = gen.shape_for_chips(spec.chips // 2) if spec.chips % 2 == 0 else None
+            where = ""
+            if half:
+                on = "one host" if half.hosts == 1 else f"{half.hosts} hosts"
+                where = f" on {on}, tpu-{gen.name}-{spec.chips // 2} here"
+            notes.append(
+                f"Counts are chips, as in keras-kinetic. Google's {gen.google_prefix} names count "
+                f"TensorCores (2 per chip): Google's {gen.google_prefix}-{spec.chips} is "
+                f"{spec.chips // 2} chips{where}."
+            )
+        if gen.name == "v6e" and spec.topology == "2x4":
+            if spec.multi_host:
+                notes.append(
+                    "tpu-v6e-8 is keras-kinetic's two ct6e-standard-4t hosts (the pool `kinetic up` "
+                    "makes). For 2x4 on one ct6e-standard-8t host (Google's single-host v6e-8), "
+                    "use tpu-v6e-8t."
+                )
+            else:
+                notes.append(
+                    "One ct6e-standard-8t host. tpu-v6e-8 (keras-kinetic's meaning) is two "
+                    "ct6e-standard-4t hosts."
+                )
+        if gen.name == "v3":
+            notes.append(
+                "keras-kinetic 0.0.4 selects v3 nodes by tpu-v3-podslice, a label no GKE node has; "
+                "this uses GKE's tpu-v3-device (2x2) / tpu-v3-slice."
+            )
+        if gen.note:
+            notes.append(gen.note[0].upper() + gen.note[1:] + ".")
+    elif spec.kind == "gpu":
+        gpu = GPU_TYPES[spec.name]
+        if gpu.note:
+            notes.append(gpu.note[0].upper() + gpu.note[1:] + ".")
+    return tuple(notes)
 
 
 def _format_counts(counts: Iterable[int], limit: int = 16) -> str:
@@ -670,6 +792,7 @@ def _example_strings() -> tuple[str, ...]:
             out.append(head)
             out += [f"{head}-{s.chips}" for s in gen.shapes]
             out += [f"{head}-{s.topology}" for s in gen.shapes]
+            out += [f"{head}-{n}t" for n in gen.host_sizes()]
     return tuple(dict.fromkeys(out))
 
 
@@ -679,7 +802,7 @@ def _example_strings() -> tuple[str, ...]:
 
 _PREFIX_RE = re.compile(r"(?P<kind>gpu|tpu)(?:(?P<sep>[-:])(?P<rest>.*))?")
 _GPU_RE = re.compile(r"(?P<name>[a-z0-9][a-z0-9-]*?)(?:x(?P<count>\d+))?")
-_TPU_RE = re.compile(r"(?P<gen>[a-z0-9]+)(?:-(?P<size>[0-9x]+))?")
+_TPU_RE = re.compile(r"(?P<gen>[a-z0-9]+)(?:-(?P<size>[0-9x]+t?))?")
 _TOPOLOGY_RE = re.compile(r"\d+(?:x\d+){1,2}")
 _BAD_SUFFIX_RE = re.compile(r"(?P<head>.*?):(?P<word>[a-z]+)")
 
@@ -697,10 +820,14 @@ class _Ctx:
         return f"{self.prefix}{body}{self.suffix}"
 
     def error(
-        self, reason: str, suggestion_body: str | None = None, choices: str | None = None
+        self,
+        reason: str,
+        suggestion_body: str | None = None,
+        choices: str | None = None,
+        note: str | None = None,
     ) -> InvalidAcceleratorError:
         suggestion = self.fix(suggestion_body) if suggestion_body is not None else None
-        return InvalidAcceleratorError(self.original, reason, choices, suggestion)
+        return InvalidAcceleratorError(self.original, reason, choices, suggestion, note)
 
 
 def parse_accelerator(text: str | AcceleratorSpec, *, spot: bool | None = None) -> AcceleratorSpec:
@@ -778,6 +905,15 @@ def _parse_body(s: str, ctx: _Ctx) -> AcceleratorSpec:
             return _parse_gpu(rest, sub, explicit=True)
         return _parse_tpu(rest, sub, explicit=True)
 
+    if s.isdigit():
+        # kinetic reads a bare number as a GPU count if any GPU has it, else TPU chips.
+        kind = "gpu" if any(int(s) in counts for _, counts in _KINETIC_GPU_COUNTS) else "tpu"
+        raise ctx.error(
+            f"a bare number is ambiguous (keras-kinetic 0.0.4 reads {s!r} as {kind}-{s}); "
+            "write gpu-<N> or tpu-<N>",
+            suggestion_body=f"{kind}-{s}",
+        )
+
     # No prefix: kinetic accepts bare GPU names (l4x4) and TPU slices (v6e-8).
     gpu = _match_gpu(s)
     if gpu is not None:
@@ -788,7 +924,13 @@ def _parse_body(s: str, ctx: _Ctx) -> AcceleratorSpec:
     if s.split("x")[0] in _RETIRED_GPUS or s in _RETIRED_GPUS:
         return _parse_gpu(s, ctx, explicit=False)
     if s.startswith("cpu"):
-        raise ctx.error("'cpu' takes no size or options", suggestion_body="cpu")
+        reason = "'cpu' takes no size or options"
+        if s[3:4] in (":", "-") and s[4:].isdigit():
+            reason += (
+                f" (keras-kinetic 0.0.4 accepts {s!r} but ignores the number: no CPU request follows"
+                " from it; set CPU and memory with the operator's container resources)"
+            )
+        raise ctx.error(reason, suggestion_body="cpu")
     raise ctx.error("not a known CPU, GPU or TPU accelerator", suggestion_body=_close(s, _example_strings()))
 
 
@@ -807,8 +949,7 @@ def _match_gpu(s: str) -> tuple[GpuType, int | None] | None:
 
 def _parse_gpu(rest: str, ctx: _Ctx, *, explicit: bool) -> AcceleratorSpec:
     if rest.isdigit():
-        # gpu-<N>: N of the default GPU.
-        return _gpu_with_count(GPU_TYPES[DEFAULT_GPU], int(rest), ctx, body=lambda c: str(c))
+        return _gpu_any_type(int(rest), ctx)
 
     matched = _match_gpu(rest)
     if matched is None:
@@ -839,6 +980,37 @@ def _parse_gpu(rest: str, ctx: _Ctx, *, explicit: bool) -> AcceleratorSpec:
 
     gpu, count = matched
     return _gpu_with_count(gpu, 1 if count is None else count, ctx, body=lambda c: f"{gpu.name}x{c}")
+
+
+def _gpu_any_type(count: int, ctx: _Ctx) -> AcceleratorSpec:
+    """``gpu-<N>``: the GPU kinetic 0.0.4 picks for N (its most capable with that count)."""
+    for name, kinetic_counts in _KINETIC_GPU_COUNTS:
+        if count not in kinetic_counts:
+            continue
+        gpu = GPU_TYPES[name]
+        if gpu.machine_type_for(count) is None:
+            # kinetic's table has a machine GKE does not (A100 80GB x16).
+            others = [g for g, c in _KINETIC_GPU_COUNTS if GPU_TYPES[g].machine_type_for(count)]
+            raise ctx.error(
+                f"keras-kinetic 0.0.4 reads gpu-{count} as {count} x {name}, which GKE does not offer "
+                f"({name} comes {', '.join(map(str, gpu.counts))} to a machine); name the GPU",
+                suggestion_body=f"{others[0]}x{count}" if others else None,
+                choices=_GPU_COUNT_CHOICES,
+            )
+        return _gpu_spec(gpu, count)
+    counts = sorted({c for _, cs in _KINETIC_GPU_COUNTS for c in cs})
+    nearest = _nearest(count, counts)
+    raise ctx.error(
+        f"no GPU comes {count} to a machine",
+        suggestion_body=str(nearest) if nearest is not None else None,
+        choices=_GPU_COUNT_CHOICES,
+    )
+
+
+_GPU_COUNT_CHOICES = (
+    "gpu-<N> takes the GPU kinetic picks: gpu-1, gpu-2, gpu-4, gpu-8 are H100 (a3-highgpu; 1, 2 and 4 "
+    "only as Spot or flex-start); name the GPU to choose another, e.g. gpu-l4x4"
+)
 
 
 def _gpu_with_count(gpu: GpuType, count: int, ctx: _Ctx, body: Callable[[int], str]) -> AcceleratorSpec:
@@ -892,16 +1064,36 @@ def _parse_tpu(rest: str, ctx: _Ctx, *, explicit: bool) -> AcceleratorSpec:
         return _tpu_spec(gen, _require(gen.shape_for_chips(gen.default_chips)))
     if size.isdigit():
         return _tpu_by_chips(gen, gen_word, int(size), ctx)
+    if size.endswith("t") and size[:-1].isdigit():
+        return _tpu_by_host(gen, gen_word, int(size[:-1]), ctx)
     if _TOPOLOGY_RE.fullmatch(size):
         return _tpu_by_topology(gen, gen_word, _dims(size), ctx)
     raise ctx.error(
-        f"'{size}' is neither a chip count nor a topology like 2x4 or 2x2x2",
+        f"'{size}' is neither a chip count, a topology like 2x4 or 2x2x2, nor one host like 8t",
         suggestion_body=f"{gen_word}-{gen.default_chips}",
         choices=f"{gen.name} chip counts {_format_counts(gen.chip_counts())}",
+        note=CHIPS_NOTE,
     )
 
 
 def _tpu_any_generation(chips: int, ctx: _Ctx) -> AcceleratorSpec:
+    """``tpu-<N>``: the generation kinetic 0.0.4 picks, else the first that GKE offers."""
+    for name, kinetic_counts in _KINETIC_TPU_COUNTS:
+        if chips not in kinetic_counts:
+            continue
+        gen = TPU_GENERATIONS[name]
+        shape = gen.shape_for_chips(chips)
+        if shape is None:
+            # kinetic's table has a slice GKE does not (v4 16x16x16).
+            others = [n for n in _TPU_COUNT_PREFERENCE if TPU_GENERATIONS[n].shape_for_chips(chips)]
+            raise ctx.error(
+                f"keras-kinetic 0.0.4 reads tpu-{chips} as {name}, which GKE does not offer with "
+                f"{chips} chips ({name} chip counts {_format_counts(gen.chip_counts())}); "
+                "name the generation",
+                suggestion_body=f"{others[0]}-{chips}" if others else None,
+                note=CHIPS_NOTE,
+            )
+        return _tpu_spec(gen, shape)
     for name in _TPU_COUNT_PREFERENCE:
         gen = TPU_GENERATIONS[name]
         shape = gen.shape_for_chips(chips)
@@ -913,6 +1105,25 @@ def _tpu_any_generation(chips: int, ctx: _Ctx) -> AcceleratorSpec:
         f"no TPU generation has a {chips}-chip slice",
         suggestion_body=str(nearest) if nearest is not None else None,
         choices=f"chip counts {_format_counts(counts)}",
+        note=CHIPS_NOTE,
+    )
+
+
+def _tpu_by_host(gen: TpuGeneration, gen_word: str, chips: int, ctx: _Ctx) -> AcceleratorSpec:
+    """``tpu-<gen>-<N>t``: one host of the generation's N-chip machine."""
+    shape = gen.shape_for_host(chips)
+    if shape is not None:
+        return _tpu_spec(gen, shape)
+    sizes = gen.host_sizes()
+    reason = f"{gen.name} has no single-host machine with {chips} chips"
+    several = gen.shape_for_chips(chips)
+    if several:
+        reason += f"; tpu-{gen.name}-{chips} is {chips} chips on {several.hosts} hosts"
+    raise ctx.error(
+        reason,
+        suggestion_body=f"{gen_word}-{_nearest(chips, sizes)}t" if sizes else None,
+        choices=f"{gen.name} single hosts " + ", ".join(f"{n}t" for n in sizes),
+        note=CHIPS_NOTE,
     )
 
 
@@ -921,7 +1132,7 @@ def _tpu_by_chips(gen: TpuGeneration, gen_word: str, chips: int, ctx: _Ctx) -> A
     if shape is not None:
         return _tpu_spec(gen, shape)
     counts = gen.chip_counts()
-    reason = f"{gen.name} has no {chips}-chip slice (counts are chips)"
+    reason = f"{gen.name} has no {chips}-chip slice (counts are chips)" + _kinetic_only(gen.name, chips)
     suggestion = _nearest(chips, counts)
     if gen.tensorcores_per_chip == 2 and chips % 2 == 0 and gen.shape_for_chips(chips // 2):
         # Google's names count TensorCores: "v3-8" is 4 chips.
@@ -934,6 +1145,7 @@ def _tpu_by_chips(gen: TpuGeneration, gen_word: str, chips: int, ctx: _Ctx) -> A
         reason,
         suggestion_body=f"{gen_word}-{suggestion}" if suggestion is not None else None,
         choices=f"{gen.name} chip counts {_format_counts(counts)}",
+        note=CHIPS_NOTE,
     )
 
 
@@ -943,7 +1155,8 @@ def _tpu_by_topology(gen: TpuGeneration, gen_word: str, dims: tuple[int, ...], c
     choices = f"{gen.name} topologies {gen.topology_rule()}"
 
     def fail(reason: str, better: str | None) -> InvalidAcceleratorError:
-        return ctx.error(reason, suggestion_body=f"{gen_word}-{better}" if better else None, choices=choices)
+        suggestion = f"{gen_word}-{better}" if better else None
+        return ctx.error(reason, suggestion_body=suggestion, choices=choices, note=CHIPS_NOTE)
 
     def same_or_nearest_size() -> str | None:
         near = gen.shape_for_chips(chips) or gen.shape_for_chips(_nearest(chips, gen.chip_counts()) or 0)
@@ -967,11 +1180,22 @@ def _tpu_by_topology(gen: TpuGeneration, gen_word: str, dims: tuple[int, ...], c
         ordered = tuple(sorted(dims))
         if any(d > m for d, m in zip(ordered, gen.max_dims, strict=True)):
             top = "x".join(map(str, gen.max_dims))
-            raise fail(f"'{topo}' exceeds the GKE maximum {top} for {gen.name}", same_or_nearest_size())
+            raise fail(
+                f"'{topo}' exceeds the GKE maximum {top} for {gen.name}" + _kinetic_only(gen.name, chips),
+                same_or_nearest_size(),
+            )
         if ordered != dims:
             raise fail(f"dimensions must be ordered A <= B <= C, not '{topo}'", "x".join(map(str, ordered)))
         return _tpu_spec(gen, gen._large_shape(dims))
 
     if permuted:
         raise fail(f"{gen.name} has no '{topo}' slice; dimension order matters", permuted)
-    raise fail(f"{gen.name} has no '{topo}' slice", same_or_nearest_size())
+    raise fail(f"{gen.name} has no '{topo}' slice" + _kinetic_only(gen.name, chips), same_or_nearest_size())
+
+
+def _kinetic_only(gen_name: str, chips: int) -> str:
+    """Why a slice kinetic 0.0.4's table lists is refused (v3 2048, v4 4096)."""
+    kinetic = dict(_KINETIC_TPU_COUNTS).get(gen_name, ())
+    if chips in kinetic and TPU_GENERATIONS[gen_name].shape_for_chips(chips) is None:
+        return f"; keras-kinetic 0.0.4 lists a {chips}-chip {gen_name} slice, GKE does not offer one"
+    return ""

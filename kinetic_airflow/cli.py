@@ -1,7 +1,7 @@
 """``kinetic-airflow``: small command-line helpers around the accelerator catalog and job files.
 
 kinetic-airflow accelerators            list accelerator strings by generation/type
-kinetic-airflow check tpu-v6e-8         show what a string resolves to (selectors, resources)
+kinetic-airflow check tpu-v5p-8         show what a string resolves to (selectors, resources, notes)
 kinetic-airflow show JOB_URI            a job's manifest, markers and result summary
 """
 
@@ -12,9 +12,11 @@ import json
 import sys
 
 from kinetic_airflow.accelerators import (
+    CHIPS_NOTE,
     GPU_TYPES,
     TPU_GENERATIONS,
     InvalidAcceleratorError,
+    accelerator_notes,
     parse_accelerator,
 )
 
@@ -23,8 +25,17 @@ def _accelerators() -> None:
     print("cpu")
     for name, gpu in GPU_TYPES.items():
         print(f"gpu-{name}  counts {', '.join(map(str, gpu.counts))}")
+    print("gpu-<N>  the GPU keras-kinetic picks for N: H100 for 1, 2, 4, 8 (gpu-4 = gpu-h100x4)")
     for name, gen in TPU_GENERATIONS.items():
-        print(f"tpu-{name}  chips {', '.join(map(str, gen.chip_counts()))}")
+        head = name if name.startswith("tpu") else f"tpu-{name}"
+        one_host = ", ".join(f"{head}-{n}t" for n in gen.host_sizes())
+        print(f"{head}  chips {', '.join(map(str, gen.chip_counts()))}; one host: {one_host}")
+    print(
+        "tpu-v6e-8 is 2x4 on two ct6e-standard-4t hosts, as in keras-kinetic; tpu-v6e-8t is 2x4 on "
+        "one ct6e-standard-8t host"
+    )
+    print("tpu-<N>  the generation keras-kinetic picks for N chips (tpu-4 = tpu-v5e-4, tpu-8 = tpu-v6e-8)")
+    print(CHIPS_NOTE)
     print("append ':spot' to any of them for Spot VMs")
 
 
@@ -39,12 +50,15 @@ def _check(text: str) -> int:
             {
                 "accelerator": spec.text,
                 "kind": spec.kind,
+                "chips": spec.chips,
                 "hosts": spec.hosts,
                 "chips_per_host": spec.chips_per_host,
                 "machine_type": spec.machine_type,
+                "google_accelerator_type": spec.google_accelerator_type,
                 "node_selectors": spec.node_selectors,
                 "resources": spec.resources,
                 "tolerations": [t.to_k8s() for t in spec.tolerations],
+                "notes": list(accelerator_notes(spec)),
             },
             indent=2,
         )

@@ -6,17 +6,21 @@ from the module's own tables) so a wrong table entry fails here.
 
 from __future__ import annotations
 
+import json
 import pickle
+import re
 
 import pytest
 
 from kinetic_airflow.accelerators import (
+    CHIPS_NOTE,
     GPU_TYPES,
     LABEL_ACCELERATOR_COUNT,
     TPU_GENERATIONS,
     AcceleratorSpec,
     InvalidAcceleratorError,
     Toleration,
+    accelerator_notes,
     parse_accelerator,
     valid_choices,
 )
@@ -39,9 +43,19 @@ TPU_CASES = [
     ("tpu-v5e-8", "v5e", "tpu-v5-lite-podslice", "2x4", 8, 1, 8, "ct5lp-hightpu-8t"),
     ("tpu-v5litepod-2x4", "v5e", "tpu-v5-lite-podslice", "2x4", 8, 1, 8, "ct5lp-hightpu-8t"),
     ("tpu-v5e-16", "v5e", "tpu-v5-lite-podslice", "4x4", 16, 4, 4, "ct5lp-hightpu-4t"),
-    # v6e: 8 chips is the single-host -8t machine (catalog section 6 point 8)
+    # v6e: 8 chips is what keras-kinetic 0.0.4 (and `kinetic up`) makes of it, two 4-chip
+    # ct6e-standard-4t hosts. It used to be one -8t host here, which never scheduled on a
+    # kinetic-made pool (issue 8); the one-host shape is now spelled tpu-v6e-8t.
     ("tpu-v6e-4", "v6e", "tpu-v6e-slice", "2x2", 4, 1, 4, "ct6e-standard-4t"),
-    ("tpu-v6e-8", "v6e", "tpu-v6e-slice", "2x4", 8, 1, 8, "ct6e-standard-8t"),
+    ("tpu-v6e-8", "v6e", "tpu-v6e-slice", "2x4", 8, 2, 4, "ct6e-standard-4t"),
+    ("tpu-v6e-2x4", "v6e", "tpu-v6e-slice", "2x4", 8, 2, 4, "ct6e-standard-4t"),
+    ("tpu-v6e", "v6e", "tpu-v6e-slice", "2x4", 8, 2, 4, "ct6e-standard-4t"),
+    ("tpu-v6e-8t", "v6e", "tpu-v6e-slice", "2x4", 8, 1, 8, "ct6e-standard-8t"),
+    ("v6e-8t", "v6e", "tpu-v6e-slice", "2x4", 8, 1, 8, "ct6e-standard-8t"),
+    ("tpu-v6e-4t", "v6e", "tpu-v6e-slice", "2x2", 4, 1, 4, "ct6e-standard-4t"),
+    ("tpu-v6e-1t", "v6e", "tpu-v6e-slice", "1x1", 1, 1, 1, "ct6e-standard-1t"),
+    ("tpu-v5e-8t", "v5e", "tpu-v5-lite-podslice", "2x4", 8, 1, 8, "ct5lp-hightpu-8t"),
+    ("tpu-v5p-4t", "v5p", "tpu-v5p-slice", "2x2x1", 4, 1, 4, "ct5p-hightpu-4t"),
     ("tpu-v6e-4x4", "v6e", "tpu-v6e-slice", "4x4", 16, 4, 4, "ct6e-standard-4t"),
     ("tpu-v6e-8x16", "v6e", "tpu-v6e-slice", "8x16", 128, 32, 4, "ct6e-standard-4t"),
     # v5p: chips, not TensorCores (tpu-v5p-8 is 2 hosts)
@@ -64,8 +78,20 @@ TPU_CASES = [
     ("tpu7x-8", "tpu7x", "tpu7x", "2x2x2", 8, 2, 4, "tpu7x-standard-4t"),
     ("tpu-7x-8", "tpu7x", "tpu7x", "2x2x2", 8, 2, 4, "tpu7x-standard-4t"),
     ("tpu7x-4x4x4", "tpu7x", "tpu7x", "4x4x4", 64, 16, 4, "tpu7x-standard-4t"),
-    # bare chip count: kinetic's preference order starts with v6e
-    ("tpu:8", "v6e", "tpu-v6e-slice", "2x4", 8, 1, 8, "ct6e-standard-8t"),
+    # bare chip count: the generation keras-kinetic 0.0.4 picks, the first of v6e, v5p, v5e,
+    # v4, v3 whose kinetic table lists the count. This used to search this module's larger
+    # tables (tpu-4 was v6e, tpu-512 v5p), which never matched kinetic's pods (issue 8).
+    ("tpu:8", "v6e", "tpu-v6e-slice", "2x4", 8, 2, 4, "ct6e-standard-4t"),
+    ("tpu-1", "v5e", "tpu-v5-lite-podslice", "1x1", 1, 1, 1, "ct5lp-hightpu-1t"),
+    ("tpu-4", "v5e", "tpu-v5-lite-podslice", "2x2", 4, 1, 4, "ct5lp-hightpu-4t"),
+    ("tpu-16", "v6e", "tpu-v6e-slice", "4x4", 16, 4, 4, "ct6e-standard-4t"),
+    ("tpu-32", "v5p", "tpu-v5p-slice", "2x4x4", 32, 8, 4, "ct5p-hightpu-4t"),
+    ("tpu-64", "v5e", "tpu-v5-lite-podslice", "8x8", 64, 16, 4, "ct5lp-hightpu-4t"),
+    ("tpu-256", "v5e", "tpu-v5-lite-podslice", "16x16", 256, 64, 4, "ct5lp-hightpu-4t"),
+    ("tpu-512", "v4", "tpu-v4-podslice", "8x8x8", 512, 128, 4, "ct4p-hightpu-4t"),
+    ("tpu-2048", "v4", "tpu-v4-podslice", "8x16x16", 2048, 512, 4, "ct4p-hightpu-4t"),
+    # counts kinetic does not list: the first of the same order that GKE offers
+    ("tpu-192", "v5p", "tpu-v5p-slice", "4x4x12", 192, 48, 4, "ct5p-hightpu-4t"),
 ]
 
 
@@ -101,7 +127,11 @@ def test_tpu_fields(
 GPU_CASES = [
     ("gpu", "l4", "nvidia-l4", 1, "g2-standard-4"),
     ("l4x4", "l4", "nvidia-l4", 4, "g2-standard-48"),
-    ("gpu-4", "l4", "nvidia-l4", 4, "g2-standard-48"),
+    # gpu-<N> is the GPU keras-kinetic 0.0.4 picks, its most capable with N to a machine
+    # (H100). It used to be N x L4 here, which never matched kinetic's pods (issue 8).
+    ("gpu-4", "h100", "nvidia-h100-80gb", 4, "a3-highgpu-4g"),
+    ("gpu:1", "h100", "nvidia-h100-80gb", 1, "a3-highgpu-1g"),
+    ("gpu-8", "h100", "nvidia-h100-80gb", 8, "a3-highgpu-8g"),
     ("t4x2", "t4", "nvidia-tesla-t4", 2, "n1-standard-8"),
     ("gpu-v100x8", "v100", "nvidia-tesla-v100", 8, "n1-standard-64"),
     ("gpu-a100x4", "a100", "nvidia-tesla-a100", 4, "a2-highgpu-4g"),
@@ -199,6 +229,9 @@ def test_with_spot_round_trip() -> None:
         ("tpu-v5p", "tpu-v5p-2x2x2"),
         ("NVIDIA-TESLA-A100x2", "gpu-a100x2"),
         ("tpu-6144", "tpu-v5p-16x16x24"),
+        # the one-host 8-chip v6e keeps its own spelling: tpu-v6e-2x4 is the two-host one
+        ("TPU-V6E-8T:SPOT", "tpu-v6e-8t:spot"),
+        ("tpu-v5e-8t", "tpu-v5e-2x4"),
     ],
 )
 def test_normalized_text(text: str, normalized: str) -> None:
@@ -215,6 +248,12 @@ def test_text_round_trips_for_every_catalog_shape() -> None:
             assert spec.chips_per_host <= 8  # "A VM can access up to 8 TPU chips"
             assert parse_accelerator(spec.text) == spec
             assert str(spec) == spec.text
+            seen += 1
+        for size in gen.host_sizes():
+            spec = parse_accelerator(f"tpu-{gen.name}-{size}t")
+            assert (spec.hosts, spec.chips_per_host, spec.chips) == (1, size, size)
+            assert spec.machine_type.endswith(f"-{size}t")
+            assert parse_accelerator(spec.text) == spec
             seen += 1
     for gpu in GPU_TYPES.values():
         for count in gpu.counts:
@@ -273,6 +312,8 @@ def test_valid_choices_summary() -> None:
         "a100-80gb",
         "rtx-pro-6000",
         "v5e/v5litepod",
+        "(chips, not TensorCores)",
+        "tpu-<gen>-<N>t (one N-chip host)",
         "tpu7x",
         ":spot",
     ):
@@ -287,7 +328,18 @@ ERROR_CASES = [
     # GPU counts GKE does not offer
     ("a100-80gbx16", ["16 GPU(s)", "allowed counts: 1, 2, 4, 8", "Did you mean 'a100-80gbx8'"]),
     ("gpu-h200x4", ["allowed counts: 8", "Did you mean 'gpu-h200x8'"]),
-    ("gpu-3", ["l4", "allowed counts: 1, 2, 4, 8", "Did you mean 'gpu-4'"]),
+    ("gpu-3", ["no GPU comes 3 to a machine", "H100", "Did you mean 'gpu-4'"]),
+    # keras-kinetic accepts these; GKE has no such machine or the string is ambiguous
+    ("gpu-16", ["keras-kinetic 0.0.4 reads gpu-16 as 16 x a100-80gb", "Did you mean 'gpu-a100x16'"]),
+    ("8", ["bare number is ambiguous", "reads '8' as gpu-8", "Did you mean 'gpu-8'"]),
+    ("32", ["reads '32' as tpu-32", "Did you mean 'tpu-32'"]),
+    ("cpu:4", ["takes no size", "ignores the number", "Did you mean 'cpu'"]),
+    ("tpu-4096", ["reads tpu-4096 as v4", "Did you mean 'tpu-v5p-4096'", "count TensorCores"]),
+    ("tpu-v4-4096", ["keras-kinetic 0.0.4 lists a 4096-chip v4 slice, GKE does not offer one"]),
+    ("tpu-v3-32x64", ["keras-kinetic 0.0.4 lists a 2048-chip v3 slice", "Did you mean 'tpu-v3-32x32'"]),
+    # -<N>t names one host of an N-chip machine
+    ("tpu-v6e-16t", ["no single-host machine with 16 chips", "on 4 hosts", "Did you mean 'tpu-v6e-8t'"]),
+    ("tpu-v5p-8t", ["no single-host machine with 8 chips", "on 2 hosts", "Did you mean 'tpu-v5p-4t'"]),
     # unknown names with close matches
     ("gpu-h10x8", ["unknown GPU type 'h10'", "Did you mean 'gpu-h100x8'", "rtx-pro-6000"]),
     ("tpu-v6-8", ["unknown TPU generation 'v6'", "Did you mean 'tpu-v6e-8'", "tpu7x"]),
@@ -300,6 +352,8 @@ ERROR_CASES = [
     ("tpu-v6e-8:spto", ["unknown suffix ':spto'", "Did you mean 'tpu-v6e-8:spot'"]),
     # TPU chip counts that match no shape
     ("tpu-v5e-3", ["no 3-chip slice", "1, 4, 8, 16, 32, 64, 128, 256", "Did you mean 'tpu-v5e-4'"]),
+    # every TPU size error says that sizes count chips, not Google's TensorCores
+    ("tpu-v5p-3", ["Note: TPU sizes count chips", "Google's v5p-8 is 4 chips on one host"]),
     ("tpu-v3-8", ["counts TensorCores", "4 chips", "Did you mean 'tpu-v3-4'", "4, 16, 32"]),
     ("tpu-v3-2048", ["no 2048-chip slice", "Did you mean 'tpu-v3-1024'"]),
     ("tpu-3", ["no TPU generation has a 3-chip slice", "Did you mean 'tpu-4'"]),
@@ -326,6 +380,43 @@ def test_errors(text: str, fragments: list[str]) -> None:
     assert isinstance(info.value, ValueError)
 
 
+def test_notes_say_what_the_numbers_count() -> None:
+    # `kinetic-airflow check` shows these: someone who types Google's v5p-8 learns it is 8
+    # chips on 2 hosts here, and the two 8-chip v6e shapes point at each other.
+    v5p = " ".join(accelerator_notes(parse_accelerator("tpu-v5p-8")))
+    assert "8 chips on 2 hosts of 4" in v5p and "Google calls this slice v5p-16" in v5p
+    assert "Google's v5p-8 is 4 chips on one host, tpu-v5p-4 here" in v5p
+    two = " ".join(accelerator_notes(parse_accelerator("tpu-v6e-8")))
+    assert "two ct6e-standard-4t hosts" in two and "use tpu-v6e-8t" in two
+    one = " ".join(accelerator_notes(parse_accelerator("tpu-v6e-8t")))
+    assert "One ct6e-standard-8t host" in one and "tpu-v6e-8 (keras-kinetic's meaning)" in one
+    assert "tpu-v3-podslice" in " ".join(accelerator_notes(parse_accelerator("tpu-v3-4")))
+    assert "Spot or flex-start" in " ".join(accelerator_notes(parse_accelerator("gpu-4")))
+    assert accelerator_notes(parse_accelerator("cpu")) == ()
+    assert "count TensorCores" in CHIPS_NOTE and "tpu-v5p-8 here is 8 chips on 2 hosts" in CHIPS_NOTE
+
+
+def test_cli_check_and_listing_explain_counts(capsys: pytest.CaptureFixture[str]) -> None:
+    from kinetic_airflow.cli import main
+
+    assert main(["check", "tpu-v5p-8"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["chips"], out["hosts"], out["chips_per_host"]) == (8, 2, 4)
+    assert out["google_accelerator_type"] == "v5p-16"
+    assert any("Google's v5p-8 is 4 chips on one host" in note for note in out["notes"])
+    assert main(["check", "tpu-v6e-8t"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["accelerator"], out["hosts"], out["resources"]) == ("tpu-v6e-8t", 1, {"google.com/tpu": "8"})
+    assert main(["check", "tpu-v5p-3"]) == 2
+    assert "TPU sizes count chips" in capsys.readouterr().err
+    assert main(["accelerators"]) == 0
+    listing = capsys.readouterr().out
+    assert "tpu-v6e-8t is 2x4 on one ct6e-standard-8t host" in listing
+    assert "tpu7x-4t" in listing and CHIPS_NOTE in listing
+    for word in re.findall(r"\b(?:tpu-v[0-9a-z]+|tpu7x)-\d+t\b", listing):
+        assert parse_accelerator(word).hosts == 1, word
+
+
 def test_error_keeps_user_spelling_and_pickles() -> None:
     with pytest.raises(InvalidAcceleratorError) as info:
         parse_accelerator("  GPU:A100-80GBx16:spot ")
@@ -334,6 +425,10 @@ def test_error_keeps_user_spelling_and_pickles() -> None:
     assert err.suggestion == "gpu:a100-80gbx8:spot"
     clone = pickle.loads(pickle.dumps(err))
     assert (type(clone), str(clone), clone.suggestion) == (InvalidAcceleratorError, str(err), err.suggestion)
+    with pytest.raises(InvalidAcceleratorError) as info:
+        parse_accelerator("tpu-v5p-3")
+    noted = pickle.loads(pickle.dumps(info.value))
+    assert noted.note == CHIPS_NOTE and str(noted) == str(info.value)
 
 
 def test_non_string_is_type_error() -> None:
