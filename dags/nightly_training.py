@@ -23,7 +23,8 @@ def prepare(n: int = 256) -> dict:
     return {"x": xs, "y": ys}
 
 
-@task.kinetic(accelerator="tpu-v6e-8", retries=2, retry_delay=pendulum.duration(seconds=5))
+# One 8-chip v6e host (tpu-v6e-8 is two 4-chip hosts, as in keras-kinetic).
+@task.kinetic(accelerator="tpu-v6e-8t", retries=2, retry_delay=pendulum.duration(seconds=5))
 def train(data: dict, lr: float, epochs: int = 200) -> dict:
     import json
     import os

@@ -31,7 +31,7 @@ def on_gpu() -> str:
     return "gpu ok"
 
 
-@task.kinetic(backend="gke", accelerator="tpu-v6e-8")
+@task.kinetic(backend="gke", accelerator="tpu-v6e-8t")  # one 8-chip host: a single-pod Job
 def on_tpu() -> str:
     return "tpu ok"
 
