@@ -105,8 +105,6 @@ def test_every_host_runs_and_host_0_returns(lws_env, capfd):
     assert value["env"] == {
         "KERAS_BACKEND": "jax",
         "JAX_PLATFORMS": "tpu",
-        "JAX_NUM_PROCESSES": "4",
-        "JAX_PROCESS_ID": "0",
         "TPU_WORKER_ID": "0",  # set by the LWS pod webhook, with the hostnames
         "KINETIC_NUM_HOSTS": "4",
     }
@@ -213,6 +211,18 @@ def test_execution_timeout_deletes_the_group(lws_env):
     dr = _dag("kn_pathways_timeout").test()
     assert ti_states(dr) == {"runs_too_long": "failed"}
     _wait_gone(lws_env, "runs_too_long")
+
+
+def test_four_hosts_run_a_jax_collective(lws_env, capfd):
+    """Real multi-controller JAX (on CPU): every host initializes from its environment,
+    all-gathers its index, checks the sum; host 0's gather is the task's XCom."""
+    dr = _dag("kn_pathways_jax").test()
+    log = _task_log(capfd)
+    assert ti_states(dr) == {"jax_collective": "success"}, log[-4000:]
+    assert xcom(dr, "jax_collective") == [1, 2, 3, 4]
+    for host in range(4):
+        assert f"[h{host}] process {host} of 4: allgather [1, 2, 3, 4] sum 10" in log, log[-4000:]
+    _wait_gone(lws_env, "jax_collective")
 
 
 def test_a_cluster_without_leader_worker_sets_is_named(lws_env):

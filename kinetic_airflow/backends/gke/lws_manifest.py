@@ -60,10 +60,9 @@ def multi_host_env(job_id: str, hosts: int) -> list[dict[str, Any]]:
         {"name": "KINETIC_NUM_HOSTS", "value": str(hosts)},
         {"name": "KINETIC_HOST_INDEX", "value": "$(LWS_WORKER_INDEX)"},
         {"name": "KINETIC_COORDINATOR_ADDRESS", "value": coordinator},
-        # jax.distributed.initialize() reads these when called without arguments
+        # jax.distributed.initialize() takes the coordinator from here; the process count and
+        # index it finds itself on a TPU slice (TPU_WORKER_HOSTNAMES / TPU_WORKER_ID)
         {"name": "JAX_COORDINATOR_ADDRESS", "value": coordinator},
-        {"name": "JAX_NUM_PROCESSES", "value": str(hosts)},
-        {"name": "JAX_PROCESS_ID", "value": "$(LWS_WORKER_INDEX)"},
         {
             "name": "KINETIC_POD_UID",
             "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.uid"}},
