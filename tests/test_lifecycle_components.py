@@ -106,6 +106,9 @@ DAG_IDS = (
     "kn_triggerer_crash",
     "kn_scheduler_restart",
     "kn_not_deferrable_timeout",
+    "kn_slice",
+    "kn_slice_mark_failed",
+    "kn_slice_clear",
 )
 
 
@@ -519,3 +522,65 @@ def test_not_deferrable_timeout_stops_the_job(stack: Stack) -> None:
     assert not process_alive(executions[0]["pid"])
     assert (_read_json(job_dir / "status" / "cancelled.json") or {}).get("by") == "operator.on_kill"
     assert "Timeout" in _task_log_text(stack, dag_id, run_id, task_id)
+
+
+# Multi-host slices (LeaderWorkerSets) --------------------------------------------------------------
+def _slice_objects(stack: Stack, task_id: str) -> tuple[list[str], list[str]]:
+    """Names of the LeaderWorkerSets and pods of a task's slices in the emulator."""
+    import kubernetes
+
+    client = stack.emulator.api_client()
+    selector = f"kinetic.airflow/task-id={task_id.replace('_', '-')}"
+    groups = kubernetes.client.CustomObjectsApi(client).list_namespaced_custom_object(
+        "leaderworkerset.x-k8s.io", "v1", "default", "leaderworkersets", label_selector=selector
+    )["items"]
+    pods = kubernetes.client.CoreV1Api(client).list_namespaced_pod("default", label_selector=selector).items
+    return [g["metadata"]["name"] for g in groups], [p.metadata.name for p in pods]
+
+
+def _slice_running(stack: Stack, task_id: str) -> bool:
+    groups, pods = _slice_objects(stack, task_id)
+    return len(groups) == 1 and len(pods) == 4
+
+
+def test_a_four_host_slice_runs_its_collective_under_the_scheduler(stack: Stack) -> None:
+    dag_id, task_id = "kn_slice", "slice_collective"
+    run_id = trigger(stack.api, dag_id)
+    assert _wait_run(stack, dag_id, run_id) == "success", _why(stack, dag_id, run_id)
+    assert _xcom(stack.api, dag_id, run_id, task_id) == [1, 2, 3, 4]
+    assert len(_executions(stack, dag_id, run_id, task_id)) == 1
+    log = _task_log_text(stack, dag_id, run_id, task_id)
+    for host in range(4):  # every host's output reached the task log, through the triggerer
+        assert f"[h{host}] kn-slice process {host} gathered [1, 2, 3, 4]" in log, log[-3000:]
+    poll(lambda: _slice_objects(stack, task_id) == ([], []), timeout=60, what="the slice to be released")
+
+
+@pytest.mark.parametrize(("dag_id", "how"), [("kn_slice_mark_failed", "mark"), ("kn_slice_clear", "clear")])
+def test_mark_failed_and_clear_delete_the_slice_and_all_its_pods(stack: Stack, dag_id: str, how: str) -> None:
+    task_id = "slice_slow_first_try"
+    run_id = trigger(stack.api, dag_id)
+
+    def deferred_with_slice() -> bool:
+        stack.api.check_running()
+        deferred = _states(stack.api, dag_id, run_id).get((task_id, -1)) == "deferred"
+        return (
+            deferred and _slice_running(stack, task_id) and bool(_executions(stack, dag_id, run_id, task_id))
+        )
+
+    poll(deferred_with_slice, timeout=RUN_TIMEOUT, what="try 1 deferred with its 4 hosts running")
+    (first_group,), _ = _slice_objects(stack, task_id)
+    if how == "mark":
+        stack.api.api("PATCH", f"{run_path(dag_id, run_id)}/taskInstances/{task_id}", {"new_state": "failed"})
+        poll(
+            lambda: _slice_objects(stack, task_id) == ([], []),
+            timeout=60,
+            what="the LeaderWorkerSet and its pods to be deleted",
+        )
+        assert _states(stack.api, dag_id, run_id)[(task_id, -1)] == "failed"
+        return
+    _clear(stack.api, dag_id, run_id, [task_id])
+    assert _wait_run(stack, dag_id, run_id) == "success", _why(stack, dag_id, run_id)
+    executions = _executions(stack, dag_id, run_id, task_id)
+    assert [e["try_number"] for e in executions] == [1, 2], executions
+    poll(lambda: _slice_objects(stack, task_id) == ([], []), timeout=60, what="both slices to be gone")
+    assert first_group not in _slice_objects(stack, task_id)[0]

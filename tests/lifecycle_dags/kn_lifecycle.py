@@ -187,6 +187,53 @@ def kn_not_deferrable_timeout():
     too_slow_in_worker()
 
 
+# Multi-host TPU slices (backend="auto" -> pathways: a LeaderWorkerSet of 4 hosts) -------------
+@task.kinetic(backend="auto", accelerator="tpu-v6e-16", container_env={"JAX_PLATFORMS": "cpu"})
+def slice_collective() -> list:
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import multihost_utils
+
+    jax.distributed.initialize(
+        coordinator_address=os.environ["KINETIC_COORDINATOR_ADDRESS"],
+        num_processes=int(os.environ["KINETIC_NUM_HOSTS"]),
+        process_id=int(os.environ["KINETIC_HOST_INDEX"]),
+        cluster_detection_method="deactivate",
+    )
+    gathered = multihost_utils.process_allgather(jnp.array([jax.process_index() + 1]))
+    print(f"kn-slice process {jax.process_index()} gathered {gathered.ravel().tolist()}", flush=True)
+    if jax.process_index() == 0:
+        record_execution()
+    return gathered.ravel().tolist()
+
+
+@dag(schedule=None, start_date=START, catchup=False, tags=TAGS)
+def kn_slice():
+    slice_collective()
+
+
+@task.kinetic(backend="auto", accelerator="tpu-v6e-16")
+def slice_slow_first_try() -> dict:
+    """Try 1 runs until it is stopped (marked failed or cleared); a later try returns at once."""
+    if os.environ["KINETIC_HOST_INDEX"] == "0":
+        entry = record_execution()
+    else:
+        entry = {}
+    if int(os.environ["KINETIC_TRY_NUMBER"]) == 1:
+        time.sleep(600)
+    return entry
+
+
+@dag(schedule=None, start_date=START, catchup=False, tags=TAGS)
+def kn_slice_mark_failed():
+    slice_slow_first_try()
+
+
+@dag(schedule=None, start_date=START, catchup=False, tags=TAGS)
+def kn_slice_clear():
+    slice_slow_first_try()
+
+
 kn_race_local()
 kn_race_gke()
 kn_race_deferred()
@@ -198,3 +245,6 @@ kn_crash_after_payload()
 kn_triggerer_crash()
 kn_scheduler_restart()
 kn_not_deferrable_timeout()
+kn_slice()
+kn_slice_mark_failed()
+kn_slice_clear()
