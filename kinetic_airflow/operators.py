@@ -96,6 +96,7 @@ class KineticRunOperator(BaseOperator):
         "zone",
         "cluster",
         "namespace",
+        "container_env",
     )
     template_fields_renderers = {"op_args": "py", "op_kwargs": "py"}
     ui_color = "#d7e9f7"

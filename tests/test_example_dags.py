@@ -32,6 +32,7 @@ def example_env(tmp_path_factory) -> dict[str, str]:
         ("quickstart.py", "report -> pi is about 3.14"),
         ("nightly_training.py", "best learning rate"),
         ("parameter_sweep.py", "1. width=32 depth=3"),
+        ("multihost.py", "mean over 1 hosts: 2.9994"),  # the emulator runs it on 4: test_pathways
     ],
 )
 def test_example_dag_runs(example_env, dag_file, expected):

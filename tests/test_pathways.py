@@ -225,6 +225,33 @@ def test_four_hosts_run_a_jax_collective(lws_env, capfd):
     _wait_gone(lws_env, "jax_collective")
 
 
+def test_the_multihost_example_runs_as_it_is_on_the_emulator_walkthrough(lws_env, tmp_path):
+    """dags/multihost.py with the README's emulator settings: four hosts, one JAX collective."""
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(tmp_path / "home"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(repo / "dags"),
+        "AIRFLOW__KINETIC__BACKEND": "auto",
+        "AIRFLOW_VAR_KINETIC_JAX_PLATFORMS": "cpu",
+    }
+    airflow = str(Path(sys.executable).parent / "airflow")
+    subprocess.run([airflow, "db", "migrate"], env=env, check=True, capture_output=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(repo / "dags" / "multihost.py")], env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    assert "mean over 4 hosts: 2.9994" in output, output[-4000:]
+    for host in range(4):
+        assert f"[h{host}] host {host} of 4: partial sum" in output, output[-4000:]
+    _wait_gone(lws_env, "global_mean")
+
+
 def test_a_cluster_without_leader_worker_sets_is_named(lws_env):
     from kinetic_airflow.backends.gke.pathways import LwsMissingError, PathwaysBackend, _discovered_version
     from kinetic_airflow.layout import JobIdentity
