@@ -322,7 +322,8 @@ def test_restart_policy_none_restarts_in_place(
         assert cs.last_state.terminated.container_id not in (None, cs.container_id)
         index = name[-1]
         assert read_log(core, name, previous=True) == f"start {index} first\n"
-        assert read_log(core, name) == f"start {index} again\n"
+        # Running does not mean it printed yet.
+        wait_until(lambda name=name, index=index: read_log(core, name) == f"start {index} again\n")
     with pytest.raises(ApiException) as info:
         read_log(core, "none-0", previous=True)
     assert info.value.status == 400 and "previous terminated container" in api_error(info.value)["message"]
@@ -362,8 +363,8 @@ def test_restart_policy_none_restarts_in_place(
     assert not [e for e in lws_events if e.reason == "RecreateGroup"]
 
 
-def test_deleting_a_worker_recreates_the_group(
-    apis: tuple[client.CustomObjectsApi, client.CoreV1Api],
+def test_deleting_or_preempting_a_worker_recreates_the_group(
+    apis: tuple[client.CustomObjectsApi, client.CoreV1Api], k8s_cluster: ClusterEmulator
 ) -> None:
     custom, core = apis
     custom.create_namespaced_custom_object(
@@ -371,11 +372,17 @@ def test_deleting_a_worker_recreates_the_group(
     )
     first = wait_until(lambda: len(found := _running(core, "regroup")) == 3 and found)
     old = {p.metadata.uid for p in first}
+
+    def replaced(old: set[str]) -> set[str] | None:
+        uids = {p.metadata.uid for p in _running(core, "regroup")}
+        return uids if len(uids) == 3 and not uids & old else None
+
     core.delete_namespaced_pod("regroup-0-1", NS, grace_period_seconds=1)
-    wait_until(
-        lambda: len(pods := _running(core, "regroup")) == 3 and not {p.metadata.uid for p in pods} & old,
-        message="group recreated",
-    )
+    second = wait_until(lambda: replaced(old), message="group recreated after a delete")
+    k8s_cluster.preempt_pod(NS, "regroup-0-2", grace_seconds=0)
+    wait_until(lambda: replaced(second), message="group recreated after a preemption")
     events = core.list_namespaced_event(NS, field_selector="involvedObject.name=regroup").items
-    messages = [e.message for e in events if e.reason == "RecreateGroup"]
-    assert messages == ["Worker pod regroup-0-1 failed, deleted leader pod regroup-0 to recreate group 0"]
+    messages = sorted(e.message for e in events if e.reason == "RecreateGroup")
+    assert messages == [
+        f"Worker pod regroup-0-{w} failed, deleted leader pod regroup-0 to recreate group 0" for w in (1, 2)
+    ]
