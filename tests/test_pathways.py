@@ -207,6 +207,31 @@ def _all_ready(emulator) -> bool:
     return False
 
 
+def test_an_oom_killed_host_fails_the_task_naming_it(lws_env, capfd):
+    emulator = lws_env
+
+    def oom_when_up() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            pods = [p for p in _pods(emulator, "one_host_runs_out_of_memory") if p.status.phase == "Running"]
+            victim = [p for p in pods if p.metadata.name.endswith("-0-3")]
+            if len(pods) == 4 and victim:
+                time.sleep(1.0)  # let the runner start its function
+                emulator.oom_kill_pod("default", victim[0].metadata.name)
+                return
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=oom_when_up, daemon=True)
+    thread.start()
+    dr = _dag("kn_pathways_oom").test()
+    thread.join(10)
+    log = _task_log(capfd)
+    assert ti_states(dr) == {"one_host_runs_out_of_memory": "failed"}
+    assert "host 3" in log and "OOMKilled" in log, log[-3000:]
+    assert "out of memory" in log  # the hint
+    _wait_gone(emulator, "one_host_runs_out_of_memory")
+
+
 def test_execution_timeout_deletes_the_group(lws_env):
     dr = _dag("kn_pathways_timeout").test()
     assert ti_states(dr) == {"runs_too_long": "failed"}

@@ -143,8 +143,20 @@ def kn_pathways_jax():
     jax_collective()
 
 
+@task.kinetic(backend="auto", accelerator="tpu-v6e-16")
+def one_host_runs_out_of_memory() -> None:
+    print(f"host {_host()} up", flush=True)
+    time.sleep(600)  # the test OOM-kills host 3 meanwhile
+
+
+@dag(schedule=None, start_date=START, catchup=False)
+def kn_pathways_oom():
+    one_host_runs_out_of_memory()
+
+
 kn_pathways_all_hosts()
 kn_pathways_worker_fails()
 kn_pathways_preempted()
 kn_pathways_timeout()
 kn_pathways_jax()
+kn_pathways_oom()
