@@ -43,6 +43,11 @@ DEFAULTS: dict[str, Any] = {
     # [workers] min_heartbeat_interval plus 5 s, past the deferring process's exit report.
     "min_deferral_seconds": None,
     "runner_python": "python",
+    # Operating it (README, "Operating kinetic jobs"): kinetic-airflow gc's default age; a pod
+    # override (JSON) for every cluster job; handle.json for keras-kinetic's own tools.
+    "retention_days": None,
+    "pod_override": None,
+    "kinetic_interop": True,
 }
 
 BACKENDS = ("local", "gke", "pathways", "auto")

@@ -91,6 +91,25 @@ def get_provider_info() -> dict:
                         "float",
                     ),
                     "runner_python": option("Interpreter in the runner image (default python).", "python3"),
+                    "retention_days": option(
+                        "Default age for `kinetic-airflow gc` and the kinetic_maintenance DAG: job files "
+                        "older than this many days are deleted (never a live job's, never a result an XCom "
+                        "still references). Unset: gc needs --older-than.",
+                        "30",
+                        "integer",
+                    ),
+                    "pod_override": option(
+                        "A pod override (JSON, Kubernetes field names) merged over every cluster job's pod "
+                        "before the task's own pod_override; see the README.",
+                        '{"spec": {"imagePullSecrets": [{"name": "regcred"}]}}',
+                    ),
+                    "kinetic_interop": option(
+                        "Write keras-kinetic's handle.json (and its result.pkl) for cluster jobs in a "
+                        "kinetic bucket ({project}-kn-{cluster}-jobs), so `kinetic jobs list` sees them "
+                        "(default true).",
+                        "true",
+                        "boolean",
+                    ),
                     "local_python": option(
                         "Interpreter for local jobs (default: the worker's).", "/usr/bin/python3"
                     ),

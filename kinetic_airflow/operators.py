@@ -38,10 +38,12 @@ from kinetic_airflow.connections import storage_for
 from kinetic_airflow.data import Data
 from kinetic_airflow.envcapture import capture_env
 from kinetic_airflow.envelope import ResultRef, is_result_ref, replace_refs
+from kinetic_airflow.jobstore import publish_job
 from kinetic_airflow.layout import JobIdentity, JobLayout, output_dir_uri
 from kinetic_airflow.lifecycle import Action, Phase, TryInfo, decide, load_record, save_record
 from kinetic_airflow.links import LINKS_XCOM_KEY, KineticJobConsoleLink, KineticJobLogsLink, job_links
 from kinetic_airflow.payload import manifest_json, register_dag_modules_by_value, write_payload
+from kinetic_airflow.pod_override import combined_override, validate_at_parse
 from kinetic_airflow.results import KineticJobError, load_envelope, raise_remote, to_xcom
 from kinetic_airflow.storage import Storage, uri_to_local_path
 from kinetic_airflow.triggers import KineticJobTrigger
@@ -83,6 +85,8 @@ class KineticRunOperator(BaseOperator):
     :param startup_timeout: cluster backends: seconds a job may stay unschedulable (node scale-up).
     :param preemption_retries: cluster backends: resubmissions after preemption, not counted as retries.
     :param container_env: plain (non-secret) environment variables for the job's container.
+    :param pod_override: cluster backends: a dict (Kubernetes JSON) or ``kubernetes.client.V1Pod`` merged
+        over the generated pod (``kinetic_airflow.pod_override``; ``[kinetic] pod_override`` is the default).
     """
 
     template_fields: Sequence[str] = (
@@ -129,6 +133,7 @@ class KineticRunOperator(BaseOperator):
         startup_timeout: float | None = None,
         preemption_retries: int | None = None,
         container_env: dict[str, str] | None = None,
+        pod_override: Any = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -161,6 +166,7 @@ class KineticRunOperator(BaseOperator):
         self.startup_timeout = startup_timeout
         self.preemption_retries = preemption_retries
         self.container_env = dict(container_env or {})
+        self.pod_override = validate_at_parse(pod_override, accelerator, spot)
 
     # Settings ---------------------------------------------------------------------------------
     def _backend_name(self) -> str:
@@ -231,6 +237,7 @@ class KineticRunOperator(BaseOperator):
             "service_account": resolve_setting("service_account") or None,
             "active_deadline_seconds": deadline,
             "container_env": self.container_env,
+            "pod_override": combined_override(resolve_setting("pod_override"), self.pod_override),
             "hosts": spec.hosts,
             "chips_per_host": spec.chips_per_host if spec.kind == "tpu" else None,
             "startup_timeout": float(resolve_setting("startup_timeout", self.startup_timeout)),
@@ -351,6 +358,8 @@ class KineticRunOperator(BaseOperator):
         if self._gcp_conn_id():
             ref["gcp_conn_id"] = self._gcp_conn_id()
         record = self._record(context, Phase.RECORDED, ref, deadline, previous)
+        # job.json (the jobs CLI, retention) and, in a kinetic bucket, kinetic's handle.json
+        publish_job(self._storage(ref["job_uri"]), ref, callable_name(self.python_callable))
         get_backend(ref["backend"]).submit(ref)
         record = self._record(context, Phase.CREATED, ref, deadline, record)
         return self._ship(context, ref, deadline, previous=record)

@@ -111,6 +111,7 @@ class JobRunner:
         self.phase = "download"
         self.manifest: dict[str, Any] = {}
         self.workdir = tempfile.mkdtemp(prefix="kinetic-job-")
+        self.post_mortem = False  # --pdb
 
     # Markers ------------------------------------------------------------------------------
     def marker(self, name: str, **extra: Any) -> None:
@@ -247,6 +248,10 @@ class JobRunner:
                         raise
             envelope.update(ok=True, value=value)
         except BaseException as exc:
+            if self.post_mortem and self.phase == "execute":  # kinetic-airflow reproduce --pdb
+                import pdb
+
+                pdb.post_mortem(exc.__traceback__)
             envelope.update(self._failure(exc))
         finally:
             if heartbeat is not None:
@@ -255,6 +260,10 @@ class JobRunner:
         envelope["fingerprint"] = {"python": platform.python_version(), "hostname": socket.gethostname()}
         envelope["attempt"] = self.manifest.get("attempt", 1)
         written = self.write_envelope(envelope)
+        if written:  # kinetic's own format beside its handle.json, for `kinetic jobs result`
+            from kinetic_airflow.interop import write_kinetic_result
+
+            write_kinetic_result(self.storage, self.layout.job_uri, self.host, envelope)
         self.marker("finished", ok=envelope["ok"] and written)
         if envelope["ok"] and written:
             log(f"finished in {envelope['timings']['total']:.1f}s")
@@ -385,6 +394,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="period of the heartbeat marker (default: the manifest's value, else 30)",
     )
+    parser.add_argument(
+        "--pdb",
+        action="store_true",
+        help="if the function raises, open pdb at the exception (post mortem) before the result is "
+        "written; for a local reproduction (kinetic-airflow reproduce --pdb), not for jobs",
+    )
     return parser
 
 
@@ -418,6 +433,7 @@ def _wait_to_be_stopped(runner: JobRunner, earlier: dict[str, Any]) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     runner = JobRunner(args.job_uri, _host_index(args.host_index), args.heartbeat_seconds)
+    runner.post_mortem = args.pdb
     earlier = _already_ran(runner)
     if earlier is not None:
         return _wait_to_be_stopped(runner, earlier)

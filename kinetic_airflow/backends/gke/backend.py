@@ -24,6 +24,7 @@ from kinetic_airflow.backends.gke.manifest import (
 from kinetic_airflow.backends.gke.watch_cache import shared_watch
 from kinetic_airflow.layout import JobIdentity
 from kinetic_airflow.links import job_links
+from kinetic_airflow.pod_override import apply_to_manifest
 
 __all__ = ["GKEBackend", "JobOwnershipError", "k8s_job_name"]
 
@@ -96,7 +97,8 @@ class GKEBackend(Backend):
     def submit(self, job: JobRef, *, env: dict[str, str] | None = None) -> None:
         api = self._api(job)
         name = self.object_name(job)
-        manifest = self.manifest(job)
+        # pod_override= / [kinetic] pod_override over every pod template, checked before the POST
+        manifest = apply_to_manifest(self.manifest(job), job.get("pod_override"))
         try:
             api.request("POST", self.object_path(job), body=manifest)
         except ApiError as exc:

@@ -1,0 +1,232 @@
+"""Job storage as a catalogue: every job's record, and what state it is in.
+
+The worker writes ``{job_uri}/job.json`` (the job reference: backend, accelerator,
+cluster endpoint, namespace, identity; public data only, as in trigger kwargs) before it
+creates the job, so the jobs CLI and retention can find and reach any job from storage
+alone, with the same connections as the operator. Jobs written before ``job.json``
+existed are still listed from their manifest (without the cluster, so without a live
+backend state).
+
+A job's state, from its files and (while it has no outcome) its backend::
+
+    pending    created, not started (scheduling, pulling, waiting for its payload)
+    running    the backend says so
+    succeeded  result.json says ok
+    failed     result.json says not ok, or the process/pod ended without a result
+    cancelled  status/cancelled.json (on_kill, a clear, a timeout, ``jobs cancel``)
+    lost       started, but neither its process/pod nor a result exists any more
+    unknown    no record to ask the backend with, and no outcome in storage
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kinetic_airflow.layout import JobIdentity, JobLayout
+from kinetic_airflow.storage import FileStorage, Storage, join_uri, uri_to_local_path
+
+__all__ = [
+    "RECORD_NAME",
+    "JobInfo",
+    "backend_states",
+    "list_job_ids",
+    "load_job",
+    "publish_job",
+    "record_uri",
+]
+
+log = logging.getLogger(__name__)
+
+RECORD_NAME = "job.json"
+LIVE_STATES = ("pending", "running")
+FINAL_STATES = ("succeeded", "failed", "cancelled", "lost")
+
+
+def record_uri(job_uri: str) -> str:
+    return join_uri(job_uri, RECORD_NAME)
+
+
+def publish_job(storage: Storage, ref: dict[str, Any], func_name: str) -> None:
+    """Worker, before the job is created: its record in job storage, and kinetic's handle.
+
+    Neither may fail the task: a job without them runs the same, it is only harder to find.
+    """
+    from kinetic_airflow.config import resolve_setting
+    from kinetic_airflow.interop import write_handle
+
+    created = float(ref.get("submitted_at") or time.time())
+    record = {"version": 1, "job": ref, "callable": func_name, "created": created}
+    try:
+        storage.write_text(record_uri(ref["job_uri"]), json.dumps(record, sort_keys=True, default=str))
+    except Exception as exc:
+        log.warning("could not write the job record of %s: %s", ref["job_id"], exc)
+    interop = resolve_setting("kinetic_interop")
+    if interop is False or str(interop).lower() in ("0", "false", "no", "off"):
+        return
+    try:
+        uri = write_handle(storage, ref, func_name, created)
+        if uri:
+            log.info("kinetic's own tools see this job: handle at %s", uri)
+    except Exception as exc:
+        log.warning(
+            "could not write kinetic's handle of %s (kinetic's CLI will skip it): %s", ref["job_id"], exc
+        )
+
+
+def list_job_ids(storage: Storage, base_uri: str) -> list[str]:
+    """The job ids under ``{base_uri}/jobs/`` (one listing, not one per file)."""
+    jobs = join_uri(base_uri, "jobs")
+    if isinstance(storage, FileStorage):
+        path = uri_to_local_path(jobs)
+        try:
+            return sorted(e for e in os.listdir(path) if os.path.isdir(os.path.join(path, e)))
+        except FileNotFoundError:
+            return []
+    bucket, _, prefix = jobs[len("gs://") :].partition("/")
+    prefix = prefix.rstrip("/") + "/"
+    iterator = storage.client.list_blobs(bucket, prefix=prefix, delimiter="/")  # type: ignore[attr-defined]
+    for _page in iterator.pages:
+        pass
+    return sorted(p[len(prefix) :].strip("/") for p in iterator.prefixes)
+
+
+def _json(storage: Storage, uri: str) -> dict[str, Any] | None:
+    text = storage.read_text_or_none(uri)
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+@dataclass
+class JobInfo:
+    """What storage (and the backend) say about one job."""
+
+    job_id: str
+    job_uri: str
+    record: dict[str, Any] | None = None
+    manifest: dict[str, Any] | None = None
+    summary: dict[str, Any] | None = None
+    markers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    backend_state: str | None = None  # JobState value, when the backend was asked
+    backend_message: str = ""
+
+    @property
+    def ref(self) -> dict[str, Any] | None:
+        return (self.record or {}).get("job")
+
+    @property
+    def identity(self) -> JobIdentity | None:
+        data = (self.ref or {}).get("identity") or (self.manifest or {}).get("identity")
+        return JobIdentity.from_dict(data) if data else None
+
+    @property
+    def backend(self) -> str:
+        return (self.ref or {}).get("backend") or (self.manifest or {}).get("backend") or "?"
+
+    @property
+    def accelerator(self) -> str:
+        ref = self.ref or {}
+        return ref.get("accelerator") or ("cpu" if ref.get("backend") == "local" else "?")
+
+    @property
+    def created(self) -> float | None:
+        for value in (
+            (self.record or {}).get("created"),
+            (self.manifest or {}).get("created"),
+            (self.markers.get("dispatched") or {}).get("time"),
+        ):
+            if value:
+                return float(value)
+        return None
+
+    @property
+    def last_activity(self) -> float | None:
+        """The newest time any party recorded for the job (its age for retention)."""
+        times = [t for t in (self.created,) if t]
+        times += [float(m["time"]) for m in self.markers.values() if isinstance(m.get("time"), (int, float))]
+        return max(times) if times else None
+
+    @property
+    def cancelled(self) -> dict[str, Any] | None:
+        return self.markers.get("cancelled")
+
+    @property
+    def state(self) -> str:
+        if self.summary is not None:
+            return "succeeded" if self.summary.get("ok") else "failed"
+        if self.cancelled is not None:
+            return "cancelled"
+        started = any(name.startswith("started") for name in self.markers)
+        if self.backend_state == "running":
+            return "running"
+        if self.backend_state == "pending":
+            return "running" if started else "pending"
+        if self.backend_state in ("failed", "succeeded"):
+            return "failed"
+        if self.backend_state == "not_found":
+            if any(name.startswith("finished") for name in self.markers):
+                return "failed"
+            return "lost" if started or self.manifest is not None else "pending"
+        return "unknown"
+
+    @property
+    def task_instance(self) -> str:
+        identity = self.identity
+        if identity is None:
+            return "?"
+        index = f"[{identity.map_index}]" if identity.map_index >= 0 else ""
+        return f"{identity.dag_id}/{identity.run_id}/{identity.task_id}{index}"
+
+
+def load_job(storage: Storage, job_uri: str) -> JobInfo:
+    """Read a job's record, manifest, result summary and markers (no user objects)."""
+    job_uri = job_uri.rstrip("/")
+    layout = JobLayout(job_uri)
+    info = JobInfo(job_id=job_uri.rsplit("/", 1)[-1], job_uri=job_uri)
+    info.record = _json(storage, record_uri(job_uri))
+    info.manifest = _json(storage, layout.manifest)
+    info.summary = _json(storage, layout.result_summary())
+    for uri in storage.list(join_uri(job_uri, "status")):
+        name = uri.rsplit("/", 1)[-1]
+        if name.endswith(".json"):
+            marker = _json(storage, uri)
+            if marker is not None:
+                info.markers[name[: -len(".json")]] = marker
+    return info
+
+
+def backend_states(infos: Iterable[JobInfo]) -> None:
+    """Ask each job's backend about the jobs that have no outcome in storage yet.
+
+    Cluster jobs are looked up with one list of kinetic's Jobs / LeaderWorkerSets and pods
+    per cluster and namespace, not a request per job.
+    """
+    from kinetic_airflow.backends import get_backend
+
+    snapshots: dict[str, Any] = {}
+    for info in infos:
+        ref = info.ref
+        if ref is None or info.summary is not None or info.cancelled is not None:
+            continue
+        try:
+            if ref.get("backend") == "local":
+                status = get_backend("local").status(ref)
+            else:
+                from kinetic_airflow.cluster_objects import snapshot_for
+
+                status = snapshot_for(snapshots, ref).status_of(ref)
+        except Exception as exc:
+            info.backend_message = f"could not ask the {ref.get('backend')} backend: {exc}"
+            continue
+        info.backend_state = status.state.value
+        info.backend_message = status.message
