@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["DEFAULTS", "default_base_uri", "local_state_root", "resolve_setting"]
+__all__ = ["DEFAULTS", "KineticSettingError", "default_base_uri", "local_state_root", "resolve_setting"]
 
 # Built-in defaults. None means "derived" (see default_base_uri) or "unset".
 DEFAULTS: dict[str, Any] = {
@@ -53,7 +53,15 @@ DEFAULTS: dict[str, Any] = {
 BACKENDS = ("local", "gke", "pathways", "auto")
 
 
-def _airflow_conf_get(key: str) -> str | None:
+# Options whose built-in default is None (derived) but whose values are numbers.
+_NUMBER_OPTIONS = {"min_deferral_seconds": float}
+
+
+class KineticSettingError(ValueError):
+    """A configured value that does not parse: names the option, where it came from, the form."""
+
+
+def _conf() -> Any:
     try:
         from airflow.sdk.configuration import conf
     except ImportError:  # triggerer / scheduler side, or no task-sdk
@@ -64,17 +72,77 @@ def _airflow_conf_get(key: str) -> str | None:
     try:
         value = conf.get("kinetic", key, fallback=None)
     except Exception:
+    return conf
+
+
+def _set_in_airflow_config(conf: Any, key: str) -> bool:
+    """Whether a user set ``[kinetic] key`` (env var, airflow.cfg), not just the provider's default.
+
+    The provider declares its defaults (so ``airflow config list`` shows them), which makes
+    ``conf.get`` always answer; a ``KINETIC_*`` variable must still win over a default.
+    """
+    import configparser
+
+    env = f"AIRFLOW__KINETIC__{key.upper()}"
+    if any(os.environ.get(env + suffix) for suffix in ("", "_CMD", "_SECRET")):
+        return True
+    try:
+        if not configparser.ConfigParser.has_option(conf, "kinetic", key):
+            return False
+        # Airflow writes every declared default into a newly generated airflow.cfg: a value equal
+        # to the built-in default is that default, not a user's setting (KINETIC_* still wins).
+        written = configparser.ConfigParser.get(conf, "kinetic", key, raw=True)
+        return not _is_declared_default(key, written)
+    except Exception:
+        return False
+
+
+def _is_declared_default(key: str, written: str) -> bool:
+    default = DEFAULTS.get(key)
+    if default is None:
+        return written.strip() == ""
+    if isinstance(default, bool):
+        return written.strip().lower() == str(default).lower()
+    if isinstance(default, float):
+        try:
+            return float(written) == default
+        except ValueError:
+            return False
+    return written.strip() == str(default)
+
+
+def _airflow_conf_get(key: str) -> str | None:
+    conf = _conf()
+    if conf is None or not _set_in_airflow_config(conf, key):
+        return None
         return None
     return value if value not in (None, "") else None
 
 
-def _coerce(value: Any, default: Any) -> Any:
-    if isinstance(default, bool):
-        return str(value).lower() in ("1", "true", "yes", "on")
-    if isinstance(default, float):
-        return float(value)
-    if isinstance(default, int):
-        return int(value)
+def _coerce(value: Any, default: Any, key: str = "", source: str = "") -> Any:
+    kind = _NUMBER_OPTIONS.get(key) or type(default)
+    text = str(value).strip()
+    where = source or key
+    if kind is bool:
+        if text.lower() in ("1", "true", "yes", "on"):
+            return True
+        if text.lower() in ("0", "false", "no", "off"):
+            return False
+        raise KineticSettingError(f"{where}={value!r} is not a boolean: write true or false")
+    if kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+        if kind is int:
+            form = "a whole number, e.g. " + (str(default) if default is not None else "3")
+        else:
+            form = "a number of seconds, e.g. " + (f"{default:g}" if default is not None else "2") + " or 0.5"
+        raise KineticSettingError(
+            f"{where}={value!r} does not parse: {key} takes {form} (no unit)"
+            if key
+            else f"{value!r} does not parse"
+        ) from None
     return value
 
 
@@ -83,9 +151,13 @@ def resolve_setting(key: str, explicit: Any = None) -> Any:
     default = DEFAULTS.get(key)
     if explicit is not None:
         return explicit
-    for value in (_airflow_conf_get(key), os.environ.get(f"KINETIC_{key.upper()}")):
+    sources = (
+        (_airflow_conf_get(key), f"[kinetic] {key} (AIRFLOW__KINETIC__{key.upper()})"),
+        (os.environ.get(f"KINETIC_{key.upper()}"), f"KINETIC_{key.upper()}"),
+    )
+    for value, source in sources:
         if value not in (None, ""):
-            return _coerce(value, default)
+            return _coerce(value, default, key, source)
     return default
 
 

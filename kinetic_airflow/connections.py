@@ -1,46 +1,59 @@
-"""Storage with the worker's credentials: the Airflow GCP connection, not ambient ones."""
+"""Storage with the worker's credentials: the Airflow GCP connection, else ambient ones."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
+from kinetic_airflow.gcp_auth import (
+    AMBIENT_CONN_ID,
+    DEFAULT_GCP_CONN_ID,
+    KineticConfigError,
+    connection_exists,
+    missing_connection_error,
+    no_credentials_error,
+)
 from kinetic_airflow.storage import GCSStorage, Storage, open_storage
 
 __all__ = ["KineticConfigError", "storage_for"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_GCP_CONN_ID = "google_cloud_default"
 
+def _ambient_storage_client(uri: str) -> Any:
+    from google.auth.exceptions import DefaultCredentialsError
+    from google.cloud import storage
 
-class KineticConfigError(ValueError):
-    """Configuration the user must fix (a missing connection, a bad base URI)."""
+    from kinetic_airflow.storage import _ambient_client
 
-
-def _gcs_client(gcp_conn_id: str | None) -> Any:
-    from airflow.providers.google.cloud.hooks.gcs import GCSHook
-    from airflow.sdk import BaseHook
-    from airflow.sdk.exceptions import AirflowNotFoundException
-
-    conn_id = gcp_conn_id or DEFAULT_GCP_CONN_ID
     try:
-        BaseHook.get_connection(conn_id)
-    except AirflowNotFoundException:
-        if conn_id == DEFAULT_GCP_CONN_ID and not gcp_conn_id:
+        return _ambient_client(storage)
+    except DefaultCredentialsError as exc:
+        raise no_credentials_error(f"job storage {uri}", str(exc).split(". ")[0]) from None
+
+
+def _gcs_client(gcp_conn_id: str | None, uri: str = "gs://") -> Any:
+    from airflow.providers.google.cloud.hooks.gcs import GCSHook
+    from google.auth.exceptions import DefaultCredentialsError
+
+    if gcp_conn_id == AMBIENT_CONN_ID:
+        return _ambient_storage_client(uri)
+    conn_id = gcp_conn_id or DEFAULT_GCP_CONN_ID
+    if not connection_exists(conn_id):
+        if not gcp_conn_id:
             log.info("no %s connection; using ambient Google credentials for storage", conn_id)
-            return None
-        raise KineticConfigError(
-            f"the GCP connection {conn_id!r} is not defined. Create it, e.g. "
-            f"`airflow connections add {conn_id} --conn-type google_cloud_platform "
-            '--conn-extra \'{"project": "my-project"}\'` (keys come from ADC / Workload Identity when '
-            "no key is given), or set gcp_conn_id to an existing connection."
+            return _ambient_storage_client(uri)
+        raise missing_connection_error(conn_id)
+    try:
+        return GCSHook(gcp_conn_id=conn_id).get_conn()
+    except DefaultCredentialsError as exc:  # a connection without a key falls back to ADC
+        raise no_credentials_error(
+            f"job storage {uri} (connection {conn_id!r} has no key)", str(exc).split(". ")[0]
         ) from None
-    return GCSHook(gcp_conn_id=conn_id).get_conn()
 
 
 def storage_for(uri: str, gcp_conn_id: str | None = None) -> Storage:
     storage = open_storage(uri)
     if isinstance(storage, GCSStorage):
-        return GCSStorage(_gcs_client(gcp_conn_id))
+        return GCSStorage(_gcs_client(gcp_conn_id, uri))
     return storage

@@ -7,17 +7,29 @@ accelerator string or a classmethod shows up as a DAG import error naming the fi
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from airflow.sdk.bases.decorator import DecoratedOperator, TaskDecorator, task_decorator_factory
+from airflow.sdk.bases.decorator import DecoratedOperator, task_decorator_factory
 
+from kinetic_airflow.context_args import check_context_parameters
 from kinetic_airflow.operators import KineticRunOperator
-from kinetic_airflow.validation import as_function, validate_callable, validate_options
+from kinetic_airflow.validation import as_function, callable_name, validate_callable, validate_options
+
+if TYPE_CHECKING:
+    from typing import ParamSpec
+
+    from airflow.sdk.bases.decorator import Task
+    from typing_extensions import Unpack
+
+    from kinetic_airflow.data import Data
+    from kinetic_airflow.typed_args import TaskArgs
+
+    FParams = ParamSpec("FParams")
 
 __all__ = ["kinetic_task"]
 
-F = TypeVar("F", bound=Callable[..., Any])
-_OPTION_NAMES = ("accelerator", "spot", "backend", "volumes", "capture_env_vars")
+FReturn = TypeVar("FReturn")
+_OPTION_NAMES = ("accelerator", "spot", "backend", "volumes", "capture_env_vars", "base_uri")
 
 
 class _KineticDecoratedOperator(DecoratedOperator, KineticRunOperator):
@@ -47,11 +59,15 @@ class _KineticDecoratedOperator(DecoratedOperator, KineticRunOperator):
         )
 
 
+# Typed so that a type checker keeps the decorated function's signature (``train(lr=...)`` is
+# checked against ``def train(lr: float)``) and rejects an unknown option (``accelerater=``).
+# The options mirror KineticRunOperator's; tests/test_typed_api.py keeps the two in step.
 @overload
-def kinetic_task(python_callable: F) -> TaskDecorator: ...
+def kinetic_task(python_callable: Callable[FParams, FReturn], /) -> Task[FParams, FReturn]: ...
 @overload
 def kinetic_task(
     python_callable: None = None,
+    /,
     *,
     multiple_outputs: bool | None = None,
     accelerator: str = "cpu",
@@ -62,23 +78,31 @@ def kinetic_task(
     namespace: str | None = None,
     backend: str | None = None,
     capture_env_vars: list[str] | None = None,
-    volumes: dict[str, Any] | None = None,
+    volumes: dict[str, Data] | None = None,
     spot: bool = False,
     output_dir: str | None = None,
     base_uri: str | None = None,
     gcp_conn_id: str | None = None,
     kubernetes_conn_id: str | None = None,
     deferrable: bool = True,
-    **kwargs: Any,
-) -> Callable[[F], TaskDecorator]: ...
+    poll_interval: float | None = None,
+    heartbeat_seconds: float | None = None,
+    startup_timeout: float | None = None,
+    preemption_retries: int | None = None,
+    container_env: dict[str, str] | None = None,
+    pod_override: Any = None,
+    requirements: str | Sequence[str] | None = None,
+    **kwargs: Unpack[TaskArgs],
+) -> Callable[[Callable[FParams, FReturn]], Task[FParams, FReturn]]: ...
 def kinetic_task(
     python_callable: Callable[..., Any] | None = None, multiple_outputs: bool | None = None, **kwargs: Any
 ) -> Any:
     """Run the decorated function as a kinetic job (see KineticRunOperator for the options)."""
     validate_options(**{k: kwargs[k] for k in _OPTION_NAMES if k in kwargs})
 
-    def decorate(fn: Callable[..., Any]) -> TaskDecorator:
+    def decorate(fn: Callable[..., Any]) -> Any:
         validate_callable(fn)
+        check_context_parameters(fn, callable_name(fn))
         return task_decorator_factory(
             python_callable=as_function(fn),
             multiple_outputs=multiple_outputs,

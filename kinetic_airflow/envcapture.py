@@ -44,6 +44,16 @@ def validate_capture_patterns(patterns: object) -> list[str]:
         return []
     if isinstance(patterns, str):
         patterns = [patterns]
+    if isinstance(patterns, Mapping):
+        names = ", ".join(repr(str(k)) for k in patterns) or "..."
+        raise TypeError(
+            f"capture_env_vars takes the names of the Airflow worker's variables to copy into the job, "
+            f"not values: got a dict ({names}), whose values would be dropped. To capture, set the "
+            f"variables on the worker and pass their names: capture_env_vars=[{names}]. To set plain "
+            "values, use container_env={...} (the job container's environment on gke / pathways). "
+            "For secrets such as API keys, use a Kubernetes Secret "
+            "in the job's namespace (or Workload Identity) instead of shipping them in the payload."
+        )
     if not isinstance(patterns, Iterable) or not all(isinstance(p, str) and p for p in patterns):
         raise TypeError(
             "capture_env_vars must be a list of variable names or wildcard patterns, "

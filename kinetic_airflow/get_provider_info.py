@@ -1,4 +1,4 @@
-"""Provider metadata read by every Airflow process: a plain dict, no imports."""
+"""Provider metadata read by every Airflow process: a plain dict, no heavy imports."""
 
 
 def get_provider_info() -> dict:
@@ -11,7 +11,7 @@ def get_provider_info() -> dict:
             "default": None,
         }
 
-    return {
+    info = {
         "package-name": "kinetic-airflow",
         "name": "Kinetic",
         "description": "Run Python functions on TPUs and GPUs (GKE) or locally, with @task.kinetic.",
@@ -122,3 +122,22 @@ def get_provider_info() -> dict:
             }
         },
     }
+    _declare_defaults(info["config"]["kinetic"]["options"])
+    return info
+
+
+def _declare_defaults(options: dict) -> None:
+    """The built-in defaults (``kinetic_airflow.config.DEFAULTS``, a dict in a light module), so that
+    ``airflow config list --section kinetic`` and ``airflow config get-value kinetic backend`` show
+    them. Options whose default is derived (base_uri, project, ...) stay empty: their description
+    says how the value is found."""
+    from kinetic_airflow.config import DEFAULTS
+
+    for name, option in options.items():
+        value = DEFAULTS.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            option["default"] = str(value).lower()
+        else:
+            option["default"] = f"{value:g}" if isinstance(value, float) else str(value)

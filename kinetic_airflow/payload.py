@@ -21,6 +21,8 @@ from typing import IO, Any
 
 import cloudpickle
 
+from kinetic_airflow.tracebacks import FilenamePickler
+
 __all__ = ["PayloadError", "fingerprint", "register_dag_modules_by_value", "write_payload"]
 
 _SLICE = 8 * 1024 * 1024
@@ -173,7 +175,7 @@ def write_payload(
     try:
         with storage.open_write(uri) as fh:
             writer = _HashingWriter(fh)
-            cloudpickle.dump(payload, writer)
+            FilenamePickler(writer).dump(payload)  # tracebacks keep the DAG file's name
             pickled = True
     except Exception as exc:
         if pickled or writer is None or writer.sink_error is not None:

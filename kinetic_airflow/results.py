@@ -12,6 +12,7 @@ import cloudpickle
 
 from kinetic_airflow.envelope import ResultRef
 from kinetic_airflow.storage import Storage
+from kinetic_airflow.tracebacks import clean_remote_traceback
 
 __all__ = ["KineticJobError", "KineticRemoteError", "load_envelope", "raise_remote", "to_xcom"]
 
@@ -102,17 +103,21 @@ def raise_remote(
 
     ``where``: on a multi-host job, which host raised it ("host 2 of 4 (also failed: ...)").
     """
-    tb = summary.get("traceback") or ""
+    # The traceback is shown once: as a note of the raised exception, which Airflow prints with
+    # the task's error (the streamed job log leaves it out; see kinetic_airflow.tracebacks).
+    tb = clean_remote_traceback(summary.get("traceback") or "") if summary.get("traceback") else ""
     phase = summary.get("phase")
     job = f"kinetic job {job_id}" + (f", {where}" if where else "")
-    if tb:
-        log.error("Remote traceback (%s, phase %s):\n%s", job, phase, tb.rstrip())
+    note = f"Raised remotely in {job} (phase {phase}). Remote traceback:\n{tb}" if tb else ""
     exc = envelope.get("exception") if envelope else None
-    if phase == "execute" and isinstance(exc, Exception):
-        _note(exc, f"Raised remotely in {job} (phase execute). Remote traceback:\n{tb}")
-        raise exc
     error_type = summary.get("error_type") or "Error"
     message = summary.get("error_message") or "unknown error"
-    if phase == "execute":
-        raise KineticRemoteError(error_type, (f"{where}: " if where else "") + message, tb)
-    raise KineticJobError(f"{job} failed in phase {phase!r}: {message}")
+    if phase == "execute" and isinstance(exc, Exception):
+        raised: BaseException = exc
+    elif phase == "execute":
+        raised = KineticRemoteError(error_type, (f"{where}: " if where else "") + message, tb)
+    else:
+        raised = KineticJobError(f"{job} failed in phase {phase!r}: {message}")
+    if note:
+        _note(raised, note)
+    raise raised

@@ -31,6 +31,7 @@ from typing import Any
 from kinetic_airflow.envelope import ResultRef, dump_envelope, dumps_summary, is_result_ref, replace_refs
 from kinetic_airflow.layout import JobLayout
 from kinetic_airflow.storage import Storage, open_storage, uri_to_local_path
+from kinetic_airflow.tracebacks import mark_traceback
 
 __all__ = ["main"]
 
@@ -283,7 +284,7 @@ class JobRunner:
         else:
             message = _safe_repr(exc, 2000) if not str(exc) else str(exc)
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        sys.stderr.write(tb)
+        sys.stderr.write(mark_traceback(tb))  # the task log shows it once, with the task's error
         return {
             "ok": False,
             "phase": phase,

@@ -7,7 +7,31 @@ import inspect
 import types
 from typing import Any
 
-__all__ = ["callable_name", "check_backend_fits", "validate_backend", "validate_callable", "validate_options"]
+__all__ = [
+    "callable_name",
+    "check_backend_fits",
+    "check_base_uri",
+    "check_local_volumes",
+    "validate_backend",
+    "validate_callable",
+    "validate_options",
+]
+
+# Names people type for a backend, and what they mean by them.
+_BACKEND_ALIASES = {
+    "gcp": "gke",
+    "google": "gke",
+    "gcloud": "gke",
+    "kubernetes": "gke",
+    "k8s": "gke",
+    "cloud": "gke",
+    "lws": "pathways",
+    "leaderworkerset": "pathways",
+    "multihost": "pathways",
+    "process": "local",
+    "subprocess": "local",
+    "laptop": "local",
+}
 
 
 def validate_callable(fn: Any) -> None:
@@ -78,8 +102,60 @@ def as_function(fn: Any) -> Any:
 def validate_backend(backend: Any) -> None:
     from kinetic_airflow.config import BACKENDS
 
-    if backend is not None and backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r} is not one of {', '.join(BACKENDS)}")
+    if backend is None or backend in BACKENDS:
+        return
+    import difflib
+
+    text = str(backend).strip().lower()
+    guess = text if text in BACKENDS else _BACKEND_ALIASES.get(text)
+    if guess is None:
+        close = difflib.get_close_matches(text, BACKENDS, n=1, cutoff=0.5)
+        guess = close[0] if close else None
+    hint = f" Did you mean backend={guess!r}?" if guess else ""
+    raise ValueError(
+        f"backend={backend!r} is not one of {', '.join(BACKENDS)} (local: a process "
+        "on this machine; gke: a Kubernetes Job on GKE; pathways: a multi-host TPU slice; auto: pathways "
+        f"for multi-host TPUs, else gke).{hint}"
+    )
+
+
+_SCHEMES = ("gs://", "file://")
+
+
+def check_base_uri(base_uri: Any, where: str = "base_uri") -> None:
+    """Job storage is gs:// or file:// (an absolute local path counts as file://)."""
+    if base_uri is None or is_templated(base_uri):
+        return
+    if not isinstance(base_uri, str) or not (base_uri.startswith(_SCHEMES) or base_uri.startswith("/")):
+        scheme = (
+            base_uri.split("://", 1)[0] + "://" if isinstance(base_uri, str) and "://" in base_uri else ""
+        )
+        what = f"the {scheme} scheme" if scheme else "this form"
+        raise ValueError(
+            f"{where}={base_uri!r}: kinetic job storage does not support {what}; use gs://bucket/prefix "
+            "(a GCS bucket the job can reach) or file:///absolute/path (local runs). For data that lives "
+            "elsewhere, copy it in the function or pass it as Data(...)."
+        )
+
+
+def check_local_volumes(volumes: Any) -> None:
+    """The local backend never writes outside the job's own directories (README, 'Local backend').
+
+    A mount path is a path on the job's machine; for a local job that is the Airflow worker
+    itself, where ``/data`` would be created at the host's root, merged into an existing
+    ``/data`` or shared by concurrent jobs.
+    """
+    if not volumes:
+        return
+    mount = next(iter(volumes))
+    data = volumes[mount]
+    raise ValueError(
+        f"volumes={{{mount!r}: {data!r}}}: the local backend runs the job on this machine and never "
+        f"creates {mount} (or any path outside the job's own directories): it would write into the host's "
+        "filesystem and clash with other jobs. Pass the Data as an argument instead, "
+        f"train(data=Data({data.source!r})): the function receives the local path of its copy. Volumes "
+        "work as they are on backend='gke' / 'pathways', inside the job's container."
+    )
 
 
 def is_templated(value: Any) -> bool:
@@ -106,6 +182,7 @@ def validate_options(
     backend: Any = None,
     volumes: Any = None,
     capture_env_vars: Any = None,
+    base_uri: Any = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """Every parse-time check of the job options; returns (volumes, capture patterns) normalized.
 
@@ -117,6 +194,10 @@ def validate_options(
     from kinetic_airflow.envcapture import validate_capture_patterns
 
     validate_backend(backend)
+    check_base_uri(base_uri)
     if not is_templated(accelerator):
         check_backend_fits(backend, parse_accelerator(accelerator, spot=spot or None))
-    return validate_volumes(volumes), validate_capture_patterns(capture_env_vars)
+    volumes = validate_volumes(volumes)
+    if backend == "local":
+        check_local_volumes(volumes)
+    return volumes, validate_capture_patterns(capture_env_vars)

@@ -23,6 +23,7 @@ from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobSta
 from kinetic_airflow.layout import JobLayout
 from kinetic_airflow.lifecycle import acancel_job, cancelled_marker
 from kinetic_airflow.storage import Storage
+from kinetic_airflow.tracebacks import StreamedTracebackFilter
 
 __all__ = ["JobWatcher", "describe_failure"]
 
@@ -169,6 +170,7 @@ class JobWatcher:
         # the cap is per host, so one chatty host cannot hide the others.
         self.lines_emitted: dict[str, int] = {}
         self.tail: deque[str] = deque(maxlen=_TAIL_LINES)
+        self.traceback_filter = StreamedTracebackFilter()
         self.held: dict[str, deque[str]] = {}
         self.hosts = int(job.get("hosts") or 1)
 
@@ -236,6 +238,10 @@ class JobWatcher:
         """The first half of the cap goes out live, the last half when the job has ended."""
         self.tail.append(line)
         host = _host_of(line)
+        shown = self.traceback_filter(line, host)  # the task's error shows the traceback once
+        if shown is None:
+            return
+        line = shown
         count = self.lines_emitted[host] = self.lines_emitted.get(host, 0) + 1
         head = self.log_max_lines - self.log_max_lines // 2
         if count <= head:

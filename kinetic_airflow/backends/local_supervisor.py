@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, on_term)
         signal.signal(signal.SIGINT, on_term)
         returncode = child.wait()
+        # The job's temporary directory (its TMPDIR, see LocalBackend.submit): work dir, copies of
+        # Data inputs, the function's temp files. Payload, result and log live elsewhere and stay.
+        shutil.rmtree(os.path.join(state, "tmp"), ignore_errors=True)
 
     record = {
         "returncode": returncode,

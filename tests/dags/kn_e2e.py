@@ -14,7 +14,6 @@ from kn_test_util import execute_twice, read_text, record_failure, write_text
 from kinetic_airflow import Data, load_result
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "volume_src"
-MOUNT = f"/tmp/kinetic-test-mount-{os.getuid()}"
 SECRET_SHA256 = "8fc72cfd7a91177d2946599f2135f3d324baaa5fdb5c843aa971784afdb4269f"
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 
@@ -74,10 +73,12 @@ def read_env() -> dict:
     }
 
 
-@task.kinetic(volumes={MOUNT: Data(str(DATA_DIR))})
-def read_volume(single_file) -> dict:
+@task.kinetic
+def read_volume(single_file, folder) -> dict:
+    # A directory and a file passed as Data arguments. (A volume mount path is refused on the local
+    # backend, which never writes outside the job's own directories; tests/test_everyday_surface.py.)
     return {
-        "mounted": sorted(p.relative_to(MOUNT).as_posix() for p in Path(MOUNT).rglob("*") if p.is_file()),
+        "mounted": sorted(p.relative_to(folder).as_posix() for p in Path(folder).rglob("*") if p.is_file()),
         "arg_lines": Path(single_file).read_text().split(),
     }
 
@@ -91,7 +92,7 @@ def kn_values():
     array_total(arr)
     plain_total(arr)
     read_env()
-    read_volume(Data(str(DATA_DIR / "lines.txt")))
+    read_volume(Data(str(DATA_DIR / "lines.txt")), Data(str(DATA_DIR)))
 
 
 @task.kinetic(on_failure_callback=record_failure)

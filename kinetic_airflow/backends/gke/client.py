@@ -56,10 +56,12 @@ def _api_client(cluster: dict[str, Any]) -> Any:
 
     if not cluster.get("endpoint"):
         raise ValueError("a GKE cluster reference needs its endpoint; resolve_gke_cluster() fills it in")
+    from kinetic_airflow.gcp_auth import gcp_conn_for_cluster
+
     return GKEKubernetesHook(
         cluster_url=f"https://{cluster['endpoint']}",
         ssl_ca_cert=cluster["ca"],
-        gcp_conn_id=cluster.get("gcp_conn_id") or "google_cloud_default",
+        gcp_conn_id=gcp_conn_for_cluster(cluster.get("gcp_conn_id")),
     ).get_conn()
 
 
@@ -69,11 +71,19 @@ def resolve_gke_cluster(cluster: dict[str, Any]) -> dict[str, Any]:
         return cluster
     from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook
 
-    hook = GKEHook(
-        gcp_conn_id=cluster.get("gcp_conn_id") or "google_cloud_default", location=cluster["location"]
-    )
+    from kinetic_airflow.gcp_auth import gcp_conn_for_cluster
+
+    # No connection at all means ambient credentials (README): the same id then reaches the
+    # triggerer in the job reference, so it mints its tokens the same way.
+    conn_id = gcp_conn_for_cluster(cluster.get("gcp_conn_id"))
+    hook = GKEHook(gcp_conn_id=conn_id, location=cluster["location"])
     info = hook.get_cluster(name=cluster["name"], project_id=cluster["project"])
-    return {**cluster, "endpoint": info.endpoint, "ca": info.master_auth.cluster_ca_certificate}
+    return {
+        **cluster,
+        "gcp_conn_id": conn_id,
+        "endpoint": info.endpoint,
+        "ca": info.master_auth.cluster_ca_certificate,
+    }
 
 
 class KubeApi:

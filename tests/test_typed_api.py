@@ -1,0 +1,75 @@
+"""The typed API: py.typed ships, mypy keeps the decorated function's signature and rejects unknown
+options (tests/typed_dags/: a DAG mypy passes and one whose every `# BAD` line it must reject)."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import kinetic_airflow
+
+TYPED = Path(__file__).resolve().parent / "typed_dags"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_mypy_keeps_signatures_and_rejects_unknown_options(tmp_path):
+    files = [TYPED / "typed_ok.py", TYPED / "typed_bad.py"]
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--follow-imports=silent",  # report this DAG's errors, not Airflow's or the package's own
+            "--warn-unused-ignores",
+            "--cache-dir",
+            str(tmp_path / "mypy-cache"),
+            *map(str, files),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    errors = [line for line in result.stdout.splitlines() if ": error: " in line]
+    assert not [e for e in errors if "typed_ok.py" in e], result.stdout  # the typed example is clean
+    bad_lines = {
+        n for n, text in enumerate((TYPED / "typed_bad.py").read_text().splitlines(), 1) if "# BAD" in text
+    }
+    flagged = {int(m[1]) for e in errors if (m := re.match(r".*typed_bad\.py:(\d+): error", e))}
+    assert flagged == bad_lines, result.stdout
+    text = result.stdout
+    assert 'Unexpected keyword argument "accelerater" for overloaded function "kinetic_task"' in text
+    assert 'did you mean "accelerator"' in text
+    assert 'Unexpected keyword argument "epochs"' in text  # train() keeps def train(lr: float)
+    assert 'Unexpected keyword argument "acelerator" for "KineticRunOperator"' in text
+    assert 'Argument "retries" to "KineticRunOperator" has incompatible type "str"' in text
+
+
+def test_py_typed_ships_with_the_package():
+    assert (Path(kinetic_airflow.__file__).parent / "py.typed").is_file()
+    assert '"py.typed"' in (ROOT / "pyproject.toml").read_text()
+
+
+def test_typed_options_are_the_operators_options():
+    """kinetic_task's typed keywords are KineticRunOperator's options plus BaseOperator's arguments."""
+    from airflow.sdk import BaseOperator
+
+    from kinetic_airflow import KineticRunOperator, kinetic_task
+    from kinetic_airflow.typed_args import OperatorArgs, TaskArgs
+
+    base = {p for p in inspect.signature(BaseOperator.__init__).parameters if p not in ("self", "kwargs")}
+    assert set(OperatorArgs.__annotations__) == base
+    assert set(TaskArgs.__annotations__) == base - {"multiple_outputs"}
+    operator = {
+        p
+        for p in inspect.signature(KineticRunOperator.__init__).parameters
+        if p not in ("self", "kwargs", "python_callable", "op_args", "op_kwargs")
+    }
+    with_options = typing.get_overloads(kinetic_task)[1]
+    decorator = {
+        p for p in inspect.signature(with_options).parameters if p not in ("python_callable", "kwargs")
+    }
+    assert decorator - {"multiple_outputs"} == operator
