@@ -69,9 +69,6 @@ def _conf() -> Any:
             from airflow.configuration import conf  # type: ignore[no-redef]
         except ImportError:
             return None
-    try:
-        value = conf.get("kinetic", key, fallback=None)
-    except Exception:
     return conf
 
 
@@ -115,6 +112,9 @@ def _airflow_conf_get(key: str) -> str | None:
     conf = _conf()
     if conf is None or not _set_in_airflow_config(conf, key):
         return None
+    try:
+        value = conf.get("kinetic", key, fallback=None)
+    except Exception:
         return None
     return value if value not in (None, "") else None
 

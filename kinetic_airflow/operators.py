@@ -35,8 +35,8 @@ from kinetic_airflow.accelerators import parse_accelerator
 from kinetic_airflow.backends import BackendStatus, JobRef, JobState, get_backend
 from kinetic_airflow.config import default_base_uri, local_state_root, resolve_setting
 from kinetic_airflow.connections import storage_for
-from kinetic_airflow.data import Data
 from kinetic_airflow.context_args import check_context_parameters
+from kinetic_airflow.data import Data
 from kinetic_airflow.envcapture import capture_env
 from kinetic_airflow.envelope import ResultRef, is_result_ref, replace_refs
 from kinetic_airflow.jobstore import publish_job
@@ -45,12 +45,12 @@ from kinetic_airflow.lifecycle import Action, Phase, TryInfo, decide, load_recor
 from kinetic_airflow.links import LINKS_XCOM_KEY, KineticJobConsoleLink, KineticJobLogsLink, job_links
 from kinetic_airflow.payload import manifest_json, register_dag_modules_by_value, write_payload
 from kinetic_airflow.pod_override import combined_override, validate_at_parse
-from kinetic_airflow.results import KineticJobError, load_envelope, raise_remote, to_xcom
 from kinetic_airflow.preflight import preflight
+from kinetic_airflow.results import KineticJobError, load_envelope, raise_remote, to_xcom
 from kinetic_airflow.storage import Storage, uri_to_local_path
+from kinetic_airflow.tracebacks import without_tracebacks
 from kinetic_airflow.triggers import KineticJobTrigger
 from kinetic_airflow.validation import (
-from kinetic_airflow.tracebacks import without_tracebacks
     callable_name,
     check_backend_fits,
     ensure_name,
@@ -62,11 +62,11 @@ from kinetic_airflow.watch import JobWatcher, describe_failure
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-
-__all__ = ["KineticRunOperator"]
     from typing_extensions import Unpack
 
     from kinetic_airflow.typed_args import OperatorArgs
+
+__all__ = ["KineticRunOperator"]
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +144,7 @@ class KineticRunOperator(BaseOperator):
     ) -> None:
         super().__init__(**kwargs)
         validate_callable(python_callable)
+        check_context_parameters(python_callable, callable_name(python_callable))
         self.python_callable = ensure_name(python_callable)
         self.op_args = op_args if op_args is not None else []
         self.op_kwargs = op_kwargs if op_kwargs is not None else {}
@@ -151,9 +152,9 @@ class KineticRunOperator(BaseOperator):
             accelerator=accelerator,
             spot=spot,
             backend=backend,
-        check_context_parameters(python_callable, callable_name(python_callable))
             volumes=volumes,
             capture_env_vars=capture_env_vars,
+            base_uri=base_uri,
         )
         self.accelerator = accelerator
         self.container_image = container_image
@@ -161,7 +162,6 @@ class KineticRunOperator(BaseOperator):
         self.project = project
         self.cluster = cluster
         self.namespace = namespace
-            base_uri=base_uri,
         self.backend = backend
         self.spot = spot
         self.output_dir = output_dir
@@ -254,6 +254,7 @@ class KineticRunOperator(BaseOperator):
 
     # Execute -----------------------------------------------------------------------------------
     def execute(self, context: Context) -> Any:
+        preflight(self, context)  # rendered values, context arguments: before any job exists
         ti = context["ti"]
         now = TryInfo.of(ti)
         backend_name = self._backend_name()
@@ -292,7 +293,6 @@ class KineticRunOperator(BaseOperator):
         recorded_deadline = record.get("deadline")
         if decision.action is Action.SUBMIT:
             record = self._submit(context, job, recorded_deadline, previous=record)
-        preflight(self, context)  # rendered values, context arguments: before any job exists
         elif decision.action is Action.SHIP:
             record = self._ship(context, job, recorded_deadline, previous=record)
         elif decision.action is Action.COLLECT:
@@ -554,6 +554,8 @@ class KineticRunOperator(BaseOperator):
                 max_bytes=int(resolve_setting("xcom_max_bytes")),
             )
         tail = event.get("log_tail") or []
+        if event.get("summary") is not None:  # its exception carries the traceback (once)
+            tail = without_tracebacks(tail)
         if tail:
             log.error("last log lines of job %s:\n%s", ref["job_id"], "\n".join(tail))
         if status == "timeout":
@@ -598,8 +600,6 @@ class KineticRunOperator(BaseOperator):
 def min_deferral_seconds() -> float:
     """How long a deferred task's event is held back (see ``KineticRunOperator._wait``)."""
     explicit = resolve_setting("min_deferral_seconds")
-        if event.get("summary") is not None:  # its exception carries the traceback (once)
-            tail = without_tracebacks(tail)
     if explicit is not None:
         return float(explicit)
     try:

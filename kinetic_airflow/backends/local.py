@@ -24,8 +24,8 @@ from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobSta
 __all__ = ["LocalBackend", "process_alive"]
 
 _CANCEL_GRACE_SECONDS = 10.0
-_EXIT_CHECK_SECONDS = 0.05
 _TMP_DIR = "tmp"  # also in local_supervisor.py
+_EXIT_CHECK_SECONDS = 0.05
 
 
 def _state_dir(job: JobRef) -> Path:
@@ -77,14 +77,14 @@ class LocalBackend(Backend):
         # here: this machine's hardware is whatever it is, whatever the accelerator string says.
         child_env.setdefault("KERAS_BACKEND", "jax")
         child_env.update(env or {})
-        log_path = state / "supervisor.log"
-        with open(log_path, "ab") as supervisor_log:
-            proc = subprocess.Popen(
         # The job's temporary files (the runner's work dir with its copies of Data inputs, and
         # whatever the function puts in tempfile's dir) stay inside the job's own directory; the
         # supervisor removes it when the job ends, however it ends (README, "The local backend").
         child_env["TMPDIR"] = str(state / _TMP_DIR)
         (state / _TMP_DIR).mkdir(exist_ok=True)
+        log_path = state / "supervisor.log"
+        with open(log_path, "ab") as supervisor_log:
+            proc = subprocess.Popen(
                 command,
                 stdin=subprocess.DEVNULL,
                 stdout=supervisor_log,
