@@ -132,6 +132,9 @@ def no_google_credentials(monkeypatch, tmp_path):
         "STORAGE_EMULATOR_HOST",
         "AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT",
         "GOOGLE_APPLICATION_CREDENTIALS",
+        "GOOGLE_CLOUD_PROJECT",
+        "GCLOUD_PROJECT",
+        "CLOUDSDK_CORE_PROJECT",
     ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))

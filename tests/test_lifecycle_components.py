@@ -95,6 +95,7 @@ class Stack:
 
 
 DAG_IDS = (
+    "kn_context_args",
     "kn_race_local",
     "kn_race_gke",
     "kn_race_deferred",
@@ -267,6 +268,20 @@ def test_short_jobs_never_fail_under_the_scheduler(
     if dag_id == "kn_race_deferred":  # these went through the triggerer, and were held back
         log = _task_log_text(stack, dag_id, run_ids[0], task_id, 0)
         assert "watching kinetic job" in log and "resuming the task in" in log, log[-3000:]
+
+
+# TaskFlow context arguments ---------------------------------------------------------------------
+def test_context_arguments_reach_the_function_under_the_scheduler(stack: Stack) -> None:
+    dag_id, task_id = "kn_context_args", "context_values"
+    stack.api.api("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+    run = {"logical_date": "2026-03-04T05:06:00+00:00", "conf": {"epochs": 5}}
+    run_id = stack.api.api("POST", f"/api/v2/dags/{dag_id}/dagRuns", run)["dag_run_id"]
+    assert _wait_run(stack, dag_id, run_id) == "success", _why(stack, dag_id, run_id)
+    value = _xcom(stack.api, dag_id, run_id, task_id)
+    assert (value["lr"], value["ds"], value["run_id"]) == (0.5, "2026-03-04", run_id)
+    assert value["ts"] == "2026-03-04T05:06:00+00:00"
+    assert value["params"] == {"scale": 3, "epochs": 5} and value["conf"] == {"epochs": 5}
+    assert len(_executions(stack, dag_id, run_id, task_id)) == 1
 
 
 # Re-runs ----------------------------------------------------------------------------------------

@@ -41,6 +41,17 @@ def record_execution(**fields: object) -> dict:
     return entry
 
 
+# TaskFlow context arguments, under the real scheduler (the DAG module has Airflow's name) --------
+@task.kinetic(backend="local")
+def context_values(lr: float, ds=None, ts=None, run_id=None, params=None, dag_run=None) -> dict:
+    return record_execution(lr=lr, ds=ds, ts=ts, run_id=run_id, params=params, conf=dag_run.conf)
+
+
+@dag(schedule=None, start_date=START, catchup=False, tags=TAGS, params={"scale": 3})
+def kn_context_args():
+    context_values(0.5)
+
+
 # Zero-second jobs, 20 per run: Airflow's executor-event race -------------------------------------
 @task.kinetic(backend="local")
 def zero_local(i: int) -> dict:
@@ -234,6 +245,7 @@ def kn_slice_clear():
     slice_slow_first_try()
 
 
+kn_context_args()
 kn_race_local()
 kn_race_gke()
 kn_race_deferred()
