@@ -7,8 +7,9 @@
 # kinetic-airflow does not need (and that would drag the main venv's pins around). The wheel is
 # installed with --no-deps and pinned by hash; then only what `import kinetic` and its Job /
 # LeaderWorkerSet manifest builders (kinetic/backend/{k8s_utils,gke_client,pathways_client}.py)
-# import at module level. pip reports the left-out dependencies (Pulumi, Keras, ...) as missing;
-# that is expected. Idempotent: a second run with everything in place does no network I/O.
+# import at module level, and what its job listing / attach / `kinetic jobs` commands import
+# (kinetic/jobs.py, kinetic/cli/commands/jobs.py: click; tests/test_kinetic_interop.py). pip
+# reports the left-out dependencies (Pulumi, Keras, ...) as missing; that is expected. Idempotent: a second run with everything in place does no network I/O.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -23,6 +24,7 @@ import importlib.metadata, sys
 assert importlib.metadata.version("keras-kinetic") == sys.argv[1]
 import kinetic.backend.gke_client, kinetic.backend.k8s_utils, kinetic.backend.pathways_client  # noqa: F401
 import kinetic.core.accelerators, kinetic.core.core  # noqa: F401
+import kinetic.jobs, kinetic.cli.commands.jobs  # noqa: F401  (tests/test_kinetic_interop.py)
 EOF
 }
 
@@ -43,6 +45,7 @@ pip=("$VENV/bin/python" -m pip --quiet)
 # Lower bounds are keras-kinetic 0.0.4's own.
 "${pip[@]}" install \
   "absl-py" \
+  "click>=8.1" \
   "cloudpickle" \
   "rich>=14.0" \
   "google-auth>=2.49" \

@@ -1,0 +1,170 @@
+"""``kinetic-airflow reproduce JOB [--pdb]``: run a stored job again on this machine.
+
+The failure at 3 a.m. replayed at 9 a.m. on a laptop: the job's manifest and payload are
+copied into a local job directory (``file://``), and the same runner the pod ran
+(``python -m kinetic_airflow.runner``) runs it there, in the foreground, printing the
+command first. The original job's files are only read, never written: the local copy
+gets its own result, markers and a scratch ``KINETIC_OUTPUT_DIR`` (``--output-dir`` to
+use another, e.g. the task's real one to resume from its checkpoints). ``--pdb`` opens
+pdb at the function's exception (post mortem).
+
+What cannot come along is said, not silently dropped: environment variables the pod got
+from Kubernetes Secrets (``pod_override``) and the accelerator itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+from kinetic_airflow.layout import JobLayout
+
+__all__ = ["add_reproduce_command", "default_workdir", "reproduce_commands", "run_reproduce"]
+
+
+def default_workdir(job_id: str) -> str:
+    return os.path.join(tempfile.gettempdir(), "kinetic-reproduce", job_id)
+
+
+def _env(ref: dict[str, Any]) -> dict[str, str]:
+    """The plain variables the job's container had (not those from Secrets)."""
+    env = {"KERAS_BACKEND": "jax"}
+    env.update({k: str(v) for k, v in (ref.get("container_env") or {}).items()})
+    return env
+
+
+def runner_command(local_job_uri: str, *, pdb: bool = False, python: str | None = None) -> list[str]:
+    command = [python or sys.executable, "-m", "kinetic_airflow.runner", "--job-uri", local_job_uri]
+    return [*command, "--pdb"] if pdb else command
+
+
+def _shell(env: dict[str, str], command: list[str]) -> str:
+    assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+    return f"{assigns} {shlex.join(command)}".strip()
+
+
+def reproduce_commands(job_uri: str, job_id: str, ref: dict[str, Any] | None) -> list[str]:
+    """What ``jobs show`` prints: the reproduce command, and the runner command it runs."""
+    local = "file://" + os.path.join(default_workdir(job_id), "jobs", job_id)
+    return [
+        f"kinetic-airflow reproduce {shlex.quote(job_uri)}   (add --pdb for a debugger)",
+        "runs: " + _shell(_env(ref or {}), runner_command(local)),
+    ]
+
+
+def _secret_env(ref: dict[str, Any]) -> list[str]:
+    spec = ((ref.get("pod_override") or {}).get("spec")) or {}
+    names = []
+    for container in spec.get("containers") or []:
+        for item in container.get("env") or []:
+            if isinstance(item, dict) and "valueFrom" in item:
+                names.append(str(item.get("name")))
+    return names
+
+
+def copy_job(storage: Any, job_uri: str, workdir: str, output_dir: str | None) -> str:
+    """The job's manifest and payload (and DAG code archive) in ``workdir``; returns the local job URI."""
+    source = JobLayout(job_uri)
+    job_id = job_uri.rstrip("/").rsplit("/", 1)[-1]
+    shutil.rmtree(workdir, ignore_errors=True)
+    local_dir = os.path.join(workdir, "jobs", job_id)
+    os.makedirs(local_dir)
+    local = JobLayout("file://" + local_dir)
+    text = storage.read_text_or_none(source.manifest)
+    if text is None:
+        raise FileNotFoundError(
+            f"{source.manifest} does not exist: the job never got its payload (its worker died while "
+            "submitting it), so there is nothing to reproduce"
+        )
+    manifest = json.loads(text)
+    storage.download_file(source.payload, os.path.join(local_dir, "payload.pkl"))
+    code = manifest.get("code")
+    if isinstance(code, dict) and code.get("uri"):
+        # the runner reads the archive with the local job's storage: bring it along
+        target = os.path.join(workdir, "code", os.path.basename(str(code["uri"])))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        storage.download_file(str(code["uri"]), target)
+        manifest["code"] = {**code, "uri": "file://" + target}
+    manifest["original_output_dir"] = manifest.get("output_dir")
+    manifest["output_dir"] = output_dir or "file://" + os.path.join(workdir, "output")
+    manifest["reproduced_from"] = job_uri
+    with open(os.path.join(local_dir, "manifest.json"), "w") as fh:
+        json.dump(manifest, fh, indent=2)
+    return local.job_uri
+
+
+def run_reproduce(args: argparse.Namespace) -> int:
+    from kinetic_airflow.cli_jobs import guarded
+
+    return guarded(_reproduce, args)
+
+
+def _reproduce(args: argparse.Namespace) -> int:
+    from kinetic_airflow.cli_jobs import CliError, resolve_job
+    from kinetic_airflow.jobstore import load_job
+
+    storage, job_uri = resolve_job(args, args.job)
+    info = load_job(storage, job_uri)
+    workdir = os.path.abspath(args.workdir or default_workdir(info.job_id))
+    try:
+        local_uri = copy_job(storage, job_uri, workdir, args.output_dir)
+    except FileNotFoundError as exc:
+        raise CliError(str(exc)) from None
+    ref = info.ref or {}
+    env = _env(ref)
+    command = runner_command(local_uri, pdb=args.pdb, python=args.python)
+    original = info.summary or {}
+    print(f"reproducing job {info.job_id} ({info.task_instance}) from {job_uri}")
+    if original:
+        outcome = "succeeded" if original.get("ok") else f"failed: {original.get('error_type')}"
+        detail = "" if original.get("ok") else f" ({original.get('error_message')})"
+        print(f"the job {outcome}{detail}")
+    if ref.get("accelerator") and ref.get("accelerator") != "cpu":
+        print(f"note: the job ran on {ref['accelerator']}; here it runs on this machine's hardware")
+    secret = _secret_env(ref)
+    if secret:
+        print(f"note: set these yourself, the pod got them from Kubernetes: {', '.join(secret)}")
+    local_dir = local_uri[len("file://") :]
+    with open(os.path.join(local_dir, "manifest.json")) as fh:
+        print(f"KINETIC_OUTPUT_DIR: {json.load(fh)['output_dir']}")
+    print("running: " + _shell(env, command), flush=True)
+    proc = subprocess.run(command, env={**os.environ, **env})
+    summary_path = os.path.join(local_dir, "result.json")
+    summary_text = open(summary_path).read() if os.path.exists(summary_path) else None
+    if summary_text is None:
+        print(f"the runner exited with {proc.returncode} without a result (see its output above)")
+        return proc.returncode or 1
+    summary = json.loads(summary_text)
+    if summary.get("ok"):
+        print(f"reproduced: the function returned {summary.get('value_repr')}")
+        return 0
+    same = original and original.get("error_type") == summary.get("error_type")
+    print(
+        f"reproduced: {summary.get('error_type')}: {summary.get('error_message')} "
+        f"(phase {summary.get('phase')})" + ("; the same exception as the job" if same else "")
+    )
+    print(f"local job files: {local_uri}")
+    return 1
+
+
+def add_reproduce_command(sub: Any) -> None:
+    from kinetic_airflow.cli_jobs import add_storage_options
+
+    parser = sub.add_parser("reproduce", help="download a job's payload and run it here with the same runner")
+    parser.add_argument("job", help="job id, or the job's URI")
+    parser.add_argument("--pdb", action="store_true", help="open pdb at the function's exception")
+    parser.add_argument("--workdir", help="where the local copy goes (default: a per-job temp directory)")
+    parser.add_argument(
+        "--output-dir",
+        help="KINETIC_OUTPUT_DIR for the run (default: a scratch directory in the workdir; pass the "
+        "task's own to resume from its checkpoints)",
+    )
+    parser.add_argument("--python", help="interpreter to run it with (default: this one)")
+    add_storage_options(parser)

@@ -1,0 +1,523 @@
+"""``kinetic-airflow gc``: delete old job files, and find (and on request delete) orphaned jobs.
+
+What goes: ``{base}/jobs/{job_id}/`` of jobs whose last activity (record, markers) is older
+than ``--older-than`` (default ``[kinetic] retention_days``), with the job's keras-kinetic
+interop files (``{bucket}/{job_id}/``) and its local state (local jobs' pid/exit/log files,
+log cursors). What stays, whatever its age:
+
+* a live job's files: a job without an outcome whose process or pod still exists, or whose
+  state cannot be told (no ``job.json`` and no outcome);
+* a result a task instance still needs: any job whose ``result.pkl`` an XCom references
+  (large results stay in storage and XCom holds a reference; a downstream task or a person
+  loads it later), and every job of a task instance that is not finished (queued, running,
+  deferred, up for retry...: a retry after an infrastructure failure returns the finished
+  job's result instead of running again);
+* ``KINETIC_OUTPUT_DIR`` contents (checkpoints, artifacts), unless ``--include-outputs``: then a
+  task instance's output directory goes too once none of its jobs stays;
+* ``cache/`` (content-addressed uploads that any later job may reuse).
+
+XCom references and task-instance states come from Airflow's metadata DB (where
+``airflow db clean`` runs, so does this); ``--skip-airflow-checks`` does without them and
+keeps every job that succeeded (its result might be referenced).
+
+Orphans are kinetic-airflow Jobs and LeaderWorkerSets still holding a pod whose task
+instance no longer runs (it finished, was deleted, or moved on to a newer try): a worker
+that died mid-submit, a cancel that could not reach the cluster. ``--delete-orphans`` marks
+them cancelled (as ``on_kill`` does) and deletes them with their pods.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kinetic_airflow.jobstore import LIVE_STATES, JobInfo, backend_states, list_job_ids, load_job
+from kinetic_airflow.storage import FileStorage, Storage, join_uri, uri_to_local_path
+
+__all__ = ["GcPlan", "add_gc_command", "apply_plan", "make_plan", "parse_age", "run_gc"]
+
+log = logging.getLogger(__name__)
+
+REF_KEY = "__kinetic_result_ref__"
+ACTIVE_TI_STATES = {
+    None,
+    "scheduled",
+    "queued",
+    "running",
+    "restarting",
+    "up_for_retry",
+    "up_for_reschedule",
+    "deferred",
+    "awaiting_input",
+}
+_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "": 86400}
+
+
+def parse_age(text: str) -> float:
+    """``30d``, ``12h``, ``90m``, ``2w`` (a bare number is days) -> seconds."""
+    match = _AGE.match(str(text))
+    if not match:
+        raise ValueError(
+            f"--older-than {text!r} is not an age: write a number and a unit, e.g. 30d, 12h, 90m, 2w "
+            "(a bare number is days)"
+        )
+    return float(match.group(1)) * _UNIT[match.group(2)]
+
+
+# What Airflow says --------------------------------------------------------------------------
+@dataclass
+class AirflowFacts:
+    """Task-instance states and XCom result references, from the metadata DB."""
+
+    ti_states: dict[tuple[str, str, str, int], tuple[str | None, int]] = field(default_factory=dict)
+    referenced: dict[str, str] = field(default_factory=dict)  # result URI -> which XCom
+    available: bool = True
+
+    def ti(self, ti_key: str) -> tuple[str | None, int] | None:
+        dag_id, run_id, rest = ti_key.split("/", 2)
+        task_id, _, map_index = rest.rpartition("/")
+        return self.ti_states.get((dag_id, run_id, task_id, int(map_index)))
+
+
+def _refs_in(value: Any) -> list[str]:
+    if isinstance(value, str) and REF_KEY in value:
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return []
+    if isinstance(value, dict):
+        found = [value[REF_KEY]] if isinstance(value.get(REF_KEY), str) else []
+        return found + [u for v in value.values() for u in _refs_in(v)]
+    if isinstance(value, list):
+        return [u for v in value for u in _refs_in(v)]
+    return []
+
+
+def airflow_facts(dag_ids: set[str]) -> AirflowFacts:
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import String, cast, select
+
+    facts = AirflowFacts()
+    with create_session() as session:
+        if dag_ids:
+            rows = session.execute(
+                select(
+                    TaskInstance.dag_id,
+                    TaskInstance.run_id,
+                    TaskInstance.task_id,
+                    TaskInstance.map_index,
+                    TaskInstance.state,
+                    TaskInstance.try_number,
+                ).where(TaskInstance.dag_id.in_(sorted(dag_ids)))
+            )
+            for dag_id, run_id, task_id, map_index, state, try_number in rows:
+                state = getattr(state, "value", state)
+                facts.ti_states[(dag_id, run_id, task_id, int(map_index))] = (state, int(try_number or 0))
+        rows = session.execute(
+            select(
+                XComModel.dag_id, XComModel.run_id, XComModel.task_id, XComModel.key, XComModel.value
+            ).where(cast(XComModel.value, String).like(f"%{REF_KEY}%"))
+        )
+        for dag_id, run_id, task_id, key, value in rows:
+            for uri in _refs_in(value):
+                facts.referenced.setdefault(uri, f"XCom {key!r} of {dag_id}/{run_id}/{task_id}")
+    return facts
+
+
+# The plan -----------------------------------------------------------------------------------
+@dataclass
+class Decision:
+    info: JobInfo
+    delete: bool
+    reason: str
+
+
+@dataclass
+class Orphan:
+    obj: Any  # cluster_objects.ClusterObject
+    snapshot: Any
+    reason: str
+
+
+@dataclass
+class GcPlan:
+    base_uri: str
+    older_than: float
+    jobs: list[Decision] = field(default_factory=list)
+    outputs: list[tuple[str, str]] = field(default_factory=list)  # (output dir URI, why)
+    orphans: list[Orphan] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def to_delete(self) -> list[Decision]:
+        return [d for d in self.jobs if d.delete]
+
+
+def _decide(info: JobInfo, facts: AirflowFacts | None, cutoff: float) -> Decision:
+    last = info.last_activity
+    if last is None:
+        return Decision(info, False, "no timestamps in its files: kept")
+    if last > cutoff:
+        return Decision(info, False, "newer than the cutoff")
+    if info.state in LIVE_STATES:
+        return Decision(info, False, f"live ({info.state}): its files are in use")
+    if info.state == "unknown":
+        return Decision(info, False, "no job.json and no outcome: cannot tell whether it still runs")
+    layout_results = [u for u in facts.referenced if u.startswith(info.job_uri + "/")] if facts else []
+    if layout_results:
+        return Decision(info, False, f"its result is referenced by {facts.referenced[layout_results[0]]}")
+    identity = info.identity
+    if facts is None:
+        if info.state == "succeeded":
+            return Decision(info, False, "succeeded, and without Airflow's DB its result may be referenced")
+    elif identity is not None:
+        ti = facts.ti(identity.ti_key)
+        if ti is not None and ti[0] in ACTIVE_TI_STATES:
+            return Decision(info, False, f"its task instance is {ti[0] or 'not yet scheduled'}")
+    return Decision(info, True, f"{info.state}, last activity {_days(time.time() - last)} ago")
+
+
+def _days(seconds: float) -> str:
+    return f"{seconds / 86400:.1f}d" if seconds >= 86400 else f"{seconds / 3600:.1f}h"
+
+
+def make_plan(
+    storage: Storage,
+    base_uri: str,
+    older_than: float,
+    *,
+    facts: AirflowFacts | None,
+    include_outputs: bool = False,
+    clusters: list[tuple[dict[str, Any], str]] | None = None,
+    orphan_grace: float = 600.0,
+    now: float | None = None,
+) -> GcPlan:
+    now = time.time() if now is None else now
+    plan = GcPlan(base_uri=base_uri, older_than=older_than)
+    infos = [
+        load_job(storage, join_uri(base_uri, "jobs", job_id)) for job_id in list_job_ids(storage, base_uri)
+    ]
+    backend_states(infos)
+    if facts is not None and not facts.ti_states and infos:
+        dag_ids = {i.identity.dag_id for i in infos if i.identity}
+        facts.ti_states = airflow_facts(dag_ids).ti_states if dag_ids else {}
+    cutoff = now - older_than
+    plan.jobs = [_decide(info, facts, cutoff) for info in infos]
+    if include_outputs:
+        plan.outputs = _outputs_to_delete(storage, base_uri, plan, facts)
+    plan.orphans = find_orphans(infos, facts, clusters or [], orphan_grace, now, plan.notes)
+    return plan
+
+
+def _outputs_to_delete(
+    storage: Storage, base_uri: str, plan: GcPlan, facts: AirflowFacts | None
+) -> list[tuple[str, str]]:
+    """Output dirs (under the base URI) of task instances none of whose jobs stays."""
+    kept_tis = {d.info.identity.ti_key for d in plan.jobs if not d.delete and d.info.identity}
+    out: dict[str, str] = {}
+    for decision in plan.to_delete:
+        identity = decision.info.identity
+        output_dir = (decision.info.manifest or {}).get("output_dir")
+        if identity is None or not output_dir or identity.ti_key in kept_tis:
+            continue
+        if not output_dir.startswith(join_uri(base_uri, "outputs") + "/"):
+            continue  # a user-given output_dir is the user's
+        if facts is not None:
+            ti = facts.ti(identity.ti_key)
+            if ti is not None and ti[0] in ACTIVE_TI_STATES:
+                continue
+        out[output_dir] = f"KINETIC_OUTPUT_DIR of {identity.ti_key} (none of its jobs stays)"
+    return sorted(out.items())
+
+
+def find_orphans(
+    infos: list[JobInfo],
+    facts: AirflowFacts | None,
+    clusters: list[tuple[dict[str, Any], str]],
+    grace: float,
+    now: float,
+    notes: list[str],
+) -> list[Orphan]:
+    """kinetic-airflow cluster objects holding pods for a task instance that no longer runs."""
+    from kinetic_airflow.backends.gke.client import cluster_key
+    from kinetic_airflow.cluster_objects import ClusterSnapshot
+
+    if facts is None:
+        return []
+    seen: dict[str, tuple[dict[str, Any], str]] = {}
+    for cluster, namespace in clusters:
+        seen.setdefault(cluster_key(cluster) + "|" + namespace, (cluster, namespace))
+    for info in infos:
+        ref = info.ref or {}
+        if ref.get("cluster"):
+            seen.setdefault(cluster_key(ref["cluster"]) + "|" + ref.get("namespace", "default"),
+                            (ref["cluster"], ref.get("namespace", "default")))  # fmt: skip
+    orphans: list[Orphan] = []
+    for cluster, namespace in seen.values():
+        try:
+            snapshot = ClusterSnapshot(cluster, namespace)
+        except Exception as exc:
+            notes.append(f"could not list kinetic's objects in namespace {namespace}: {exc}")
+            continue
+        dag_ids = {o.task_instance.split("/", 1)[0] for o in snapshot.objects.values() if o.task_instance}
+        missing = dag_ids - {k[0] for k in facts.ti_states}
+        if missing:
+            facts.ti_states.update(airflow_facts(missing).ti_states)
+        for obj in snapshot.objects.values():
+            reason = _orphan_reason(obj, facts, grace, now)
+            if reason:
+                orphans.append(Orphan(obj, snapshot, reason))
+    return orphans
+
+
+def _created(obj: Any) -> float | None:
+    try:
+        return datetime.datetime.fromisoformat(obj.created.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _orphan_reason(obj: Any, facts: AirflowFacts, grace: float, now: float) -> str | None:
+    if not obj.ours or not obj.task_instance:
+        return None  # keras-kinetic's own jobs are kinetic's business
+    holds_pods = obj.status.state.value in ("pending", "running") or (
+        obj.kind == "LeaderWorkerSet" and any(p.get("status", {}).get("phase") != "Failed" for p in obj.pods)
+    )
+    if not holds_pods:
+        return None  # a finished Job holds nothing; its TTL removes it
+    created = _created(obj)
+    if created is not None and now - created < grace:
+        return None  # its task instance may not show it yet (a try just starting)
+    ti = facts.ti(obj.task_instance)
+    if ti is None:
+        return f"no task instance {obj.task_instance} in Airflow (deleted run or DAG)"
+    state, try_number = ti
+    if state not in ACTIVE_TI_STATES:
+        return f"its task instance {obj.task_instance} is {state}"
+    if try_number > obj.try_number:
+        return f"its task instance {obj.task_instance} is on try {try_number}, this is try {obj.try_number}"
+    return None
+
+
+# Doing it -----------------------------------------------------------------------------------
+def _delete_prefix(storage: Storage, uri: str) -> None:
+    if isinstance(storage, FileStorage):
+        shutil.rmtree(uri_to_local_path(uri), ignore_errors=True)
+        return
+    bucket, _, prefix = uri[len("gs://") :].partition("/")
+    client = storage.client  # type: ignore[attr-defined]
+    blobs = list(client.list_blobs(bucket, prefix=prefix.rstrip("/") + "/"))
+    for blob in blobs:
+        try:
+            blob.delete()
+        except Exception as exc:  # already gone (another gc, kinetic's cleanup)
+            if "404" not in str(exc) and "Not Found" not in str(exc):
+                raise
+
+
+def apply_plan(storage: Storage, plan: GcPlan, *, delete_orphans: bool) -> dict[str, int]:
+    from kinetic_airflow.config import local_state_root
+    from kinetic_airflow.interop import interop_prefix
+
+    done = {"jobs": 0, "outputs": 0, "orphans": 0}
+    root = os.path.realpath(local_state_root())
+    for decision in plan.to_delete:
+        info = decision.info
+        _delete_prefix(storage, info.job_uri)
+        prefix = interop_prefix(plan.base_uri, info.job_id)
+        if prefix:
+            _delete_prefix(storage, prefix)
+        local_dir = (info.ref or {}).get("local_dir")
+        if local_dir and os.path.realpath(local_dir).startswith(root + os.sep):
+            shutil.rmtree(local_dir, ignore_errors=True)
+        cursors = os.path.join(root, "log-cursors")
+        if os.path.isdir(cursors):
+            for name in os.listdir(cursors):
+                if name.startswith(info.job_id + "-"):
+                    os.unlink(os.path.join(cursors, name))
+        done["jobs"] += 1
+    for uri, _ in plan.outputs:
+        _delete_prefix(storage, uri)
+        done["outputs"] += 1
+    if delete_orphans:
+        for orphan in plan.orphans:
+            _stop_orphan(orphan)
+            done["orphans"] += 1
+    return done
+
+
+def _stop_orphan(orphan: Orphan) -> None:
+    """Mark it cancelled (so a watcher or a later try sees why) and delete it with its pods."""
+    from kinetic_airflow.connections import storage_for
+    from kinetic_airflow.lifecycle import _marker
+
+    job_uri = orphan.obj.annotations.get("kinetic.airflow/job-uri")
+    if job_uri:
+        try:
+            storage_for(job_uri).write_text(
+                f"{job_uri}/status/cancelled.json",
+                _marker("kinetic-airflow gc --delete-orphans", orphan.reason),
+            )
+        except Exception as exc:
+            log.warning("could not mark %s cancelled: %s", orphan.obj.name, exc)
+    orphan.snapshot.delete(orphan.obj)
+
+
+# The command --------------------------------------------------------------------------------
+def _configured_cluster(args: argparse.Namespace) -> list[tuple[dict[str, Any], str]]:
+    """The cluster of the [kinetic] configuration (as the operator resolves it), if one is set."""
+    from kinetic_airflow.backends.gke.client import resolve_gke_cluster
+    from kinetic_airflow.config import resolve_setting
+
+    conn_id = resolve_setting("kubernetes_conn_id")
+    project = args.project or resolve_setting("project")
+    if not conn_id and not project:
+        return []
+    cluster = {
+        "kubernetes_conn_id": conn_id,
+        "gcp_conn_id": args.gcp_conn_id or resolve_setting("gcp_conn_id"),
+        "project": project,
+        "location": resolve_setting("zone"),
+        "name": args.cluster or resolve_setting("cluster"),
+    }
+    return [(resolve_gke_cluster(cluster), args.namespace or resolve_setting("namespace"))]
+
+
+def _gc(args: argparse.Namespace) -> int:
+    from kinetic_airflow.cli_jobs import CliError, age, base_uri_of, print_rows, storage_of
+    from kinetic_airflow.config import resolve_setting
+
+    if args.older_than is None:
+        days = resolve_setting("retention_days")
+        if days in (None, ""):
+            raise CliError(
+                "how old must job files be to go? Pass --older-than (e.g. 30d) or set [kinetic] "
+                "retention_days (AIRFLOW__KINETIC__RETENTION_DAYS=30)"
+            )
+        older_than = float(days) * 86400
+    else:
+        try:
+            older_than = parse_age(args.older_than)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+    base = base_uri_of(args)
+    storage = storage_of(args, base)
+    facts: AirflowFacts | None = None
+    if not args.skip_airflow_checks:
+        try:
+            facts = airflow_facts(set())
+        except Exception as exc:
+            raise CliError(
+                f"gc needs Airflow's metadata DB to know which results task instances still need ({exc}). "
+                "Run it where `airflow db check` works, or pass --skip-airflow-checks (then every job "
+                "that succeeded is kept, and orphans are not looked for)"
+            ) from None
+    plan = make_plan(
+        storage,
+        base,
+        older_than,
+        facts=facts,
+        include_outputs=args.include_outputs,
+        clusters=_configured_cluster(args),
+        orphan_grace=parse_age(args.orphan_grace),
+    )
+    now = time.time()
+    shown = [d for d in plan.jobs if d.delete or d.reason != "newer than the cutoff" or args.verbose]
+    rows = [
+        {
+            "job_id": d.info.job_id,
+            "task_instance": d.info.task_instance,
+            "state": d.info.state,
+            "age": age(now - d.info.last_activity if d.info.last_activity else None),
+            "action": ("would delete" if args.dry_run else "delete") if d.delete else "keep",
+            "reason": d.reason,
+        }
+        for d in shown
+    ]
+    rows += [
+        {"job_id": "-", "task_instance": uri, "state": "-", "age": "-",
+         "action": "would delete" if args.dry_run else "delete", "reason": why}
+        for uri, why in plan.outputs
+    ]  # fmt: skip
+    orphan_rows = [
+        {
+            "kind": o.obj.kind,
+            "name": o.obj.name,
+            "namespace": o.obj.namespace,
+            "state": o.obj.status.state.value,
+            "action": "delete" if args.delete_orphans and not args.dry_run else "report",
+            "reason": o.reason,
+        }
+        for o in plan.orphans
+    ]
+    if args.output in ("json", "yaml"):
+        print_rows([{"older_than_seconds": older_than, "files": rows, "orphans": orphan_rows}], args.output)
+    else:
+        print(f"job storage {base}: jobs with no activity for {age(older_than)}")
+        print_rows(rows, "table") if rows else print("nothing to delete")
+        if orphan_rows:
+            print("\norphaned cluster objects (their task instance no longer runs):")
+            print_rows(orphan_rows, "table")
+        for note in plan.notes:
+            print(f"note: {note}")
+    if args.dry_run:
+        print(
+            f"dry run: would delete {len(plan.to_delete)} job(s) and {len(plan.outputs)} output dir(s)"
+            + (f", {len(plan.orphans)} orphan(s)" if args.delete_orphans else "")
+        )
+        return 0
+    done = apply_plan(storage, plan, delete_orphans=args.delete_orphans)
+    print(
+        f"deleted {done['jobs']} job(s), {done['outputs']} output dir(s), {done['orphans']} orphan(s); "
+        f"kept {len(plan.jobs) - done['jobs']} job(s)"
+    )
+    return 0
+
+
+def run_gc(args: argparse.Namespace) -> int:
+    from kinetic_airflow.cli_jobs import guarded
+
+    return guarded(_gc, args)
+
+
+def add_gc_command(sub: Any) -> None:
+    from kinetic_airflow.cli_jobs import add_output_options, add_storage_options
+
+    parser = sub.add_parser("gc", help="delete old job files; find and delete orphaned cluster jobs")
+    parser.add_argument("--older-than", help="age, e.g. 30d, 12h (default: [kinetic] retention_days)")
+    parser.add_argument("--dry-run", action="store_true", help="show what would go; delete nothing")
+    parser.add_argument(
+        "--include-outputs",
+        action="store_true",
+        help="also delete KINETIC_OUTPUT_DIR of task instances done with",
+    )
+    parser.add_argument(
+        "--delete-orphans",
+        action="store_true",
+        help="delete orphaned Jobs / LeaderWorkerSets (else reported)",
+    )
+    parser.add_argument(
+        "--orphan-grace", default="10m", help="objects younger than this are never orphans (default 10m)"
+    )
+    parser.add_argument(
+        "--skip-airflow-checks",
+        action="store_true",
+        help="without Airflow's DB: keep every succeeded job, do not look for orphans",
+    )
+    parser.add_argument("--namespace", help="namespace to look for orphans in ([kinetic] namespace)")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="also list the jobs kept for being recent"
+    )
+    add_storage_options(parser)
+    add_output_options(parser)

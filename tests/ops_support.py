@@ -1,0 +1,146 @@
+"""Shared pieces of the operations tests: the emulator environment and running the CLI."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from components.emulator_process import DEFAULT_NODE_POOLS
+
+from kinetic_airflow.testing.cluster import ClusterEmulator
+
+NODE_POOLS = list(DEFAULT_NODE_POOLS)
+
+
+def cli(*argv: str) -> tuple[int, str, str]:
+    """Run ``kinetic-airflow`` in this process: (exit code, stdout, stderr)."""
+    from kinetic_airflow.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+def cli_json(*argv: str) -> Any:
+    code, out, err = cli(*argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def cli_run(*argv: str, timeout: float = 120) -> tuple[int, str, str]:
+    """``kinetic-airflow`` as its own process, to completion: for threads (stdout is per process)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "kinetic_airflow.cli", *argv],
+        capture_output=True,
+        text=True,
+        env=os.environ.copy(),
+        timeout=timeout,
+    )
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def cli_run_json(*argv: str) -> Any:
+    code, out, err = cli_run(*argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def cli_process(*argv: str, **kwargs: Any) -> subprocess.Popen[str]:
+    """``kinetic-airflow`` as its own process (what a person runs)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "kinetic_airflow.cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
+        **kwargs,
+    )
+
+
+def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 120) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def in_background(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    results: list[Any] = []
+
+    def run() -> None:
+        try:
+            results.append(fn())
+        except BaseException as exc:
+            results.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, results
+
+
+def job_of(task_id: str, **filters: str) -> dict[str, Any]:
+    args = ["jobs", "list", "--task-id", task_id]
+    for key, value in filters.items():
+        args += [f"--{key.replace('_', '-')}", value]
+    rows = cli_json(*args)
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    emulator = ClusterEmulator(node_pools=NODE_POOLS, work_dir=tmp_path_factory.mktemp("emulator"))
+    emulator.start()
+    kubeconfig = emulator.write_kubeconfig(tmp_path_factory.mktemp("kube") / "config")
+    yield emulator, kubeconfig
+    from kinetic_airflow.backends.gke.watch_cache import reset_shared_state
+
+    reset_shared_state()
+    emulator.stop()
+
+
+@pytest.fixture
+def gke_env(cluster, monkeypatch, tmp_path):
+    """The emulator as the cluster of every kinetic job (a Kubernetes connection), as in the README."""
+    from kinetic_airflow.backends.gke.watch_cache import reset_shared_state
+
+    emulator, kubeconfig = cluster
+    emulator.clear_faults()
+    reset_shared_state()
+    conn = {"conn_type": "kubernetes", "extra": {"kube_config_path": str(kubeconfig), "namespace": "default"}}
+    monkeypatch.setenv("AIRFLOW_CONN_KINETIC_EMULATOR", json.dumps(conn))
+    monkeypatch.setenv("KINETIC_KUBERNETES_CONN_ID", "kinetic_emulator")
+    monkeypatch.setenv("KINETIC_RUNNER_PYTHON", sys.executable)
+    monkeypatch.setenv("KINETIC_CONTAINER_IMAGE", "kinetic-runner:test")
+    out = tmp_path / "failures"
+    out.mkdir()
+    monkeypatch.setenv("KN_TEST_FAILURES", str(out))
+    return emulator, kubeconfig, out
+
+
+@pytest.fixture
+def local_env(monkeypatch, tmp_path):
+    out = tmp_path / "failures"
+    out.mkdir()
+    monkeypatch.setenv("KN_TEST_FAILURES", str(out))
+    return out
+
+
+def k8s(emulator: Any) -> tuple[Any, Any]:
+    import kubernetes
+
+    client = emulator.api_client()
+    return kubernetes.client.BatchV1Api(client), kubernetes.client.CoreV1Api(client)
