@@ -5,10 +5,12 @@ tests/test_lifecycle_components.py."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pendulum
@@ -76,16 +78,17 @@ def test_live_context_objects_are_refused_at_parse_time(name, hint):
 
 
 # 3. Config ---------------------------------------------------------------------------------------
-def _airflow(*args: str) -> str:
+def _airflow(home: Path, *args: str) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KINETIC_", "AIRFLOW__KINETIC__"))}
+    env["AIRFLOW_HOME"] = str(home)  # a fresh home: its airflow.cfg is written from this provider's info
     airflow = str(Path(sys.executable).parent / "airflow")
     return subprocess.run([airflow, *args], capture_output=True, text=True, env=env, check=True).stdout
 
 
-def test_airflow_config_shows_the_real_defaults():
-    assert _airflow("config", "get-value", "kinetic", "backend").strip() == "local"
-    assert _airflow("config", "get-value", "kinetic", "poll_interval").strip() == "2"
-    listing = _airflow("config", "list", "--section", "kinetic", "--show-values")
+def test_airflow_config_shows_the_real_defaults(tmp_path):
+    assert _airflow(tmp_path, "config", "get-value", "kinetic", "backend").strip() == "local"
+    assert _airflow(tmp_path, "config", "get-value", "kinetic", "poll_interval").strip() == "2"
+    listing = _airflow(tmp_path, "config", "list", "--section", "kinetic", "--show-values")
     for line in (
         "backend = local",
         "zone = us-central1-a",
@@ -167,14 +170,45 @@ def test_gke_without_a_connection_and_without_credentials_says_how(no_google_cre
     assert "airflow connections add google_cloud_default" in message and "Workload Identity" in message
 
 
-def test_gke_without_a_connection_uses_ambient_credentials(no_google_credentials, tmp_path, monkeypatch):
-    """The README's promise: no google_cloud_default connection means the machine's own credentials."""
+@pytest.fixture
+def token_endpoint():
+    """A local OAuth2 token endpoint: what a service account key's token_uri answers."""
+    import http.server
+    import threading
+
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            seen.append(self.rfile.read(int(self.headers["Content-Length"])).decode())
+            body = json.dumps({"access_token": "ambient-token", "expires_in": 3600, "token_type": "Bearer"})
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *_):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/token", seen
+    server.shutdown()
+
+
+def test_gke_without_a_connection_uses_ambient_credentials(
+    no_google_credentials, token_endpoint, tmp_path, monkeypatch
+):
+    """The README's promise: no google_cloud_default connection means the machine's own credentials
+    (here a service account key in GOOGLE_APPLICATION_CREDENTIALS, its token from a local endpoint)."""
     from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import rsa
 
-    from kinetic_airflow.gcp_auth import AMBIENT_CONN_ID, gcp_conn_for_cluster
+    from kinetic_airflow.backends.gke.client import _api_client, resolve_gke_cluster
 
+    token_uri, seen = token_endpoint
+    ambient = "kinetic_ambient_google"  # kinetic_airflow.gcp_auth.AMBIENT_CONN_ID
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     pem = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
@@ -189,19 +223,34 @@ def test_gke_without_a_connection_uses_ambient_credentials(no_google_credentials
                 "private_key": pem,
                 "client_email": "worker@ambient-project.iam.gserviceaccount.com",
                 "client_id": "1",
-                "token_uri": "https://oauth2.googleapis.com/token",
+                "token_uri": token_uri,
             }
         )
     )
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(key_file))
     monkeypatch.delenv("AIRFLOW_CONN_KINETIC_AMBIENT_GOOGLE", raising=False)
-    conn_id = gcp_conn_for_cluster(None)
-    assert conn_id == AMBIENT_CONN_ID
-    credentials, project = GKEHook(
-        gcp_conn_id=conn_id, location="us-central1-a"
-    ).get_credentials_and_project_id()
-    assert credentials.service_account_email == "worker@ambient-project.iam.gserviceaccount.com"
-    assert project == "ambient-project"
+    # The worker resolves the cluster through the GKE API. Nothing can stand in for Google's control
+    # plane here, so only its one call is replaced: it records the credentials it was given.
+    used = []
+
+    def get_cluster(self, name, project_id):
+        used.append((self.gcp_conn_id, self.get_credentials().service_account_email, name, project_id))
+        return types.SimpleNamespace(
+            endpoint="203.0.113.7", master_auth=types.SimpleNamespace(cluster_ca_certificate=ca)
+        )
+
+    ca = base64.b64encode(b"-").decode()
+    monkeypatch.setattr(GKEHook, "get_cluster", get_cluster)
+    cluster = resolve_gke_cluster(
+        {"gcp_conn_id": None, "project": "p", "location": "us-central1-a", "name": "kinetic-cluster"}
+    )
+    assert used == [(ambient, "worker@ambient-project.iam.gserviceaccount.com", "kinetic-cluster", "p")]
+    assert cluster["gcp_conn_id"] == ambient  # what the job reference (and the triggerer) gets
+    # The worker and the triggerer build their Kubernetes client from that reference
+    api = _api_client(cluster)
+    assert api.configuration.host == "https://203.0.113.7"
+    assert api.configuration.api_key["BearerToken"] == "ambient-token"  # minted from the ambient key
+    assert len(seen) == 1 and "assertion=" in seen[0]  # the key's own JWT grant, no Airflow connection
 
 
 def test_capture_env_vars_as_a_dict_is_refused_with_how_to_pass_values():

@@ -104,7 +104,7 @@ def killed_hard(folder) -> None:
 
 @dag(schedule=None, start_date=START, catchup=False)
 def kn_killed_hard():
-    killed_hard(Data("../data/volume_src"))
+    killed_hard(Data(str(Path(__file__).resolve().parent.parent / "data" / "volume_src")))
 
 
 # 6. Tracebacks --------------------------------------------------------------------------------
@@ -121,7 +121,6 @@ def diverges() -> None:
 @dag(schedule=None, start_date=START, catchup=False)
 def kn_traceback():
     diverges()
-
 
 
 # Created here, so that each DAG's fileloc is this file (relative Data paths resolve against it).
