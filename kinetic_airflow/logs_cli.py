@@ -128,7 +128,13 @@ def _cluster_logs(info: JobInfo, ref: dict[str, Any], *, follow: bool) -> int:
                 file=sys.stderr,
             )
             return 1
-        if not pods and waited_for_pod and backend.status(ref).state.value in ("not_found", "failed"):
+        if not pods and backend.status(ref).state.value in ("not_found", "failed", "succeeded"):
+            if not waited_for_pod:  # it ended (or was deleted) before a pod could be read
+                print(
+                    f"kinetic-airflow: job {info.job_id} has ended and has no pod any more. Its whole log: "
+                    f"{backend.full_log_hint(ref)}",
+                    file=sys.stderr,
+                )
             return 0
         all_done = bool(pods)
         for pod in pods:

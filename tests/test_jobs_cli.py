@@ -13,6 +13,7 @@ from ops_support import (
     cli_process,
     cli_run,
     cli_run_json,
+    cluster,
     gke_env,
     in_background,
     job_of,
@@ -21,7 +22,7 @@ from ops_support import (
     wait_for,
 )
 
-__all__ = ["gke_env", "local_env"]  # fixtures
+__all__ = ["cluster", "gke_env", "local_env"]  # fixtures
 
 
 def _dag(dag_id: str):
@@ -125,8 +126,14 @@ def test_cancel_a_running_job_and_follow_its_log(backend, base_uri, tmp_path, mo
             job = _running_job(dag_id)
             _first_line(job["job_id"])
             follower = cli_process("jobs", "logs", job["job_id"], "--follow")
+            first = ""
+            while "started waiting" not in first:  # the follower is following: now stop the job
+                line = follower.stdout.readline()
+                assert line, "the follower ended before the job's first line"
+                first += line
             cancelled = cli_run("jobs", "cancel", job["job_id"], "--reason", "testing cancel")
-            followed, _ = follower.communicate(timeout=90)
+            rest, _ = follower.communicate(timeout=90)
+            followed = first + rest
             return job, cancelled, follower.returncode, followed
         finally:
             flag.write_text("done")  # never leave the job waiting if something above failed
