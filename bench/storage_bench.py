@@ -6,13 +6,15 @@ in a fresh subprocess so its peak RSS (ru_maxrss) belongs to that step alone.
     python bench/storage_bench.py [--mib 256] [--repeat 3]
 
 Prints per-step seconds and MiB/s, the throughput ratio kinetic/raw (target
->= 0.8) and peak memory over the object size (target <= 2; the array itself
-counts as 1).
+>= 0.9) and peak memory over the object size (target <= 1.5; the array itself
+counts as 1). Both sides do the same work: pickle, digest (sha256, which kinetic's runner
+verifies), upload; download, unpickle.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import resource
@@ -70,8 +72,9 @@ def step(mode: str, bucket: str, mib: int) -> dict:
     elif mode == "kinetic-download":
         value = load_envelope(GCSStorage(client), layout.result())["value"]
         assert value.nbytes == size
-    elif mode == "raw-upload":  # the same work: pickle the same payload, upload it in one call
+    elif mode == "raw-upload":  # the same work: pickle the same payload, digest it, upload it
         data = cloudpickle.dumps({"fn": _identity, "args": [arr], "kwargs": {}, "env": {}, "volumes": None})
+        hashlib.sha256(data).hexdigest()  # kinetic's manifest carries the digest the runner verifies
         client.bucket(bucket).blob(raw_name).upload_from_string(data)
     elif mode == "raw-download":  # the same work: download the same envelope in one call, unpickle it
         value = cloudpickle.loads(client.bucket(bucket).blob("raw/result.pkl").download_as_bytes())["value"]
@@ -140,8 +143,8 @@ def main() -> None:
     ours = summary["kinetic-upload"][0] + summary["kinetic-download"][0]
     ratio = raw / ours
     peak = max(summary["kinetic-upload"][1], summary["kinetic-download"][1])
-    print(f"throughput ratio kinetic/raw (upload+download): {ratio:.2f}  (target >= 0.8)")
-    print(f"kinetic peak memory / object size: {peak:.2f}  (target <= 2)")
+    print(f"throughput ratio kinetic/raw (upload+download): {ratio:.2f}  (target >= 0.9)")
+    print(f"kinetic peak memory / object size: {peak:.2f}  (target <= 1.5)")
     raw_peak = max(summary["raw-upload"][1], summary["raw-download"][1])
     print(f"raw google-cloud-storage peak memory / object size: {raw_peak:.2f}")
 

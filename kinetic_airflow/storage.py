@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 # Big enough that large payloads stream in few requests, small enough to bound memory.
-_CHUNK_SIZE = 32 * 1024 * 1024  # the resumable upload holds about two chunks: peak memory
+_CHUNK_SIZE = 48 * 1024 * 1024  # the resumable upload holds about two chunks: peak memory
 
 
 class StorageError(RuntimeError):
