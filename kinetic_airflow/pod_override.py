@@ -294,7 +294,7 @@ def _check_model(value: Any, type_name: str, path: str, problems: list[str]) -> 
             label = item.get("name") if isinstance(item, dict) and item.get("name") else index
             _check_model(item, inner, f"{path}[{label}]", problems)
         return
-    if type_name.startswith("dict("):
+    if type_name.startswith(("dict(", "dict[")):  # "dict(str, str)" in older clients
         if not isinstance(value, dict):
             problems.append(f"{path} must be a mapping, got {type(value).__name__}")
             return
