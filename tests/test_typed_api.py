@@ -72,4 +72,8 @@ def test_typed_options_are_the_operators_options():
     decorator = {
         p for p in inspect.signature(with_options).parameters if p not in ("python_callable", "kwargs")
     }
-    assert decorator - {"multiple_outputs"} == operator
+    decorator -= {"multiple_outputs"}
+    assert decorator == operator, (
+        "kinetic_task's typed options (the second overload in kinetic_airflow/decorators.py) must be "
+        f"KineticRunOperator's: add {sorted(operator - decorator)}, drop {sorted(decorator - operator)}"
+    )
