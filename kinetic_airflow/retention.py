@@ -165,15 +165,16 @@ class GcPlan:
 
 
 def _decide(info: JobInfo, facts: AirflowFacts | None, cutoff: float) -> Decision:
+    # Liveness first: a live job is kept whatever its age (a quiet long job may look old).
+    if info.state in LIVE_STATES:
+        return Decision(info, False, f"live ({info.state}): its files are in use")
+    if info.state == "unknown":
+        return Decision(info, False, "no job.json and no outcome: cannot tell whether it still runs")
     last = info.last_activity
     if last is None:
         return Decision(info, False, "no timestamps in its files: kept")
     if last > cutoff:
         return Decision(info, False, "newer than the cutoff")
-    if info.state in LIVE_STATES:
-        return Decision(info, False, f"live ({info.state}): its files are in use")
-    if info.state == "unknown":
-        return Decision(info, False, "no job.json and no outcome: cannot tell whether it still runs")
     layout_results = [u for u in facts.referenced if u.startswith(info.job_uri + "/")] if facts else []
     if layout_results:
         return Decision(info, False, f"its result is referenced by {facts.referenced[layout_results[0]]}")
@@ -461,23 +462,32 @@ def _gc(args: argparse.Namespace) -> int:
         }
         for o in plan.orphans
     ]
+    done = None if args.dry_run else apply_plan(storage, plan, delete_orphans=args.delete_orphans)
     if args.output in ("json", "yaml"):
-        print_rows([{"older_than_seconds": older_than, "files": rows, "orphans": orphan_rows}], args.output)
-    else:
-        print(f"job storage {base}: jobs with no activity for {age(older_than)}")
-        print_rows(rows, "table") if rows else print("nothing to delete")
-        if orphan_rows:
-            print("\norphaned cluster objects (their task instance no longer runs):")
-            print_rows(orphan_rows, "table")
-        for note in plan.notes:
-            print(f"note: {note}")
-    if args.dry_run:
+        report = {
+            "base_uri": base,
+            "older_than_seconds": older_than,
+            "dry_run": bool(args.dry_run),
+            "files": rows,
+            "orphans": orphan_rows,
+            "deleted": done,
+            "notes": plan.notes,
+        }
+        print_rows([report], args.output)
+        return 0
+    print(f"job storage {base}: jobs with no activity for {age(older_than)}")
+    print_rows(rows, "table") if rows else print("nothing to delete")
+    if orphan_rows:
+        print("\norphaned cluster objects (their task instance no longer runs):")
+        print_rows(orphan_rows, "table")
+    for note in plan.notes:
+        print(f"note: {note}")
+    if done is None:
         print(
             f"dry run: would delete {len(plan.to_delete)} job(s) and {len(plan.outputs)} output dir(s)"
             + (f", {len(plan.orphans)} orphan(s)" if args.delete_orphans else "")
         )
         return 0
-    done = apply_plan(storage, plan, delete_orphans=args.delete_orphans)
     print(
         f"deleted {done['jobs']} job(s), {done['outputs']} output dir(s), {done['orphans']} orphan(s); "
         f"kept {len(plan.jobs) - done['jobs']} job(s)"

@@ -1,0 +1,196 @@
+"""``kinetic-airflow gc``: dry run and real run against job storage (file:// and fake GCS) on the
+local backend and the cluster emulator, keeping a live job's files, results an XCom references
+and KINETIC_OUTPUT_DIR; orphaned cluster objects found and deleted; [kinetic] retention_days; the
+maintenance DAG in dags/."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import cloudpickle
+import pytest
+from helpers import ti_states
+from jobkit import gke_job, make_job, run_runner
+from ops_support import (
+    cli,
+    cli_json,
+    cli_run,
+    cli_run_json,
+    cluster,
+    gke_env,
+    in_background,
+    k8s,
+    local_env,
+    wait_for,
+)
+
+from kinetic_airflow.storage import open_storage
+
+__all__ = ["cluster", "gke_env", "local_env"]  # fixtures
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(params=["local", "gke"])
+def backend(request):
+    request.getfixturevalue("gke_env" if request.param == "gke" else "local_env")
+    return request.param
+
+
+def _rows(report: dict) -> dict[str, dict]:
+    return {r["task_instance"].rsplit("/", 1)[-1]: r for r in report["files"] if r["job_id"] != "-"}
+
+
+def test_gc_keeps_live_and_needed(backend, base_uri, tmp_path, monkeypatch):
+    """Dry run, then the real run, while a job runs: only finished, unreferenced jobs go.
+
+    (A short name: fake-GCS buckets are named after the first 40 characters of the test id.)"""
+    import kn_ops
+
+    dr = kn_ops.DAGS[f"kn_ops_{backend}"].test()
+    assert ti_states(dr) == {"greet": "success", "diverges": "failed", "big": "success"}
+    done = {r["task_instance"].rsplit("/", 1)[-1]: r for r in cli_json("jobs", "list", "--run-id", dr.run_id)}
+    storage = open_storage(base_uri)
+    greet_output = json.loads(storage.read_text(f"{done['greet']['job_uri']}/manifest.json"))["output_dir"]
+    storage.write_text(f"{greet_output}/checkpoint.txt", "step 100")  # what a training job leaves
+
+    flag = tmp_path / "flag"
+    monkeypatch.setenv("KN_OPS_FLAG", str(flag))
+    dag_id = f"kn_ops_wait_{backend}"
+
+    def gc_while_a_job_runs():
+        try:
+            running = ("jobs", "list", "--dag-id", dag_id, "--state", "running")
+            live = wait_for(lambda: next(iter(cli_run_json(*running)), None), "a running job")
+            code, out, err = cli_run("gc", "--older-than", "0s", "--dry-run", "--json")
+            assert code == 0, err
+            dry = json.loads(out)[0]
+            assert dry["dry_run"] is True and dry["deleted"] is None
+            code, out, err = cli_run("gc", "--older-than", "0s")
+            assert code == 0, err
+            kept_live = storage.exists(f"{live['job_uri']}/manifest.json")
+            return live, dry, out, kept_live
+        finally:
+            flag.write_text("go")
+
+    thread, result = in_background(gc_while_a_job_runs)
+    waited = kn_ops.DAGS[dag_id].test()
+    thread.join(240)
+    live, dry, real_out, kept_live = result[0]
+    assert ti_states(waited) == {"waits": "success"}  # gc did not disturb it
+
+    rows = _rows(dry)
+    assert rows["greet"]["action"] == "would delete" and rows["diverges"]["action"] == "would delete"
+    assert rows["big"]["action"] == "keep", rows["big"]
+    assert "referenced by XCom 'return_value'" in rows["big"]["reason"]
+    assert rows["waits"]["action"] == "keep" and "live (running)" in rows["waits"]["reason"], rows["waits"]
+    for name in ("greet", "diverges", "big"):  # a dry run deletes nothing
+        assert rows[name]["job_id"] == done[name]["job_id"]
+    assert "deleted 2 job(s), 0 output dir(s), 0 orphan(s)" in real_out
+    assert kept_live  # the live job's files survived the real run while it ran
+
+    assert not storage.list(done["greet"]["job_uri"]) and not storage.list(done["diverges"]["job_uri"])
+    assert storage.exists(f"{done['big']['job_uri']}/result.pkl")
+    assert storage.exists(f"{live['job_uri']}/result.json")
+    assert storage.read_text(f"{greet_output}/checkpoint.txt") == "step 100"  # outputs only when asked
+
+    # the output directory goes only with --include-outputs (and only once none of its jobs stays)
+    code, out, err = cli("gc", "--older-than", "0s", "--include-outputs", "--dry-run")
+    assert code == 0, err
+    assert greet_output not in out  # its job is gone already: nothing names it any more
+    code, out, _ = cli("gc", "--older-than", "30d", "--dry-run")
+    assert code == 0 and "would delete 0 job(s)" in out
+
+
+def test_include_outputs_deletes_the_output_dir_with_the_last_job(local_env, base_uri):
+    import kn_ops
+
+    dr = kn_ops.DAGS["kn_ops_local"].test()
+    greet = next(
+        r for r in cli_json("jobs", "list", "--run-id", dr.run_id) if r["task_instance"].endswith("/greet")
+    )
+    storage = open_storage(base_uri)
+    output = json.loads(storage.read_text(f"{greet['job_uri']}/manifest.json"))["output_dir"]
+    storage.write_text(f"{output}/ckpt", "x")
+    code, out, _ = cli("gc", "--older-than", "0s", "--include-outputs", "--dry-run")
+    assert code == 0 and output in out and "KINETIC_OUTPUT_DIR of kn_ops_local/" in out
+    assert storage.exists(f"{output}/ckpt")
+    code, out, _ = cli("gc", "--older-than", "0s", "--include-outputs")
+    assert code == 0 and not storage.exists(f"{output}/ckpt") and not storage.list(greet["job_uri"])
+
+
+def sleeps_long() -> str:
+    time.sleep(300)
+    return "never"
+
+
+def test_orphaned_cluster_jobs_are_found_and_deleted(gke_env, base_uri):
+    emulator, _, _ = gke_env
+    _, ref, storage = gke_job("orphan", sleeps_long, [])  # a Job no task instance owns
+    batch, core = k8s(emulator)
+    name = f"kinetic-{ref['job_id']}"
+    wait_for(lambda: any(p.status.phase == "Running" for p in core.list_namespaced_pod(
+        "default", label_selector=f"job-name={name}").items), "the orphan's pod")  # fmt: skip
+
+    code, out, err = cli("gc", "--older-than", "30d", "--orphan-grace", "0s", "--json")
+    assert code == 0, err
+    report = json.loads(out)[0]
+    (orphan,) = [o for o in report["orphans"] if o["name"] == name]
+    assert orphan["kind"] == "Job" and orphan["action"] == "report"
+    assert "no task instance d/" in orphan["reason"]
+    assert batch.read_namespaced_job(name, "default")  # found, not deleted
+
+    code, out, _ = cli("gc", "--older-than", "30d", "--orphan-grace", "1h")
+    assert name not in out  # a young object may be a try just starting
+
+    code, out, err = cli("gc", "--older-than", "30d", "--orphan-grace", "0s", "--delete-orphans")
+    assert code == 0, err
+    assert "1 orphan(s)" in out
+    wait_for(lambda: not batch.list_namespaced_job("default", field_selector=f"metadata.name={name}").items,
+             "the orphan to be deleted")  # fmt: skip
+    marker = json.loads(storage.read_text(f"{ref['job_uri']}/status/cancelled.json"))
+    assert marker["by"] == "kinetic-airflow gc --delete-orphans" and "no task instance" in marker["reason"]
+
+
+def test_retention_days_setting_and_bad_ages(local_env, base_uri, monkeypatch):
+    code, _, err = cli("gc", "--dry-run")
+    assert code == 2 and "Pass --older-than (e.g. 30d) or set [kinetic] retention_days" in err
+    code, _, err = cli("gc", "--older-than", "thirty days")
+    assert code == 2 and "--older-than 'thirty days' is not an age" in err
+    monkeypatch.setenv("AIRFLOW__KINETIC__RETENTION_DAYS", "7")
+    code, out, _ = cli("gc", "--dry-run")
+    assert code == 0 and "jobs with no activity for 7d" in out
+
+
+def test_the_maintenance_dag_runs_gc(tmp_path):
+    """dags/kinetic_maintenance.py as it is, in its own Airflow home: an old finished job goes."""
+    home = tmp_path / "home"
+    base = f"file://{tmp_path}/kinetic"
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+        "KINETIC_BASE_URI": base,
+        "AIRFLOW__KINETIC__RETENTION_DAYS": "0",
+    }
+    layout = make_job(base, lambda: 42, job_id="old-job")  # an old job, finished, nobody needs it
+    proc, summary = run_runner(layout)
+    assert summary and summary["ok"], proc.stderr
+    airflow = str(Path(sys.executable).parent / "airflow")
+    subprocess.run([airflow, "db", "migrate"], env=env, check=True, capture_output=True)
+    run = subprocess.run(
+        [sys.executable, str(REPO / "dags" / "kinetic_maintenance.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    output = run.stdout + run.stderr
+    assert run.returncode == 0 and "kinetic_maintenance: success" in run.stdout, output[-3000:]
+    assert "deleted 1 job(s)" in output
+    assert not open_storage(base).list(layout.job_uri)
