@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from helpers import ti_states, xcom
-from ops_support import cli_json, cluster, gke_env
+from ops_support import cli, cli_json, cluster, gke_env
 
 from kinetic_airflow.storage import open_storage
 
@@ -99,9 +99,14 @@ def test_kinetic_lists_attaches_and_collects_kinetic_airflow_jobs(kinetic_bucket
     assert f"{greet}: SUCCEEDED" in seen["cli_status"]
     print("\n" + seen["cli_list"])  # the closing note quotes it
 
-    # kinetic's cleanup deletes only its interop files, never kinetic-airflow's own
+    # kinetic's cleanup would delete only its interop files ({bucket}/{job_id}/), never ours
     assert storage.exists(f"gs://{BUCKET}/{greet}/result.pkl")
     assert storage.exists(f"gs://{BUCKET}/jobs/{greet}/result.pkl")
+    # and kinetic-airflow gc takes the interop files with the job (big's XCom still needs its job)
+    code, _, err = cli("gc", "--older-than", "0s")
+    assert code == 0, err
+    assert not storage.list(f"gs://{BUCKET}/{greet}") and not storage.list(f"gs://{BUCKET}/jobs/{greet}")
+    assert storage.exists(f"gs://{BUCKET}/{ids['big']}/handle.json")
 
 
 def test_no_handle_outside_a_kinetic_bucket(gke_env, base_uri):
