@@ -212,3 +212,31 @@ def test_cluster_state_is_read_from_the_cluster(gke_env, base_uri, tmp_path, mon
     job = batch.read_namespaced_job(f"kinetic-{pending['job_id']}", "default")
     assert job.metadata.labels["job-id"] == pending["job_id"]
     assert ti_states(dr) == {"waits": "success"}
+
+
+def test_a_multi_host_job_every_host_s_log(gke_env, base_uri, tmp_path, monkeypatch):
+    """backend=pathways: listed with its accelerator; its log is every host's, [hN]-prefixed."""
+    flag = tmp_path / "flag"
+    monkeypatch.setenv("KN_OPS_FLAG", str(flag))
+
+    def look():
+        try:
+            job = _running_job("kn_ops_wait_pathways")
+
+            def all_hosts():
+                out = cli_run("jobs", "logs", job["job_id"])[1]
+                return out if all(f"[h{h}] started waiting" in out for h in range(4)) else None
+
+            logs = wait_for(all_hosts, "every host's first line")
+            return job, logs, cli_run_json("jobs", "show", job["job_id"])[0]
+        finally:
+            flag.write_text("go")
+
+    thread, result = in_background(look)
+    dr = _dag("kn_ops_wait_pathways").test()
+    thread.join(240)
+    job, logs, shown = result[0]
+    assert ti_states(dr) == {"waits": "success"}
+    assert job["backend"] == "pathways" and job["accelerator"] == "tpu-v6e-4x4"  # tpu-v6e-16, canonical
+    assert shown["kubernetes_object"] == f"keras-pathways-{job['job_id']}"
+    assert all(f"[h{h}] started waiting" in logs for h in range(4))

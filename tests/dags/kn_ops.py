@@ -47,10 +47,10 @@ def ops_dag(backend: str):
     return kn_ops()
 
 
-def waiting_dag(backend: str):
+def waiting_dag(backend: str, accelerator: str = "cpu", name: str | None = None):
     """One job that prints, then waits until $KN_OPS_FLAG exists (or 120 s): a live job for a test."""
 
-    @task.kinetic(backend=backend, on_failure_callback=record_failure)
+    @task.kinetic(backend=backend, accelerator=accelerator, on_failure_callback=record_failure)
     def waits() -> str:
         flag_path = os.environ["KN_OPS_FLAG"]
         print("started waiting", flush=True)
@@ -60,7 +60,7 @@ def waiting_dag(backend: str):
         print("done waiting", flush=True)
         return "waited"
 
-    @dag(dag_id=f"kn_ops_wait_{backend}", schedule=None, start_date=START, catchup=False)
+    @dag(dag_id=f"kn_ops_wait_{name or backend}", schedule=None, start_date=START, catchup=False)
     def kn_ops_wait():
         waits()
 
@@ -163,6 +163,7 @@ DAGS = {
         ops_dag("gke"),
         waiting_dag("local"),
         waiting_dag("gke"),
+        waiting_dag("auto", accelerator="tpu-v6e-16", name="pathways"),  # a 4-host LeaderWorkerSet
         override_dag("gke"),
         pathways_override_dag(),
     )
