@@ -52,4 +52,6 @@ def multihost():
 multihost_dag = multihost()
 
 if __name__ == "__main__":
-    multihost_dag.test()
+    run = multihost_dag.test()
+    print(f"DAG run {run.run_id}: {run.state}")
+    raise SystemExit(0 if run.state == "success" else 1)

@@ -6,6 +6,7 @@ kinetic-airflow show JOB_URI            a job's manifest, markers and result sum
 kinetic-airflow jobs list|logs|result|cancel|show   find jobs and act on them (kinetic_airflow.cli_jobs)
 kinetic-airflow gc --older-than 30d     delete old job files, find orphans (kinetic_airflow.retention)
 kinetic-airflow reproduce JOB [--pdb]   run a stored job here (kinetic_airflow.reproduce)
+kinetic-airflow image [--kind tpu]      build and push the runner image (kinetic_airflow.cli_image)
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("accelerator")
     show = sub.add_parser("show", help="show a job's files")
     show.add_argument("job_uri")
+    from kinetic_airflow.cli_image import add_image_command, run_image
     from kinetic_airflow.cli_jobs import add_job_commands, run_jobs_command
     from kinetic_airflow.reproduce import add_reproduce_command, run_reproduce
     from kinetic_airflow.retention import add_gc_command, run_gc
@@ -100,7 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     add_job_commands(sub)
     add_gc_command(sub)
     add_reproduce_command(sub)
+    add_image_command(sub)
     args = parser.parse_args(argv)
+    if args.command == "image":
+        return run_image(args)
     if args.command in ("jobs", "gc", "reproduce"):
         return {"jobs": run_jobs_command, "gc": run_gc, "reproduce": run_reproduce}[args.command](args)
     if args.command == "accelerators":

@@ -65,6 +65,8 @@ def code_roots(dags_folder: str | None, dag_file: str | None) -> tuple[list[Path
     if dags_folder and os.path.isdir(dags_folder):
         path_dirs.append(Path(dags_folder).resolve())
     if dag_file:
+        if not os.path.isabs(dag_file) and dags_folder:  # a bundle-relative fileloc
+            dag_file = os.path.join(dags_folder, dag_file)
         folder = Path(dag_file).resolve().parent
         while (folder / "__init__.py").exists() and folder.parent != folder:
             folder = folder.parent

@@ -48,6 +48,9 @@ DEFAULTS: dict[str, Any] = {
     "retention_days": None,
     "pod_override": None,
     "kinetic_interop": True,
+    # Where a cluster node keeps the environments of requirements= (backends/gke/volumes.py):
+    # "hostpath" (reused by every job on the node) or "emptydir" (GKE Autopilot: per pod).
+    "requirements_cache": "hostpath",
 }
 
 BACKENDS = ("local", "gke", "pathways", "auto")

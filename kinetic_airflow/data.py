@@ -34,8 +34,16 @@ class Data:
     # Filled in by ``stage`` on the worker: where the content lives in job storage.
     staged_uri: str | None = None
     is_dir: bool | None = None
+    # gs:// data on a cluster: mounted lazily through the GCS FUSE CSI driver instead of copied
+    # (what a multi-hundred-GB training set needs). Copied anyway on the local backend.
+    fuse: bool = False
 
     def __post_init__(self) -> None:
+        if self.fuse and not str(self.source).startswith("gs://"):
+            raise ValueError(
+                f"Data({self.source!r}, fuse=True): only gs:// data can be mounted through GCS FUSE; "
+                "local data is uploaded once and copied into the job (drop fuse=True)"
+            )
         if not isinstance(self.source, (str, os.PathLike)):
             raise TypeError(f"Data() takes a path or gs:// URI string, got {type(self.source).__name__}")
         self.source = os.fspath(self.source)
@@ -50,7 +58,7 @@ class Data:
     def stage(self, storage: Storage, base_uri: str) -> Data:
         """Upload local content to the cache (once per digest); remote URIs stay as they are."""
         if self.is_remote:
-            return Data(self.source, staged_uri=self.source, is_dir=None)
+            return Data(self.source, staged_uri=self.source, is_dir=None, fuse=self.fuse)
         path = Path(self.source).expanduser().resolve()
         if not path.exists():
             raise FileNotFoundError(
@@ -71,6 +79,11 @@ class Data:
     def materialize(self, local_root: str) -> str:
         """Copy the staged content to local disk; return the path the function should use."""
         uri = self.staged_uri or self.source
+        if self.fuse and self.is_remote:
+            from kinetic_airflow.backends.gke.volumes import fuse_local_path, fuse_mount_path
+
+            if os.path.isdir(fuse_mount_path(uri)):  # the pod mounted it: nothing to copy
+                return fuse_local_path(uri)
         storage = open_storage(uri)
         target = Path(local_root) / hashlib.sha256(uri.encode()).hexdigest()[:16]
         items = storage.list(uri)

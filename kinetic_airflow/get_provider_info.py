@@ -49,6 +49,12 @@ def get_provider_info() -> dict:
                         "1048576",
                         "integer",
                     ),
+                    "requirements_cache": option(
+                        "Where cluster nodes cache the environments of requirements=: hostpath (a node "
+                        "folder every job on the node reuses) or emptydir (per pod; for GKE Autopilot, "
+                        "which refuses hostPath).",
+                        "hostpath",
+                    ),
                     "log_max_lines": option(
                         "Job log lines copied into the task log per job (default 10000).", "10000", "integer"
                     ),

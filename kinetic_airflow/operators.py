@@ -33,6 +33,7 @@ from airflow.sdk.exceptions import AirflowTaskTimeout
 from kinetic_airflow import lifecycle
 from kinetic_airflow.accelerators import parse_accelerator
 from kinetic_airflow.backends import BackendStatus, JobRef, JobState, get_backend
+from kinetic_airflow.codebundle import code_roots, ship_code_bundle
 from kinetic_airflow.config import default_base_uri, local_state_root, resolve_setting
 from kinetic_airflow.connections import storage_for
 from kinetic_airflow.context_args import check_context_parameters
@@ -46,6 +47,7 @@ from kinetic_airflow.links import LINKS_XCOM_KEY, KineticJobConsoleLink, Kinetic
 from kinetic_airflow.payload import manifest_json, register_dag_modules_by_value, write_payload
 from kinetic_airflow.pod_override import combined_override, validate_at_parse
 from kinetic_airflow.preflight import preflight
+from kinetic_airflow.requirements import resolve_requirements
 from kinetic_airflow.results import KineticJobError, load_envelope, raise_remote, to_xcom
 from kinetic_airflow.storage import Storage, uri_to_local_path
 from kinetic_airflow.tracebacks import without_tracebacks
@@ -93,6 +95,10 @@ class KineticRunOperator(BaseOperator):
     :param container_env: plain (non-secret) environment variables for the job's container.
     :param pod_override: cluster backends: a dict (Kubernetes JSON) or ``kubernetes.client.V1Pod`` merged
         over the generated pod (``kinetic_airflow.pod_override``; ``[kinetic] pod_override`` is the default).
+    :param requirements: packages the job needs beyond its image: requirement strings and/or
+        paths of requirements files. Without it, a ``requirements.txt`` (or ``pyproject.toml``
+        dependencies) beside the DAG file or at the bundle root is used. Installed by the runner
+        into an environment cached by their hash, so the next job on that machine installs nothing.
     """
 
     template_fields: Sequence[str] = (
@@ -140,6 +146,7 @@ class KineticRunOperator(BaseOperator):
         preemption_retries: int | None = None,
         container_env: dict[str, str] | None = None,
         pod_override: Any = None,
+        requirements: str | Sequence[str] | None = None,
         **kwargs: Unpack[OperatorArgs],
     ) -> None:
         super().__init__(**kwargs)
@@ -175,6 +182,7 @@ class KineticRunOperator(BaseOperator):
         self.preemption_retries = preemption_retries
         self.container_env = dict(container_env or {})
         self.pod_override = validate_at_parse(pod_override, accelerator, spot)
+        self.requirements = requirements
 
     # Settings ---------------------------------------------------------------------------------
     def _backend_name(self) -> str:
@@ -216,7 +224,34 @@ class KineticRunOperator(BaseOperator):
         }
         if backend != "local":
             ref.update(self._cluster_fields())
+        lines, source = resolve_requirements(self.requirements, self._code_search_dirs())
+        if lines:
+            ref["requirements"] = lines
+            ref["requirements_source"] = source
+        fuse = sorted({d.source for d in _data_objects(self) if d.fuse and d.is_remote})
+        if fuse and backend != "local":
+            ref["fuse_data"] = fuse
         return ref
+
+    def _dag_file(self) -> str | None:
+        try:
+            fileloc = self.dag.fileloc if self.has_dag() else None
+        except Exception:
+            return None
+        folder = _airflow_dags_folder()
+        if fileloc and not os.path.isabs(fileloc) and folder:  # bundle-relative
+            return os.path.join(folder, fileloc)
+        return fileloc
+
+    def _code_search_dirs(self) -> list[str]:
+        """Where requirements are discovered: beside the DAG file, then the bundle root."""
+        dirs = []
+        if self._dag_file():
+            dirs.append(os.path.dirname(self._dag_file() or ""))
+        folder = _airflow_dags_folder()
+        if folder:
+            dirs.append(folder)
+        return dirs
 
     def _cluster_fields(self) -> dict[str, Any]:
         """What a cluster backend needs; all of it public (ids, names, endpoint, CA)."""
@@ -235,12 +270,19 @@ class KineticRunOperator(BaseOperator):
             }
         )
         deadline = int(self.execution_timeout.total_seconds()) if self.execution_timeout else None
+        image = resolve_setting("container_image", self.container_image) or default_image(
+            spec,
+            resolve_setting("project", self.project),
+            resolve_setting("zone", self.zone),
+            resolve_setting("cluster", self.cluster),
+        )
+        check_image_python(image)
         return {
             "cluster": cluster,
             "namespace": resolve_setting("namespace", self.namespace),
             "accelerator": spec.text,
             "node_selectors": spec.node_selectors,
-            "image": resolve_setting("container_image", self.container_image) or default_image(spec),
+            "image": image,
             "runner_python": resolve_setting("runner_python"),
             "service_account": resolve_setting("service_account") or None,
             "active_deadline_seconds": deadline,
@@ -399,9 +441,11 @@ class KineticRunOperator(BaseOperator):
         layout = JobLayout(ref["job_uri"])
         storage = self._storage(ref["job_uri"])
         dag = context.get("dag")
+        dag_file = getattr(dag, "fileloc", None) if dag is not None else None
         roots = [_airflow_dags_folder()]
-        if dag is not None and getattr(dag, "fileloc", None):
-            roots.append(os.path.dirname(dag.fileloc))
+        if dag_file:
+            roots.append(os.path.dirname(dag_file))
+        code = ship_code_bundle(storage, ref["base_uri"], *code_roots(_airflow_dags_folder(), dag_file))
         by_value = register_dag_modules_by_value(self.python_callable, roots)
         if by_value:
             log.info("pickling DAG-folder modules by value: %s", ", ".join(by_value))
@@ -428,6 +472,10 @@ class KineticRunOperator(BaseOperator):
             "heartbeat_seconds": resolve_setting("heartbeat_seconds", self.heartbeat_seconds),
             "callable": callable_name(self.python_callable),
             "created": time.time(),
+            "backend": ref["backend"],
+            "image": ref.get("image"),
+            "code": code,
+            "requirements": ref.get("requirements") or [],
         }
         # The manifest goes last: its presence tells the runner the payload is complete.
         storage.write_text(layout.manifest, manifest_json(manifest))
@@ -595,6 +643,45 @@ class KineticRunOperator(BaseOperator):
         )
         record = self._submit(context, new_ref, deadline, previous=record)
         return self._wait(context, new_ref, deadline, previous=record)
+
+
+def _data_objects(op: KineticRunOperator) -> list[Data]:
+    """Every Data among the task's arguments (at any depth of lists, tuples and dicts) and volumes."""
+    found: list[Data] = list(op.volumes.values())
+
+    def walk(value: Any) -> None:
+        if isinstance(value, Data):
+            found.append(value)
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, (list, tuple, set)):
+            for item in value:
+                walk(item)
+
+    walk(list(op.op_args))
+    walk(dict(op.op_kwargs))
+    return found
+
+
+def check_image_python(image: str) -> None:
+    """Refuse, before anything is created, an image whose tag names another Python than the worker's.
+
+    cloudpickle needs the same major.minor on both sides; the runner would find out only after
+    the pod got its accelerator and pulled the image. Images built from ``docker/`` carry the
+    version in their tag (``...:py3.11``); other tags are checked by the runner at start.
+    """
+    import re
+
+    found = re.search(r":(?:.*[^0-9])?py(\d+)\.(\d+)(?![0-9])", image)
+    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    if found and f"{found.group(1)}.{found.group(2)}" != here:
+        raise ValueError(
+            f"container_image {image!r} is built for Python {found.group(1)}.{found.group(2)} but this "
+            f"Airflow worker runs Python {here}: cloudpickle needs the same major.minor version on both "
+            f"sides. Use an image built for Python {here} (docker/: --build-arg PYTHON_VERSION={here}), "
+            "or run the workers on the image's Python."
+        )
 
 
 def min_deferral_seconds() -> float:

@@ -92,13 +92,24 @@ def resolve_requirements(
     for folder in search_dirs:
         txt = Path(folder) / "requirements.txt"
         if txt.is_file():
-            return _read_requirements_file(txt), str(txt)
+            return _without_airflow(_read_requirements_file(txt)), str(txt)
         pyproject = Path(folder) / "pyproject.toml"
         if pyproject.is_file():
-            deps = _pyproject_dependencies(pyproject)
+            deps = _without_airflow(_pyproject_dependencies(pyproject))
             if deps:
                 return deps, f"{pyproject} [project] dependencies"
     return [], ""
+
+
+def _without_airflow(lines: list[str]) -> list[str]:
+    """Discovered files describe the DAG project, which needs Airflow; the job never does (the
+    runner has no Airflow), so Airflow and its providers are not installed into jobs."""
+    import re
+
+    def name(line: str) -> str:
+        return re.split(r"[\s\[<>=!~;@]", line, maxsplit=1)[0].lower().replace("_", "-")
+
+    return [line for line in lines if not name(line).startswith(("apache-airflow", "kinetic-airflow"))]
 
 
 def requirements_digest(lines: Sequence[str]) -> str:

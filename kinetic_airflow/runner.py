@@ -180,10 +180,63 @@ class JobRunner:
                     f"warning: cloudpickle {client.get('cloudpickle')} pickled this payload, the job has "
                     f"{cloudpickle.__version__}; install the same major version in the image if it fails"
                 )
+        with self._timed("install"):
+            self._install_requirements()
+        with self._timed("code"):
+            self._install_code()
         with self._timed("unpickle"), open(local_payload, "rb") as fh:
-            payload = cloudpickle.load(fh)
+            try:
+                payload = cloudpickle.load(fh)
+            except ModuleNotFoundError as exc:
+                raise PhaseError(
+                    self._missing_module(exc, "unpickling the function and its arguments")
+                ) from exc
         os.unlink(local_payload)
         return payload
+
+    def _install_requirements(self) -> None:
+        """The job's extra packages, from the environment cache (installed there if need be)."""
+        from kinetic_airflow.requirements import InstallError, ensure_environment
+
+        lines = self.manifest.get("requirements") or []
+        if not lines:
+            return
+        cache = os.environ.get("KINETIC_ENV_CACHE") or os.path.expanduser("~/.cache/kinetic/envs")
+        try:
+            path, installed, seconds = ensure_environment(lines, cache, log)
+        except InstallError as exc:
+            raise PhaseError(str(exc)) from None
+        self.timings["install_seconds"] = round(seconds, 3)
+        self.timings["install_cached"] = 0.0 if installed else 1.0
+        sys.path.insert(0, path)
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [path, os.environ.get("PYTHONPATH")]))
+
+    def _install_code(self) -> None:
+        """The DAG bundle's own code, on sys.path before anything is unpickled."""
+        from kinetic_airflow.codebundle import install_code_bundle
+
+        entry = self.manifest.get("code")
+        if not entry:
+            return
+        try:
+            paths = install_code_bundle(self.storage, entry, self.workdir)
+        except ValueError as exc:
+            raise PhaseError(str(exc)) from None
+        for path in reversed(paths):
+            sys.path.insert(0, path)
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [*paths, os.environ.get("PYTHONPATH")]))
+
+    def _missing_module(self, exc: ModuleNotFoundError, doing: str) -> str:
+        """Which module, where the job ran, and the two ways to get it there."""
+        module = exc.name or str(exc)
+        where = f"{self.manifest.get('backend') or 'this'} job"
+        image = self.manifest.get("image")
+        if image:
+            where += f" on image {image}"
+        return (
+            f"module {module!r} is not installed in the {where} (while {doing}). Add it with "
+            f"requirements=[{module.split('.')[0]!r}] on the task, or use a container_image that has it."
+        )
 
     def setup(self, payload: dict[str, Any]) -> tuple[Any, list[Any], dict[str, Any]]:
         from kinetic_airflow.data import Data, mount
@@ -253,6 +306,8 @@ class JobRunner:
                 import pdb
 
                 pdb.post_mortem(exc.__traceback__)
+            if isinstance(exc, ModuleNotFoundError) and self.phase == "execute":
+                exc.add_note(self._missing_module(exc, "running the function"))
             envelope.update(self._failure(exc))
         finally:
             if heartbeat is not None:
@@ -283,6 +338,7 @@ class JobRunner:
             message = str(exc)
         else:
             message = _safe_repr(exc, 2000) if not str(exc) else str(exc)
+            message = "\n".join([message, *getattr(exc, "__notes__", ())])
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         sys.stderr.write(mark_traceback(tb))  # the task log shows it once, with the task's error
         return {

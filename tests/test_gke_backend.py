@@ -13,10 +13,9 @@ from pathlib import Path
 import cloudpickle
 import pytest
 from components.emulator_process import DEFAULT_NODE_POOLS
+from emulated_cluster import point_kinetic_at, running_emulator
 from helpers import ti_states, ti_try_numbers, xcom
 from jobkit import gke_job
-
-from kinetic_airflow.testing.cluster import ClusterEmulator
 
 # Jobs built here without the operator run functions of this module: ship them by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -26,32 +25,17 @@ NODE_POOLS = list(DEFAULT_NODE_POOLS)
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    emulator = ClusterEmulator(node_pools=NODE_POOLS, work_dir=tmp_path_factory.mktemp("emulator"))
-    emulator.start()
-    kubeconfig = emulator.write_kubeconfig(tmp_path_factory.mktemp("kube") / "config")
-    yield emulator, kubeconfig
-    from kinetic_airflow.backends.gke.watch_cache import reset_shared_state
-
-    reset_shared_state()
-    emulator.stop()
+    with running_emulator(tmp_path_factory, NODE_POOLS) as running:
+        yield running
 
 
 @pytest.fixture
 def gke_env(cluster, base_uri, monkeypatch, tmp_path):
-    from kinetic_airflow.backends.gke.watch_cache import reset_shared_state
-
-    emulator, kubeconfig = cluster
-    emulator.clear_faults()
-    reset_shared_state()
-    conn = {"conn_type": "kubernetes", "extra": {"kube_config_path": str(kubeconfig), "namespace": "default"}}
-    monkeypatch.setenv("AIRFLOW_CONN_KINETIC_EMULATOR", json.dumps(conn))
-    monkeypatch.setenv("KINETIC_KUBERNETES_CONN_ID", "kinetic_emulator")
-    monkeypatch.setenv("KINETIC_RUNNER_PYTHON", sys.executable)
-    monkeypatch.setenv("KINETIC_CONTAINER_IMAGE", "kinetic-runner:test")
+    point_kinetic_at(*cluster, monkeypatch)
     out = tmp_path / "failures"
     out.mkdir()
     monkeypatch.setenv("KN_TEST_FAILURES", str(out))
-    return emulator, out
+    return cluster[0], out
 
 
 def _dag(name):

@@ -49,6 +49,7 @@ class Stack:
         self.dags = root / "dags"
         self.dags.mkdir()
         shutil.copy(DAG_FILE, self.dags / DAG_FILE.name)
+        shutil.copytree(DAG_FILE.parent / "kn_lifecycle_lib", self.dags / "kn_lifecycle_lib")
         self.kinetic_root = root / "kinetic"
         self.crash_marker = root / "crash-marker"
         self.pg = PostgresServer()  # in the system temp dir: the postgres user must reach it
@@ -110,6 +111,7 @@ DAG_IDS = (
     "kn_slice",
     "kn_slice_mark_failed",
     "kn_slice_clear",
+    "kn_bundle_code",
 )
 
 
@@ -599,3 +601,14 @@ def test_mark_failed_and_clear_delete_the_slice_and_all_its_pods(stack: Stack, d
     assert [e["try_number"] for e in executions] == [1, 2], executions
     poll(lambda: _slice_objects(stack, task_id) == ([], []), timeout=60, what="both slices to be gone")
     assert first_group not in _slice_objects(stack, task_id)[0]
+
+
+# What the function needs arrives with it --------------------------------------------------------
+def test_a_dag_folder_package_imported_in_the_body_reaches_the_job(stack: Stack) -> None:
+    """The scheduler's worker imports the DAG under Airflow's module name; the package beside it
+    is imported only inside the function, so only the shipped code archive can provide it."""
+    dag_id, task_id = "kn_bundle_code", "imports_dag_folder_package"
+    run_id = trigger(stack.api, dag_id)
+    assert _wait_run(stack, dag_id, run_id) == "success", _why(stack, dag_id, run_id)
+    assert _xcom(stack.api, dag_id, run_id, task_id) == 42
+    assert len(list((stack.kinetic_root / "cache" / "code").glob("*.zip"))) >= 1

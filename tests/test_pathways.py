@@ -4,48 +4,31 @@ environment (and validates the LeaderWorkerSet against its CRD schema)."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
 import time
 
 import pytest
+from emulated_cluster import point_kinetic_at, running_emulator
 from helpers import ti_states, ti_try_numbers, xcom
-
-from kinetic_airflow.testing.cluster import ClusterEmulator
 
 pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    emulator = ClusterEmulator(work_dir=tmp_path_factory.mktemp("emulator"))  # every TPU pool
-    emulator.start()
-    kubeconfig = emulator.write_kubeconfig(tmp_path_factory.mktemp("kube") / "config")
-    yield emulator, kubeconfig
-    from kinetic_airflow.backends.gke.watch_cache import reset_shared_state
-
-    reset_shared_state()
-    emulator.stop()
+    with running_emulator(tmp_path_factory) as running:  # every TPU pool
+        yield running
 
 
 @pytest.fixture
 def lws_env(cluster, tmp_path, monkeypatch):
     """The hosts meet in KINETIC_OUTPUT_DIR, so job storage is a local directory here (the
     gs:// path is the same code as for Jobs, tested in test_gke_backend)."""
-    from kinetic_airflow.backends.gke.watch_cache import reset_shared_state
-
     monkeypatch.setenv("KINETIC_BASE_URI", f"file://{tmp_path}/kinetic")
-    emulator, kubeconfig = cluster
-    emulator.clear_faults()
-    reset_shared_state()
-    conn = {"conn_type": "kubernetes", "extra": {"kube_config_path": str(kubeconfig), "namespace": "default"}}
-    monkeypatch.setenv("AIRFLOW_CONN_KINETIC_EMULATOR", json.dumps(conn))
-    monkeypatch.setenv("KINETIC_KUBERNETES_CONN_ID", "kinetic_emulator")
-    monkeypatch.setenv("KINETIC_RUNNER_PYTHON", sys.executable)
-    monkeypatch.setenv("KINETIC_CONTAINER_IMAGE", "kinetic-runner:test")
-    return emulator
+    point_kinetic_at(*cluster, monkeypatch)
+    return cluster[0]
 
 
 def _dag(name):

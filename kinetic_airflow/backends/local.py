@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobState
+from kinetic_airflow.config import local_state_root
 
 __all__ = ["LocalBackend", "process_alive"]
 
@@ -76,6 +77,8 @@ class LocalBackend(Backend):
         # As kinetic does, Keras runs on JAX unless told otherwise. JAX_PLATFORMS is left to JAX
         # here: this machine's hardware is whatever it is, whatever the accelerator string says.
         child_env.setdefault("KERAS_BACKEND", "jax")
+        # Environments of requirements= are cached per machine, under the local state dir.
+        child_env.setdefault("KINETIC_ENV_CACHE", os.path.join(local_state_root(), "envs"))
         child_env.update(env or {})
         # The job's temporary files (the runner's work dir with its copies of Data inputs, and
         # whatever the function puts in tempfile's dir) stay inside the job's own directory; the

@@ -245,6 +245,20 @@ def kn_slice_clear():
     slice_slow_first_try()
 
 
+# The DAG folder's own code reaches the job ------------------------------------------------------
+@task.kinetic(backend="local")
+def imports_dag_folder_package(x: int) -> int:
+    import kn_lifecycle_lib  # in the body only: shipped in the bundle's code archive
+
+    record_execution()
+    return kn_lifecycle_lib.double(x)
+
+
+@dag(schedule=None, start_date=START, catchup=False, tags=TAGS)
+def kn_bundle_code():
+    imports_dag_folder_package(21)
+
+
 kn_context_args()
 kn_race_local()
 kn_race_gke()
@@ -260,3 +274,4 @@ kn_not_deferrable_timeout()
 kn_slice()
 kn_slice_mark_failed()
 kn_slice_clear()
+kn_bundle_code()

@@ -21,7 +21,9 @@ from kinetic_airflow.backends.gke.manifest import (
     TTL_AFTER_FINISHED_SECONDS,
     build_job_manifest,
 )
+from kinetic_airflow.backends.gke.volumes import pod_extras
 from kinetic_airflow.backends.gke.watch_cache import shared_watch
+from kinetic_airflow.config import resolve_setting
 from kinetic_airflow.layout import JobIdentity
 from kinetic_airflow.links import job_links
 from kinetic_airflow.pod_override import apply_to_manifest
@@ -75,23 +77,29 @@ class GKEBackend(Backend):
         return classify(found, pods)
 
     # Submit -----------------------------------------------------------------------------------
-    def manifest(self, job: JobRef) -> dict[str, Any]:
+    def _pod_args(self, job: JobRef) -> dict[str, Any]:
+        """What every kind of object's pods are built from (the job reference's public fields)."""
         identity = JobIdentity.from_dict(job["identity"])
-        return build_job_manifest(
-            name=self.object_name(job),
-            namespace=job["namespace"],
-            labels=identity.labels(),
-            annotations={
+        return {
+            "name": self.object_name(job),
+            "namespace": job["namespace"],
+            "labels": identity.labels(),
+            "annotations": {
                 "kinetic.airflow/task-instance": identity.ti_key,
                 "kinetic.airflow/job-uri": job["job_uri"],
             },
-            spec=parse_accelerator(job["accelerator"]),
-            image=job["image"],
-            job_uri=job["job_uri"],
-            python=job.get("runner_python") or "python",
-            service_account=job.get("service_account"),
-            active_deadline_seconds=job.get("active_deadline_seconds"),
-            env=job.get("container_env"),
+            "spec": parse_accelerator(job["accelerator"]),
+            "image": job["image"],
+            "job_uri": job["job_uri"],
+            "python": job.get("runner_python") or "python",
+            "service_account": job.get("service_account"),
+            "env": job.get("container_env"),
+            "extras": pod_extras(job, str(resolve_setting("requirements_cache") or "hostpath")),
+        }
+
+    def manifest(self, job: JobRef) -> dict[str, Any]:
+        return build_job_manifest(
+            **self._pod_args(job), active_deadline_seconds=job.get("active_deadline_seconds")
         )
 
     def submit(self, job: JobRef, *, env: dict[str, str] | None = None) -> None:

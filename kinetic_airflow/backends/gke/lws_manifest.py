@@ -29,7 +29,7 @@ import hashlib
 from typing import Any
 
 from kinetic_airflow.accelerators import AcceleratorSpec
-from kinetic_airflow.backends.gke.manifest import pod_annotations, pod_spec
+from kinetic_airflow.backends.gke.manifest import pod_template
 
 __all__ = ["LWS_GROUP", "LWS_PLURAL", "build_lws_manifest", "coordinator_port", "lws_name"]
 
@@ -77,29 +77,20 @@ def build_lws_manifest(
     labels: dict[str, str],
     annotations: dict[str, str],
     spec: AcceleratorSpec,
-    image: str,
-    job_uri: str,
     api_version: str,
-    python: str = "python",
-    service_account: str | None = "kinetic",
-    env: dict[str, str] | None = None,
+    **pod: Any,
 ) -> dict[str, Any]:
+    """``pod``: the rest of ``pod_template``'s arguments (image, job_uri, env, extras ...)."""
     job_id = labels["job-id"]
-    pod_labels = {**labels, "app": "kinetic-pathways", "job-name": name}
-    template = {
-        "metadata": {"labels": pod_labels, "annotations": pod_annotations(annotations)},
-        "spec": pod_spec(
-            spec=spec,
-            image=image,
-            job_uri=job_uri,
-            job_id=job_id,
-            python=python,
-            service_account=service_account,
-            env=env,
-            extra_env=multi_host_env(job_id, spec.hosts),
-            restart_policy="Always",  # the only policy LWS (a StatefulSet) accepts; see above
-        ),
-    }
+    template = pod_template(
+        labels={**labels, "app": "kinetic-pathways", "job-name": name},
+        annotations=annotations,
+        spec=spec,
+        job_id=job_id,
+        extra_env=multi_host_env(job_id, spec.hosts),
+        restart_policy="Always",  # the only policy LWS (a StatefulSet) accepts; see above
+        **pod,
+    )
     return {
         "apiVersion": f"{LWS_GROUP}/{api_version}",
         "kind": "LeaderWorkerSet",

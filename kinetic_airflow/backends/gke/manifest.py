@@ -9,31 +9,31 @@ from __future__ import annotations
 from typing import Any
 
 from kinetic_airflow.accelerators import AcceleratorSpec
+from kinetic_airflow.backends.gke.volumes import PodExtras
 
 __all__ = [
     "CONTAINER_NAME",
-    "DEFAULT_IMAGES",
     "build_job_manifest",
     "default_image",
     "platform_env",
     "pod_spec",
+    "pod_template",
 ]
 
 CONTAINER_NAME = "kinetic-worker"
-# Documented defaults per accelerator kind; build them from docker/ and override with
-# container_image= or [kinetic] container_image.
-DEFAULT_IMAGES = {
-    "cpu": "us-docker.pkg.dev/kinetic-airflow/runner/runner-cpu:py3.11",
-    "gpu": "us-docker.pkg.dev/kinetic-airflow/runner/runner-gpu:py3.11",
-    "tpu": "us-docker.pkg.dev/kinetic-airflow/runner/runner-tpu:py3.11",
-}
 # Long enough that a triggerer restarted after an outage still finds the finished Job.
 TTL_AFTER_FINISHED_SECONDS = 24 * 3600
 CPU_REQUESTS = {"cpu": "1", "memory": "4Gi"}
 
 
-def default_image(spec: AcceleratorSpec) -> str:
-    return DEFAULT_IMAGES[spec.kind]
+def default_image(
+    spec: AcceleratorSpec, project: str | None = None, zone: str | None = None, cluster: str | None = None
+) -> str:
+    """The runner image ``kinetic-airflow image`` builds and pushes for this accelerator kind, in
+    kinetic's Artifact Registry repository of the cluster (``kn-{cluster}``)."""
+    from kinetic_airflow.cli_image import default_image_uri
+
+    return default_image_uri(spec.kind, project, zone, cluster)
 
 
 # What kinetic sets so Keras and JAX pick the job's hardware (kinetic's k8s_utils values).
@@ -57,6 +57,7 @@ def pod_spec(
     env: dict[str, str] | None = None,
     extra_env: list[dict[str, Any]] | None = None,
     restart_policy: str = "Never",
+    extras: PodExtras | None = None,
 ) -> dict[str, Any]:
     """The pod of one host: the runner, the accelerator's resources, selectors and tolerations."""
     resources: dict[str, Any] = {}
@@ -64,7 +65,8 @@ def pod_spec(
         resources = {"limits": dict(spec.resources), "requests": dict(spec.resources)}
     else:
         resources = {"requests": dict(CPU_REQUESTS)}
-    values = {**platform_env(spec, env), **(env or {})}
+    extras = extras or PodExtras()
+    values = {**platform_env(spec, env), **extras.env, **(env or {})}
     container_env = [{"name": k, "value": str(v)} for k, v in sorted(values.items())]
     container_env.append({"name": "KINETIC_JOB_ID", "value": job_id})
     container_env.extend(extra_env or [])
@@ -81,6 +83,9 @@ def pod_spec(
             }
         ],
     }
+    if extras.mounts:
+        spec_dict["containers"][0]["volumeMounts"] = list(extras.mounts)
+        spec_dict["volumes"] = list(extras.volumes)
     if service_account:
         spec_dict["serviceAccountName"] = service_account
     if spec.node_selectors:
@@ -95,37 +100,61 @@ def pod_annotations(annotations: dict[str, str]) -> dict[str, str]:
     return {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false", **annotations}
 
 
+def pod_template(
+    *,
+    labels: dict[str, str],
+    annotations: dict[str, str],
+    spec: AcceleratorSpec,
+    image: str,
+    job_uri: str,
+    job_id: str,
+    python: str = "python",
+    service_account: str | None = "kinetic",
+    env: dict[str, str] | None = None,
+    extras: PodExtras | None = None,
+    extra_env: list[dict[str, Any]] | None = None,
+    restart_policy: str = "Never",
+) -> dict[str, Any]:
+    """The pod template of a Job or a LeaderWorkerSet: labels, annotations and ``pod_spec``."""
+    extras = extras or PodExtras()
+    return {
+        "metadata": {
+            "labels": dict(labels),
+            "annotations": pod_annotations({**annotations, **extras.annotations}),
+        },
+        "spec": pod_spec(
+            spec=spec,
+            image=image,
+            job_uri=job_uri,
+            job_id=job_id,
+            python=python,
+            service_account=service_account,
+            env=env,
+            extra_env=extra_env,
+            restart_policy=restart_policy,
+            extras=extras,
+        ),
+    }
+
+
 def build_job_manifest(
     *,
     name: str,
     namespace: str,
     labels: dict[str, str],
     annotations: dict[str, str],
-    spec: AcceleratorSpec,
-    image: str,
-    job_uri: str,
-    python: str = "python",
-    service_account: str | None = "kinetic",
     active_deadline_seconds: int | None = None,
-    env: dict[str, str] | None = None,
+    **pod: Any,
 ) -> dict[str, Any]:
+    """``pod``: the rest of ``pod_template``'s arguments (spec, image, job_uri, env, extras ...)."""
     job_spec: dict[str, Any] = {
         "backoffLimit": 0,
         "completions": 1,
         "parallelism": 1,
         "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_SECONDS,
-        "template": {
-            "metadata": {"labels": dict(labels), "annotations": pod_annotations(annotations)},
-            "spec": pod_spec(
-                spec=spec,
-                image=image,
-                job_uri=job_uri,
-                job_id=labels.get("job-id", name),
-                python=python,
-                service_account=service_account,
-                env=env,
-            ),
-        },
+        "template": pod_template(
+            labels=labels, annotations=annotations, job_id=labels.get("job-id", name), **pod
+        ),
     }
     if active_deadline_seconds:
         job_spec["activeDeadlineSeconds"] = int(active_deadline_seconds)

@@ -22,7 +22,6 @@ from kinetic_airflow.backends.gke.logstream import PodLogStream
 from kinetic_airflow.backends.gke.lws_manifest import LWS_GROUP, LWS_PLURAL, build_lws_manifest, lws_name
 from kinetic_airflow.backends.gke.manifest import CONTAINER_NAME
 from kinetic_airflow.backends.gke.watch_cache import shared_watch
-from kinetic_airflow.layout import JobIdentity
 from kinetic_airflow.links import job_links
 
 __all__ = ["LwsMissingError", "PathwaysBackend"]
@@ -74,23 +73,7 @@ class PathwaysBackend(GKEBackend):
         return f"{base}/{name}" if name else base
 
     def manifest(self, job: JobRef) -> dict[str, Any]:
-        identity = JobIdentity.from_dict(job["identity"])
-        return build_lws_manifest(
-            name=self.object_name(job),
-            namespace=job["namespace"],
-            labels=identity.labels(),
-            annotations={
-                "kinetic.airflow/task-instance": identity.ti_key,
-                "kinetic.airflow/job-uri": job["job_uri"],
-            },
-            spec=parse_accelerator(job["accelerator"]),
-            image=job["image"],
-            job_uri=job["job_uri"],
-            api_version=self.api_version(job),
-            python=job.get("runner_python") or "python",
-            service_account=job.get("service_account"),
-            env=job.get("container_env"),
-        )
+        return build_lws_manifest(**self._pod_args(job), api_version=self.api_version(job))
 
     # Status -----------------------------------------------------------------------------------
     def _classify(

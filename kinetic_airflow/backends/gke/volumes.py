@@ -4,7 +4,7 @@
   mounted only into jobs that have ``requirements``: accelerator nodes run job after job,
   and a cache that outlives the pod is what makes the second job install nothing (an
   emptyDir dies with the pod; a wheelhouse in job storage would still install every time).
-  GKE Autopilot refuses hostPath: set ``[kinetic] env_cache=emptydir`` there.
+  GKE Autopilot refuses hostPath: set ``[kinetic] requirements_cache = emptydir`` there.
 * ``Data("gs://...", fuse=True)`` is mounted lazily through the GCS FUSE CSI driver, as
   kinetic does: the pod annotation ``gke-gcsfuse/volumes: "true"`` (GKE injects the FUSE
   sidecar), one inline CSI volume per bucket prefix, read-only, through the ``kinetic``

@@ -843,8 +843,36 @@ class PodRuntime:
             else:
                 defined[name] = expand_vars(str(item.get("value", "")), ChainMap(defined, service_env))
         headless = self._headless_services()
-        env.update({k: dns.rewrite(v, self.namespace, headless) for k, v in defined.items()})
+        mounts = self._volume_folders(pod, container)
+        env.update(
+            {k: _to_folder(dns.rewrite(v, self.namespace, headless), mounts) for k, v in defined.items()}
+        )
         return env, {**service_env, **defined}
+
+    def _volume_folders(self, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+        """mountPath -> a folder of this machine, for the container's hostPath and emptyDir mounts.
+
+        A process has no mount namespace, so a mount is a folder under the emulator's work dir
+        (hostPath: one per node and path, shared by that node's pods, as on a node; emptyDir: one
+        per pod), and env values that name a mount path are pointed at it. Nothing is written
+        at the pod's own absolute paths on this machine.
+        """
+        volumes = {v.get("name"): v for v in (pod["spec"].get("volumes") or [])}
+        node = pod["spec"].get("nodeName") or "node"
+        folders: dict[str, str] = {}
+        for mount in container.get("volumeMounts") or []:
+            volume = volumes.get(mount.get("name")) or {}
+            if "hostPath" in volume:
+                rel = str(volume["hostPath"].get("path", "")).strip("/")
+                folder = self.kubelet.work_dir / "hostpath" / node / rel
+            elif "emptyDir" in volume:
+                uid = pod["metadata"].get("uid") or self.name
+                folder = self.kubelet.work_dir / "emptydir" / uid / str(mount.get("name"))
+            else:
+                continue
+            folder.mkdir(parents=True, exist_ok=True)
+            folders[str(mount.get("mountPath", "")).rstrip("/")] = str(folder)
+        return folders
 
     def _start_process(
         self, container: dict[str, Any], state: ContainerState, env: dict[str, str], mapping: dict[str, str]
@@ -1075,6 +1103,14 @@ class PodRuntime:
 
 
 # ------------------------------------------------------------------------ kubelet
+def _to_folder(value: str, mounts: dict[str, str]) -> str:
+    """``value`` with a leading mount path replaced by the folder that stands in for it."""
+    for path, folder in mounts.items():
+        if path and (value == path or value.startswith(path + "/")):
+            return folder + value[len(path) :]
+    return value
+
+
 class Kubelet:
     """Owns every pod runtime and its processes."""
 
