@@ -97,7 +97,9 @@ def test_kinetic_lists_attaches_and_collects_kinetic_airflow_jobs(kinetic_bucket
     # kinetic's own command line
     assert greet in seen["cli_list"] and "greet" in seen["cli_list"]
     assert f"{greet}: SUCCEEDED" in seen["cli_status"]
-    print("\n" + seen["cli_list"])  # the closing note quotes it
+    print(
+        "\n" + cli("jobs", "list", "--run-id", dr.run_id)[1] + "\n" + seen["cli_list"]
+    )  # for the closing note
 
     # kinetic's cleanup would delete only its interop files ({bucket}/{job_id}/), never ours
     assert storage.exists(f"gs://{BUCKET}/{greet}/result.pkl")
