@@ -21,7 +21,7 @@ from typing import Any
 
 from kinetic_airflow.storage import Storage, StorageNotFound, join_uri, open_storage
 
-__all__ = ["Data", "validate_volumes"]
+__all__ = ["Data", "data_in", "validate_volumes"]
 
 _COMPLETE_MARKER = ".kinetic-complete"
 
@@ -121,6 +121,26 @@ def _content_digest(path: Path) -> str:
         digest.update(b"\0")
     digest.update(b"dir" if path.is_dir() else b"file")
     return digest.hexdigest()
+
+
+def data_in(*values: Any) -> list[Data]:
+    """Every Data in ``values``, at any depth of lists, tuples, sets and dict values (a task's
+    arguments and its volumes)."""
+    found: list[Data] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, Data):
+            found.append(value)
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, (list, tuple, set)):
+            for item in value:
+                walk(item)
+
+    for value in values:
+        walk(value)
+    return found
 
 
 def validate_volumes(volumes: Any) -> dict[str, Data]:

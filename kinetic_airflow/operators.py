@@ -37,7 +37,7 @@ from kinetic_airflow.codebundle import code_roots, ship_code_bundle
 from kinetic_airflow.config import default_base_uri, local_state_root, resolve_setting
 from kinetic_airflow.connections import storage_for
 from kinetic_airflow.context_args import check_context_parameters
-from kinetic_airflow.data import Data
+from kinetic_airflow.data import Data, data_in
 from kinetic_airflow.envcapture import capture_env
 from kinetic_airflow.envelope import ResultRef, is_result_ref, replace_refs
 from kinetic_airflow.jobstore import publish_job
@@ -228,7 +228,9 @@ class KineticRunOperator(BaseOperator):
         if lines:
             ref["requirements"] = lines
             ref["requirements_source"] = source
-        fuse = sorted({d.source for d in _data_objects(self) if d.fuse and d.is_remote})
+        fuse = sorted(
+            {d.source for d in data_in(self.op_args, self.op_kwargs, self.volumes) if d.fuse and d.is_remote}
+        )
         if fuse and backend != "local":
             ref["fuse_data"] = fuse
         return ref
@@ -643,25 +645,6 @@ class KineticRunOperator(BaseOperator):
         )
         record = self._submit(context, new_ref, deadline, previous=record)
         return self._wait(context, new_ref, deadline, previous=record)
-
-
-def _data_objects(op: KineticRunOperator) -> list[Data]:
-    """Every Data among the task's arguments (at any depth of lists, tuples and dicts) and volumes."""
-    found: list[Data] = list(op.volumes.values())
-
-    def walk(value: Any) -> None:
-        if isinstance(value, Data):
-            found.append(value)
-        elif isinstance(value, dict):
-            for item in value.values():
-                walk(item)
-        elif isinstance(value, (list, tuple, set)):
-            for item in value:
-                walk(item)
-
-    walk(list(op.op_args))
-    walk(dict(op.op_kwargs))
-    return found
 
 
 def check_image_python(image: str) -> None:

@@ -11,12 +11,11 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from kinetic_airflow.accelerators import parse_accelerator
 from kinetic_airflow.context_args import context_kwargs
-from kinetic_airflow.data import Data
+from kinetic_airflow.data import data_in
 from kinetic_airflow.validation import check_backend_fits, check_base_uri, check_local_volumes
 
 if TYPE_CHECKING:
@@ -71,20 +70,9 @@ def _warn_without_accelerator(spec: Any) -> None:
     )
 
 
-def _data_in(value: Any) -> Iterator[Data]:
-    if isinstance(value, Data):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _data_in(item)
-    elif isinstance(value, (list, tuple, set)):
-        for item in value:
-            yield from _data_in(item)
-
-
 def _anchor_relative_data(op: KineticRunOperator, folder: str) -> None:
     """``Data("./dataset")`` means the dataset beside the DAG file, not in the worker's cwd."""
-    for data in [*_data_in(list(op.op_args)), *_data_in(dict(op.op_kwargs)), *op.volumes.values()]:
+    for data in data_in(op.op_args, op.op_kwargs, op.volumes):
         if data.is_remote or "://" in data.source:
             continue
         source = os.path.expanduser(data.source)
