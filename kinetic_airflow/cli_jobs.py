@@ -387,6 +387,20 @@ def run_jobs_command(args: argparse.Namespace) -> int:
     return guarded(handler, args)
 
 
+class _Stderr:
+    """Whatever ``sys.stderr`` is when a line is written, not when logging was set up: the
+    commands also run inside other programs (tests) that swap the stream and swap it back."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+
 def logs_to_stderr() -> None:
     """Airflow's logging writes to stdout; a command's output (tables, JSON) must be all there is."""
     import logging
@@ -396,13 +410,13 @@ def logs_to_stderr() -> None:
     for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
         for handler in getattr(logger, "handlers", []):
             if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stdout:
-                handler.setStream(sys.stderr)
+                handler.setStream(_Stderr())  # type: ignore[arg-type]
     try:
         import structlog
 
         factory = structlog.get_config().get("logger_factory")
         if getattr(factory, "io", None) in (None, sys.stdout):
-            factory.io = sys.stderr
+            factory.io = _Stderr()
     except Exception:  # another logging setup: nothing of ours to fix
         pass
 
