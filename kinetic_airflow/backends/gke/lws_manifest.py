@@ -48,9 +48,11 @@ def coordinator_port(job_id: str) -> int:
     """The JAX coordinator's port on the leader, fixed per attempt.
 
     Any port works on a cluster (every pod has its own address); deriving it from the job
-    id keeps two attempts (or two jobs) on one machine — the emulator — from colliding.
+    id keeps two attempts (or two jobs) on one machine — the emulator — from colliding, and
+    the range stays below Linux's ephemeral ports (32768 and up), which any local client or
+    server bound to port 0 may hold.
     """
-    return 20000 + int(hashlib.sha256(job_id.encode()).hexdigest()[:8], 16) % 20000
+    return 12000 + int(hashlib.sha256(job_id.encode()).hexdigest()[:8], 16) % 20000
 
 
 def multi_host_env(job_id: str, hosts: int) -> list[dict[str, Any]]:
