@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 from components.emulator_process import DEFAULT_NODE_POOLS
-
-from kinetic_airflow.testing.cluster import ClusterEmulator
+from emulated_cluster import point_kinetic_at, running_emulator
 
 NODE_POOLS = list(DEFAULT_NODE_POOLS)
 
@@ -102,29 +101,15 @@ def job_of(task_id: str, **filters: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    emulator = ClusterEmulator(node_pools=NODE_POOLS, work_dir=tmp_path_factory.mktemp("emulator"))
-    emulator.start()
-    kubeconfig = emulator.write_kubeconfig(tmp_path_factory.mktemp("kube") / "config")
-    yield emulator, kubeconfig
-    from kinetic_airflow.backends.gke.watch_cache import reset_shared_state
-
-    reset_shared_state()
-    emulator.stop()
+    with running_emulator(tmp_path_factory, NODE_POOLS) as running:
+        yield running
 
 
 @pytest.fixture
 def gke_env(cluster, monkeypatch, tmp_path):
     """The emulator as the cluster of every kinetic job (a Kubernetes connection), as in the README."""
-    from kinetic_airflow.backends.gke.watch_cache import reset_shared_state
-
     emulator, kubeconfig = cluster
-    emulator.clear_faults()
-    reset_shared_state()
-    conn = {"conn_type": "kubernetes", "extra": {"kube_config_path": str(kubeconfig), "namespace": "default"}}
-    monkeypatch.setenv("AIRFLOW_CONN_KINETIC_EMULATOR", json.dumps(conn))
-    monkeypatch.setenv("KINETIC_KUBERNETES_CONN_ID", "kinetic_emulator")
-    monkeypatch.setenv("KINETIC_RUNNER_PYTHON", sys.executable)
-    monkeypatch.setenv("KINETIC_CONTAINER_IMAGE", "kinetic-runner:test")
+    point_kinetic_at(emulator, kubeconfig, monkeypatch)
     out = tmp_path / "failures"
     out.mkdir()
     monkeypatch.setenv("KN_TEST_FAILURES", str(out))
