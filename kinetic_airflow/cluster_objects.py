@@ -113,15 +113,7 @@ class ClusterSnapshot:
     def delete(self, obj: ClusterObject) -> None:
         """Delete the object and (Foreground) its pods; a 404 is fine."""
         path = KubeApi.jobs_path(self.namespace, obj.name) if obj.kind == "Job" else self.group_path(obj.name)
-        try:
-            self.api.request(
-                "DELETE",
-                path,
-                body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Foreground"},
-            )
-        except ApiError as exc:
-            if exc.status != 404:
-                raise
+        self.api.delete_foreground(path)
 
 
 def snapshot_for(cache: dict[str, ClusterSnapshot], ref: JobRef) -> ClusterSnapshot:

@@ -247,13 +247,8 @@ class KineticRunOperator(BaseOperator):
 
     def _code_search_dirs(self) -> list[str]:
         """Where requirements are discovered: beside the DAG file, then the bundle root."""
-        dirs = []
-        if self._dag_file():
-            dirs.append(os.path.dirname(self._dag_file() or ""))
-        folder = _airflow_dags_folder()
-        if folder:
-            dirs.append(folder)
-        return dirs
+        dag_file = self._dag_file()
+        return [d for d in (dag_file and os.path.dirname(dag_file), _airflow_dags_folder()) if d]
 
     def _cluster_fields(self) -> dict[str, Any]:
         """What a cluster backend needs; all of it public (ids, names, endpoint, CA)."""

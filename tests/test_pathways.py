@@ -140,10 +140,10 @@ def test_the_leader_worker_set_is_what_kinetic_makes(lws_env):
 
 
 def test_a_worker_that_raises_fails_the_task_fast_with_its_own_exception(lws_env, capfd):
-    started = time.monotonic()
+    # The other hosts sleep 600 s, past this module's 300 s test timeout: the task can only end
+    # in time if the failing host's own record ended it.
     dr = _dag("kn_pathways_worker_fails").test()
     assert ti_states(dr) == {"one_worker_raises": "failed"}
-    assert time.monotonic() - started < 120  # the other hosts sleep 600 s: it did not wait for them
     log = _task_log(capfd)
     assert "HostFailure: host 2 broke: bad shard" in log, log[-3000:]
     assert "host 2 of 4" in log

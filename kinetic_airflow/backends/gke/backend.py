@@ -168,15 +168,7 @@ class GKEBackend(Backend):
                 "not deleting %s %s: it is not labelled as this task instance's", self.kind_label, name
             )
             return
-        try:
-            api.request(
-                "DELETE",
-                path,
-                body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Foreground"},
-            )
-        except ApiError as exc:
-            if exc.status != 404:
-                raise
+        api.delete_foreground(path)
 
     # Logs -------------------------------------------------------------------------------------
     def _stream(self, job: JobRef) -> PodLogStream | None:
@@ -200,19 +192,24 @@ class GKEBackend(Backend):
             stream.start()
         return stream
 
-    def full_log_hint(self, job: JobRef) -> str:
-        name = k8s_job_name(job)
-        command = f"kubectl logs -n {job['namespace']} job/{name}"
+    def _logs_url(self, job: JobRef) -> str | None:
+        """Cloud Logging query of the job's pods; None on a cluster that is not GKE."""
         cluster = job.get("cluster") or {}
         if cluster.get("kubernetes_conn_id") and not cluster.get("project"):
-            return f"`{command}` (while the Job exists: ttlSecondsAfterFinished={TTL_AFTER_FINISHED_SECONDS})"
-        url = job_links(
+            return None
+        return job_links(
             project=cluster.get("project"),
             location=cluster.get("location") or "",
             cluster=cluster.get("name") or "",
             namespace=job["namespace"],
-            job_name=name,
+            job_name=self.object_name(job),
         )["logs"]
+
+    def full_log_hint(self, job: JobRef) -> str:
+        command = f"kubectl logs -n {job['namespace']} job/{self.object_name(job)}"
+        url = self._logs_url(job)
+        if url is None:
+            return f"`{command}` (while the Job exists: ttlSecondsAfterFinished={TTL_AFTER_FINISHED_SECONDS})"
         return f"Cloud Logging {url} , or `{command}` while the Job exists"
 
     async def alog_complete(self, job: JobRef) -> bool:

@@ -146,6 +146,18 @@ class KubeApi:
         base = f"/api/v1/namespaces/{namespace}/pods"
         return f"{base}/{name}" if name else base
 
+    def delete_foreground(self, path: str) -> None:
+        """Delete an object and (Foreground) what it owns; one already gone is fine."""
+        try:
+            self.request(
+                "DELETE",
+                path,
+                body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Foreground"},
+            )
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+
     def get_or_none(self, path: str) -> dict[str, Any] | None:
         try:
             return self.request("GET", path)

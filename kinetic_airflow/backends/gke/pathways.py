@@ -22,7 +22,6 @@ from kinetic_airflow.backends.gke.logstream import PodLogStream
 from kinetic_airflow.backends.gke.lws_manifest import LWS_GROUP, LWS_PLURAL, build_lws_manifest, lws_name
 from kinetic_airflow.backends.gke.manifest import CONTAINER_NAME
 from kinetic_airflow.backends.gke.watch_cache import shared_watch
-from kinetic_airflow.links import job_links
 
 __all__ = ["LwsMissingError", "PathwaysBackend"]
 
@@ -146,16 +145,9 @@ class PathwaysBackend(GKEBackend):
     def full_log_hint(self, job: JobRef) -> str:
         name = self.object_name(job)
         command = f"kubectl logs -n {job['namespace']} -l job-name={name} --prefix --previous"
-        cluster = job.get("cluster") or {}
-        if cluster.get("kubernetes_conn_id") and not cluster.get("project"):
+        url = self._logs_url(job)
+        if url is None:
             return f"`{command}` (until the attempt ends and its LeaderWorkerSet is deleted)"
-        url = job_links(
-            project=cluster.get("project"),
-            location=cluster.get("location") or "",
-            cluster=cluster.get("name") or "",
-            namespace=job["namespace"],
-            job_name=name,
-        )["logs"]
         return f"Cloud Logging {url}"
 
     def close(self) -> None:
