@@ -22,10 +22,11 @@ from typing import Any
 from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobState
 from kinetic_airflow.layout import JobLayout
 from kinetic_airflow.lifecycle import acancel_job, cancelled_marker
+from kinetic_airflow.progress import PROGRESS_NAME, Progress, ProgressTracker
 from kinetic_airflow.storage import Storage
 from kinetic_airflow.tracebacks import StreamedTracebackFilter
 
-__all__ = ["JobWatcher", "describe_failure"]
+__all__ = ["JobWatcher", "describe_failure", "final_progress"]
 
 _NOT_FOUND_GRACE_SECONDS = 60.0
 # The longest a watcher sleeps on a backend that notifies: a net under lost notifications
@@ -50,6 +51,17 @@ def _host_of(line: str) -> str:
         if end > 2 and line[2:end].isdigit():
             return line[2:end]
     return ""
+
+
+def final_progress(event: dict[str, Any]) -> Progress:
+    """The last progress line of a job, from the event that ends its wait."""
+    status = event.get("status")
+    if status == "success":
+        return Progress("finished", "finished: succeeded")
+    if status == "preempted":
+        return Progress("preempted", f"preempted: {event.get('message')}; a new attempt follows")
+    cause = event.get("cause") or status
+    return Progress("finished", f"finished: {status} ({cause}: {event.get('message')})")
 
 
 def describe_failure(event: dict[str, Any]) -> str:
@@ -144,7 +156,10 @@ class JobWatcher:
         deadline: float | None = None,
         log_max_lines: int = 10000,
         emit_log: Callable[[str], None] | None = None,
+        emit_progress: Callable[[str], None] | None = None,
     ) -> None:
+        """``emit_log`` gets the job's own log lines; ``emit_progress`` (default: the same) the
+        watcher's one line per state change (``kinetic_airflow.progress``)."""
         self.job = job
         self.startup_timeout = job.get("startup_timeout")
         self.heartbeat_timeout = job.get("heartbeat_timeout")
@@ -173,6 +188,22 @@ class JobWatcher:
         self.traceback_filter = StreamedTracebackFilter()
         self.held: dict[str, deque[str]] = {}
         self.hosts = int(job.get("hosts") or 1)
+        self.emit_progress = emit_progress or self.emit_log
+        self.progress = ProgressTracker(job, self.emit_progress, self._write_progress)
+        self.stale_told = False
+
+    async def _write_progress(self, text: str) -> None:
+        await self.storage.awrite_text(self.layout.status(PROGRESS_NAME), text)
+
+    async def _load_progress(self) -> None:
+        """Continue the progress record of an earlier watcher (worker, then triggerer) without
+        repeating the line it already wrote."""
+        text = await self.storage.aread_text_or_none(self.layout.status(PROGRESS_NAME))
+        if text:
+            with contextlib.suppress(ValueError):
+                self.progress = ProgressTracker(
+                    self.job, self.emit_progress, self._write_progress, previous=json.loads(text)
+                )
 
     @property
     def _cursor_uri(self) -> str:  # the shared copy
@@ -356,13 +387,16 @@ class JobWatcher:
         """
         give_up_at = time.monotonic() + give_up_after if give_up_after is not None else None
         await self._load_cursor()
+        await self._load_progress()
         try:
             while True:
                 await self._pump_logs()
                 status = await self.backend.astatus(self.job)
+                await self.progress.observe(status)
                 event = await self._settle(status)
                 if event is not None:
                     await self.backend.arelease(self.job)
+                    await self.progress.tell(final_progress(event))
                     return event
                 if self.deadline is not None and time.time() >= self.deadline:
                     await acancel_job(
@@ -373,7 +407,9 @@ class JobWatcher:
                         reason="the task's execution_timeout passed",
                     )
                     await self._drain()
-                    return self._timeout_event()
+                    event = self._timeout_event()
+                    await self.progress.tell(final_progress(event))
+                    return event
                 if give_up_at is not None and time.monotonic() >= give_up_at:
                     await self._save_cursor(final=True)
                     return None
@@ -467,6 +503,16 @@ class JobWatcher:
             # is read (under one read a minute by default, none while the job prints).
             self.last_heartbeat_check = time.monotonic()
             age, host = await self._stalest_heartbeat(status)
+            if age is not None and age > self.heartbeat_timeout / 2 and not self.stale_told:
+                self.stale_told = True
+                who = f"host {host}'s" if self.hosts > 1 else "the runner's"
+                await self.progress.tell(
+                    Progress(
+                        "heartbeat_stale",
+                        f"heartbeat stale: {who} last heartbeat is {age:.0f}s old and the log is silent "
+                        f"(the job is given up as lost at {self.heartbeat_timeout:.0f}s)",
+                    )
+                )
             if age is not None and age > self.heartbeat_timeout:
                 await self.backend.acancel(self.job)
                 who = f"host {host}'s runner's" if self.hosts > 1 else "the runner's"

@@ -72,8 +72,11 @@ def _quick() -> str:
     return "quick"
 
 
-def _watcher(ref, storage, shown, **kwargs) -> JobWatcher:
-    return JobWatcher(ref, storage, get_backend(ref["backend"]), emit_log=shown.append, **kwargs)
+def _watcher(ref, storage, shown, progress: list[str] | None = None, **kwargs) -> JobWatcher:
+    """``shown`` gets the job's log lines; its progress lines go to ``progress``."""
+    progress = progress if progress is not None else []
+    backend = get_backend(ref["backend"])
+    return JobWatcher(ref, storage, backend, emit_log=shown.append, emit_progress=progress.append, **kwargs)
 
 
 def test_a_running_job_costs_no_storage_request_and_its_end_one(cluster_env):
@@ -169,15 +172,19 @@ def test_log_cursor_is_shared_at_a_bounded_rate(cluster_env):
     gcs = cluster_env
     _, ref, storage = gke_job("cursor", _chatty, [30, 0.2], manifest={"heartbeat_seconds": 3600})
     shown: list[str] = []
+    progress: list[str] = []
     before = len(gcs.requests())
-    event = asyncio.run(_watcher(ref, storage, shown, poll_interval=0.2).wait())
+    event = asyncio.run(_watcher(ref, storage, shown, progress, poll_interval=0.2).wait())
     assert event["status"] == "success"
     writes = [r for r in gcs.requests()[before:] if r.method == "POST" and "upload" in r.path]
     cursor = json.loads(storage.read_text(f"{ref['job_uri']}/status/log-cursor.json"))
     assert cursor["offset"] == len(shown)  # GKE offsets count lines
     # The job is shorter than a minute: one shared write, at its end (the job's own marker
     # writes — started, heartbeat, result, finished — come from the pod, not the watcher).
-    assert len(writes) <= 1 + 5, writes
+    # ... plus one small write per change of state (progress.json): a few, not one per line.
+    assert progress[-1] == "[kinetic] finished: succeeded", progress
+    assert 2 <= len(progress) <= 4, progress
+    assert len(writes) <= 1 + 5 + len(progress), writes
     assert not list(Path(_local_root()).glob(f"log-cursors/{ref['job_id']}-*.json"))  # cleaned at the end
 
 
@@ -258,3 +265,26 @@ def test_reading_a_missing_file_costs_one_request(cluster_env):
     time.sleep(1.0)  # the library's checks run in background threads: give them time to show
     seen = [(r.method, r.path.split("?")[0]) for r in gcs.requests()[before:]]
     assert len(seen) == 4 and all("missing-" in path for _, path in seen), seen
+
+
+def test_a_job_that_waits_for_a_node_says_so_once_then_runs(cluster_env, emulator):
+    """While a task is deferred its log says what the job waits for: one line per change of
+    state (not per look), and the same changes in status/progress.json for the Kinetic view."""
+    emulator.admin.delay_scheduling(4.0)  # the node pool "scales up" for 4 s
+    _, ref, storage = gke_job("scaleup", _quick, [])
+    shown: list[str] = []
+    progress: list[str] = []
+    event = asyncio.run(_watcher(ref, storage, shown, progress, poll_interval=0.2).wait())
+    assert event["status"] == "success"
+    states = [line.split(" ", 2)[1] for line in progress]
+    assert progress[0].startswith("[kinetic] waiting for a node with room for it (scale-up): 0/")  # cpu
+    assert "Insufficient cpu" in progress[0], progress
+    assert states.count("waiting") == 1, progress  # the emulator re-reports it: said once
+    running = [line for line in progress if line.startswith("[kinetic] running on node gke-")]
+    assert len(running) == 1, progress
+    assert progress[-1] == "[kinetic] finished: succeeded"
+    assert progress.index(running[0]) > 0
+    record = json.loads(storage.read_text(f"{ref['job_uri']}/status/progress.json"))
+    assert record["history"][0]["state"] == "waiting_for_node"
+    assert record["state"] == "finished" and record["running_since"] >= record["history"][0]["time"]
+    assert record["node"].startswith("gke-")

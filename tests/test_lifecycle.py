@@ -201,7 +201,9 @@ def _local_ref(base_uri: str, job_id: str) -> dict:
 
 
 def _watch(ref: dict, **kwargs) -> tuple[dict | None, list[str]]:
+    """The event and the job's log lines (its progress lines go to ``emit_progress``, if given)."""
     shown: list[str] = []
+    kwargs.setdefault("emit_progress", lambda line: None)
     watcher = JobWatcher(
         ref, open_storage(ref["job_uri"]), LocalBackend(), poll_interval=0.1, emit_log=shown.append, **kwargs
     )

@@ -145,6 +145,24 @@ def classify(job: dict[str, Any] | None, pods: list[dict[str, Any]]) -> BackendS
         return BackendStatus(
             JobState.PENDING, reason="NoPod", message="waiting for the Job's pod to be created"
         )
+    where = _placement(pod)
     if pod.get("status", {}).get("phase") == "Running":
-        return BackendStatus(JobState.RUNNING, details={"pod": pod["metadata"]["name"]})
+        return BackendStatus(JobState.RUNNING, details={"pod": pod["metadata"]["name"], **where})
+    if where.get("node"):  # scheduled: the kubelet pulls the image and starts the container
+        return BackendStatus(JobState.PENDING, reason="Starting", message=where["waiting"], details=where)
     return BackendStatus(JobState.PENDING, reason=pod.get("status", {}).get("phase") or "Pending")
+
+
+def _placement(pod: dict[str, Any]) -> dict[str, Any]:
+    """Which node a pod is on, its image, and what its container waits for (for progress lines)."""
+    statuses = _container_states(pod)
+    waiting = next(
+        ((cs.get("state") or {}).get("waiting", {}).get("reason") for cs in statuses if cs.get("state")), None
+    )
+    containers = pod.get("spec", {}).get("containers") or [{}]
+    return {
+        "pod": pod["metadata"]["name"],
+        "node": pod.get("spec", {}).get("nodeName") or "",
+        "image": containers[0].get("image", ""),
+        "waiting": waiting or "",
+    }

@@ -122,13 +122,14 @@ def classify_group(
         if ((cs.get("state") or {}).get("waiting") or {}).get("reason") in IMAGE_PULL_REASONS
     ]
     running = [h for h, p in by_host.items() if (p.get("status") or {}).get("phase") == "Running"]
+    nodes = sorted({(p.get("spec") or {}).get("nodeName") or "" for p in by_host.values()} - {""})
     if len(by_host) == hosts and len(running) == hosts and not waiting:
-        return BackendStatus(JobState.RUNNING, details={"ended_hosts": done, "hosts": hosts})
+        return BackendStatus(JobState.RUNNING, details={"ended_hosts": done, "hosts": hosts, "nodes": nodes})
     return BackendStatus(
         JobState.PENDING,
         reason="GroupStarting",
         message=f"{len(running)} of {hosts} hosts running",
-        details={"ended_hosts": done},
+        details={"ended_hosts": done, "nodes": nodes},
     )
 
 

@@ -1,0 +1,149 @@
+"""What a job is doing right now, in words: one task-log line per change, and ``status/progress.json``.
+
+While a task is deferred, Airflow shows only "Deferred"; an unschedulable job would look
+like a training one until ``startup_timeout``. The watcher feeds every status it reads to
+a ``ProgressTracker``, which turns it into one of a few states a person acts on::
+
+    state             when                                           says
+    ----------------  ---------------------------------------------  ------------------------------
+    launching         local process being started                    starting the local process
+    creating_pod      the Job exists, its pod does not yet           waiting for the Job's pod
+    waiting_for_node  no node fits (the autoscaler may be adding one) the nodeSelector and why
+    pulling_image     scheduled; the kubelet pulls / starts it       image and node
+    starting          multi-host: some hosts run, others start       "2 of 4 hosts running"
+    running           the process / every pod runs                   node(s)
+    heartbeat_stale   the log is silent and the heartbeat is old     its age and the timeout
+    preempted         the node was lost; a new attempt follows       the cause
+    finished          the job ended                                  succeeded / failed, why
+
+A line is written only when the state (or its node, image or reason) changes, never per
+look. The same changes go to ``status/progress.json`` (one small write per change), which
+the Kinetic view reads: it holds public facts only (names, times, node, image).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kinetic_airflow.backends.base import BackendStatus, JobState
+
+__all__ = ["PROGRESS_NAME", "Progress", "ProgressTracker", "progress_of"]
+
+log = logging.getLogger(__name__)
+
+PROGRESS_NAME = "progress"  # status/progress.json
+_HISTORY = 50  # changes kept in progress.json
+
+
+@dataclass(frozen=True)
+class Progress:
+    state: str
+    text: str
+    node: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.state, self.text)
+
+
+def _selectors(job: dict[str, Any]) -> str:
+    text = json.dumps(job.get("node_selectors") or {}, sort_keys=True)
+    if job.get("chips_per_host"):
+        text += f" with {job['chips_per_host']} google.com/tpu chips per host"
+    return text
+
+
+def progress_of(status: BackendStatus, job: dict[str, Any]) -> Progress | None:
+    """The state a backend status puts a live job in; None for an end (the watcher says it)."""
+    details = status.details or {}
+    if status.state is JobState.RUNNING:
+        if job.get("backend") == "local":
+            return Progress("running", "running as a local process")
+        nodes = details.get("nodes") or ([details["node"]] if details.get("node") else [])
+        hosts = int(job.get("hosts") or 1)
+        if hosts > 1:
+            on = f" on {', '.join(nodes)}" if nodes else ""
+            return Progress("running", f"running on all {hosts} hosts{on}", ",".join(nodes))
+        node = nodes[0] if nodes else ""
+        return Progress("running", f"running on node {node}" if node else "running", node)
+    if status.state is not JobState.PENDING:
+        return None
+    if status.reason == "Launching":
+        return Progress("launching", "starting the local process")
+    if status.reason == "NoPod":
+        return Progress("creating_pod", "waiting for the Job's pod to be created")
+    if status.reason == "Starting":
+        node, image = details.get("node", ""), details.get("image", "")
+        if details.get("waiting") == "PodInitializing":
+            return Progress("pulling_image", f"initializing on node {node} ({image})", node)
+        return Progress("pulling_image", f"pulling {image} and starting on node {node}", node)
+    if status.reason == "GroupStarting":
+        return Progress("starting", f"starting the slice: {status.message}")
+    if status.reason in ("Unschedulable", "SchedulingGated"):
+        why = f": {status.message}" if status.message else ""
+        wanted = f"a node matching {_selectors(job)}" if job.get("node_selectors") else "a node with room for it"
+        return Progress("waiting_for_node", f"waiting for {wanted} (scale-up){why}")
+    why = f": {status.message}" if status.message else ""
+    return Progress("pending", f"pending ({status.reason or 'Pending'}{why})")
+
+
+class ProgressTracker:
+    """Remembers the last state told; says and records only changes.
+
+    ``write`` stores ``status/progress.json``; a failed write is logged, never raised: a
+    job must not fail because its progress could not be recorded.
+    """
+
+    def __init__(
+        self,
+        job: dict[str, Any],
+        emit: Callable[[str], None],
+        write: Callable[[str], Awaitable[None]] | None = None,
+        *,
+        previous: dict[str, Any] | None = None,
+    ) -> None:
+        self.job = job
+        self.emit = emit
+        self.write = write
+        self.record: dict[str, Any] = dict(previous or {})
+        self.record.setdefault("history", [])
+        last = self.record.get("state"), self.record.get("text")
+        self.last: tuple[Any, Any] | None = last if last[0] else None
+
+    async def observe(self, status: BackendStatus) -> None:
+        progress = progress_of(status, self.job)
+        if progress is not None:
+            await self.tell(progress)
+
+    async def tell(self, progress: Progress) -> None:
+        if progress.key == self.last:
+            return
+        self.last = progress.key
+        self.emit(f"[kinetic] {progress.text}")
+        now = time.time()
+        if progress.state != self.record.get("state"):
+            self.record["since"] = now
+        if progress.state == "running" and not self.record.get("running_since"):
+            self.record["running_since"] = now
+        self.record.update(
+            {
+                "job_id": self.job.get("job_id"),
+                "state": progress.state,
+                "text": progress.text,
+                "node": progress.node or self.record.get("node", ""),
+                "time": now,
+            }
+        )
+        history = self.record["history"]
+        history.append({"state": progress.state, "text": progress.text, "time": now})
+        del history[:-_HISTORY]
+        if self.write is not None:
+            try:
+                await self.write(json.dumps(self.record, sort_keys=True))
+            except Exception as exc:
+                log.warning("could not record the progress of job %s: %s", self.job.get("job_id"), exc)
