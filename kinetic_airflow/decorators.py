@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 from airflow.sdk.bases.decorator import DecoratedOperator, task_decorator_factory
 
 from kinetic_airflow.context_args import check_context_parameters
-from kinetic_airflow.operators import KineticRunOperator
+from kinetic_airflow.operators import DEFAULT_MAP_INDEX_TEMPLATE, KineticRunOperator
 from kinetic_airflow.validation import as_function, callable_name, validate_callable, validate_options
 
 if TYPE_CHECKING:
@@ -99,6 +99,9 @@ def kinetic_task(
 ) -> Any:
     """Run the decorated function as a kinetic job (see KineticRunOperator for the options)."""
     validate_options(**{k: kwargs[k] for k in _OPTION_NAMES if k in kwargs})
+    # Mapped instances are labelled by Airflow from the *mapped* operator's template, so the
+    # default must be given here, not in the operator's __init__ (which runs after unmapping).
+    kwargs.setdefault("map_index_template", DEFAULT_MAP_INDEX_TEMPLATE)
 
     def decorate(fn: Callable[..., Any]) -> Any:
         validate_callable(fn)

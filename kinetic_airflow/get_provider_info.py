@@ -20,6 +20,7 @@ def get_provider_info() -> dict:
         "extra-links": [
             "kinetic_airflow.links.KineticJobConsoleLink",
             "kinetic_airflow.links.KineticJobLogsLink",
+            "kinetic_airflow.links.KineticViewLink",
         ],
         "config": {
             "kinetic": {

@@ -68,6 +68,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 RECORD_VERSION = 2
+_HISTORY_LIMIT = 100  # jobs remembered per task instance (tries x attempts)
 
 
 class Phase(str, enum.Enum):
@@ -162,6 +163,8 @@ def save_record(
         "updated": time.time(),
         **extra,
     }
+    earlier = previous if previous is not None else load_record(store)
+    record["jobs"] = job_history(earlier, job, phase, extra)
     if store is None:
         return record
     before = _phase(previous) if previous and previous.get("job", {}).get("job_id") == job["job_id"] else None
@@ -170,6 +173,32 @@ def save_record(
         raise RuntimeError(f"kinetic job record: {was} -> {phase.value} is not a lifecycle transition")
     store.set(STATE_KEY, record)
     return record
+
+
+def job_history(
+    earlier: dict[str, Any] | None, job: dict[str, Any], phase: Phase, extra: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Every job this task instance ran (all tries and attempts, newest last), for the Kinetic
+    view: the record itself names only the current one, and the store survives clears."""
+    jobs = [dict(j) for j in ((earlier or {}).get("jobs") or []) if isinstance(j, dict)]
+    entry = next((j for j in jobs if j.get("job_id") == job["job_id"]), None)
+    if entry is None:
+        identity = job.get("identity") or {}
+        entry = {
+            "job_id": job["job_id"],
+            "job_uri": job.get("job_uri"),
+            "backend": job.get("backend"),
+            "accelerator": job.get("accelerator") or "cpu",
+            "try_number": identity.get("try_number"),
+            "attempt": identity.get("attempt"),
+            "submitted_at": job.get("submitted_at"),
+        }
+        jobs.append(entry)
+    entry["phase"] = phase.value
+    for key in ("outcome", "usage"):
+        if key in extra:
+            entry[key] = extra[key]
+    return jobs[-_HISTORY_LIMIT:]
 
 
 def _phase(record: dict[str, Any]) -> Phase:

@@ -1,7 +1,12 @@
-"""Operator extra links to a running job: its GKE console page and its logs in Cloud Logging.
+"""Operator extra links, right on every backend.
 
-The operator pushes plain URLs to XCom before it defers, so the links work while
-the job runs (Airflow computes links of a deferred task from that XCom).
+- "Kinetic job": the task instance's Kinetic tab in Airflow's UI (every backend; built from
+  the task instance key alone, so it works before, while and after the job runs).
+- "Kinetic Job (GKE console)" and "Kinetic Job logs (Cloud Logging)": only for a job on a
+  GKE cluster. The operator pushes those plain URLs to XCom before it defers (Airflow
+  computes links of a deferred task from that XCom); it pushes none for a local job or a
+  cluster reached through a Kubernetes connection, which has no GKE console, so the UI
+  shows no link there rather than one to a cluster that does not exist.
 """
 
 from __future__ import annotations
@@ -14,9 +19,44 @@ from airflow.sdk import BaseOperatorLink
 if TYPE_CHECKING:
     from airflow.models.taskinstancekey import TaskInstanceKey
 
-__all__ = ["LINKS_XCOM_KEY", "KineticJobConsoleLink", "KineticJobLogsLink", "job_links"]
+__all__ = [
+    "LINKS_XCOM_KEY",
+    "KineticJobConsoleLink",
+    "KineticJobLogsLink",
+    "KineticViewLink",
+    "is_gke_cluster",
+    "job_links",
+    "task_tab_url",
+]
 
 LINKS_XCOM_KEY = "kinetic_job_links"
+
+
+def is_gke_cluster(cluster: dict) -> bool:
+    """A cluster named by project/location/name (GKE), not one reached by a Kubernetes connection."""
+    return not cluster.get("kubernetes_conn_id") and bool(cluster.get("project") and cluster.get("name"))
+
+
+def task_tab_url(dag_id: str, run_id: str, task_id: str, map_index: int) -> str:
+    """The task instance's Kinetic tab in Airflow 3's UI (relative to the UI's base path)."""
+    from kinetic_airflow.plugin import TASK_TAB_ROUTE
+
+    base = _ui_base_path()
+    parts = [quote(dag_id, safe=""), quote(run_id, safe=""), quote(task_id, safe="")]
+    mapped = f"/mapped/{map_index}" if map_index is not None and map_index >= 0 else ""
+    return f"{base}/dags/{parts[0]}/runs/{parts[1]}/tasks/{parts[2]}{mapped}/plugin/{TASK_TAB_ROUTE}"
+
+
+def _ui_base_path() -> str:
+    from urllib.parse import urlsplit
+
+    try:
+        from airflow.configuration import conf
+
+        base_url = conf.get("api", "base_url", fallback="") or ""
+    except Exception:
+        base_url = ""
+    return urlsplit(base_url).path.rstrip("/")
 
 
 def job_links(*, project: str | None, location: str, cluster: str, namespace: str, job_name: str) -> dict:
@@ -53,3 +93,10 @@ class KineticJobConsoleLink(_KineticLink):
 class KineticJobLogsLink(_KineticLink):
     name = "Kinetic Job logs (Cloud Logging)"
     field = "logs"
+
+
+class KineticViewLink(BaseOperatorLink):
+    name = "Kinetic job"
+
+    def get_link(self, operator: Any, *, ti_key: TaskInstanceKey) -> str:
+        return task_tab_url(ti_key.dag_id, ti_key.run_id, ti_key.task_id, ti_key.map_index)

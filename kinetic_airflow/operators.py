@@ -43,7 +43,14 @@ from kinetic_airflow.envelope import ResultRef, is_result_ref, replace_refs
 from kinetic_airflow.jobstore import publish_job
 from kinetic_airflow.layout import JobIdentity, JobLayout, output_dir_uri
 from kinetic_airflow.lifecycle import Action, Phase, TryInfo, decide, load_record, save_record
-from kinetic_airflow.links import LINKS_XCOM_KEY, KineticJobConsoleLink, KineticJobLogsLink, job_links
+from kinetic_airflow.links import (
+    LINKS_XCOM_KEY,
+    KineticJobConsoleLink,
+    KineticJobLogsLink,
+    KineticViewLink,
+    is_gke_cluster,
+    job_links,
+)
 from kinetic_airflow.payload import manifest_json, register_dag_modules_by_value, write_payload
 from kinetic_airflow.pod_override import combined_override, validate_at_parse
 from kinetic_airflow.preflight import preflight
@@ -52,6 +59,7 @@ from kinetic_airflow.results import KineticJobError, load_envelope, raise_remote
 from kinetic_airflow.storage import Storage, uri_to_local_path
 from kinetic_airflow.tracebacks import without_tracebacks
 from kinetic_airflow.triggers import KineticJobTrigger
+from kinetic_airflow.usage import USAGE_XCOM_KEY, attempt_usage, emit_metrics, totals
 from kinetic_airflow.validation import (
     callable_name,
     check_backend_fits,
@@ -116,7 +124,7 @@ class KineticRunOperator(BaseOperator):
     )
     template_fields_renderers = {"op_args": "py", "op_kwargs": "py"}
     ui_color = "#d7e9f7"
-    operator_extra_links = (KineticJobConsoleLink(), KineticJobLogsLink())
+    operator_extra_links = (KineticViewLink(), KineticJobConsoleLink(), KineticJobLogsLink())
     shallow_copy_attrs: Sequence[str] = ("python_callable",)
 
     def __init__(
@@ -183,6 +191,25 @@ class KineticRunOperator(BaseOperator):
         self.container_env = dict(container_env or {})
         self.pod_override = validate_at_parse(pod_override, accelerator, spot)
         self.requirements = requirements
+        if self.map_index_template is None:  # mapped instances read like "lr=0.01", not "[3]"
+            self.map_index_template = DEFAULT_MAP_INDEX_TEMPLATE
+        if _parse_time_backend(backend) == "local":  # no cluster: no GKE console or Cloud Logging
+            self.operator_extra_links = (KineticViewLink(),)
+
+    @classmethod
+    def partial(cls, **kwargs: Any) -> Any:  # type: ignore[override]
+        """As ``BaseOperator.partial``, with kinetic's default ``map_index_template`` (see
+        ``kinetic_map_label``); Airflow labels mapped instances from the partial's template."""
+        kwargs.setdefault("map_index_template", DEFAULT_MAP_INDEX_TEMPLATE)
+        return super().partial(**kwargs)
+
+    def kinetic_map_label(self) -> str:
+        """The label of a mapped instance: the arguments ``.expand()`` gave it, ``name=value``.
+
+        Used by the default ``map_index_template``; a DAG author's own template replaces it.
+        Arguments given to ``.partial()`` are the same for every instance, so they are left out.
+        """
+        return map_label(self)
 
     # Settings ---------------------------------------------------------------------------------
     def _backend_name(self) -> str:
@@ -221,6 +248,8 @@ class KineticRunOperator(BaseOperator):
             "identity": identity.to_dict(),
             "local_dir": local_dir,
             "python": resolve_setting("local_python") or sys.executable,
+            # what the job's chips are counted from (usage), on the local backend too
+            "accelerator": parse_accelerator(self.accelerator, spot=self.spot or None).text,
         }
         if backend != "local":
             ref.update(self._cluster_fields())
@@ -494,9 +523,10 @@ class KineticRunOperator(BaseOperator):
         return float(resolve_setting("poll_interval", self.poll_interval))
 
     def _push_links(self, context: Context, ref: JobRef) -> None:
-        if "cluster" not in ref:
+        """GKE console and Cloud Logging URLs, for a job on GKE only (``kinetic_airflow.links``)."""
+        cluster = ref.get("cluster")
+        if not cluster or not is_gke_cluster(cluster):
             return
-        cluster = ref["cluster"]
         links = job_links(
             project=cluster.get("project"),
             location=cluster.get("location") or "",
@@ -560,7 +590,8 @@ class KineticRunOperator(BaseOperator):
         return value
 
     def _delivered(self, context: Context, ref: JobRef, outcome: str) -> None:
-        """Record that this job's outcome reached Airflow (unless a newer job owns the record)."""
+        """Record that this job's outcome reached Airflow (unless a newer job owns the record),
+        with what it cost (``kinetic_airflow.usage``)."""
         record = lifecycle.load_record(context.get("task_state_store"))
         if record is not None and record["job"]["job_id"] != ref["job_id"]:
             log.warning(
@@ -570,11 +601,46 @@ class KineticRunOperator(BaseOperator):
             )
             return
         try:
-            self._record(
-                context, Phase.DELIVERED, ref, (record or {}).get("deadline"), record, outcome=outcome
+            usage = self._account(context, ref, outcome)
+            record = self._record(
+                context,
+                Phase.DELIVERED,
+                ref,
+                (record or {}).get("deadline"),
+                record,
+                outcome=outcome,
+                usage=usage,
             )
+            self._push_usage(context, record, usage)
         except Exception as exc:  # bookkeeping must never hide the job's own outcome
             log.warning("could not record the outcome of job %s: %s", ref["job_id"], exc)
+
+    def _account(self, context: Context, ref: JobRef, outcome: str) -> dict[str, Any]:
+        """One attempt's chip-hours: into usage.json, the task log and Airflow's metrics."""
+        usage = attempt_usage(self._storage(ref["job_uri"]), ref, outcome)
+        queue = usage["queue_seconds"]
+        log.info(
+            "[kinetic] attempt %d used %s: %.4f chip-hours (%d chips x %.1fs run; %s queue; %s)",
+            usage["attempt"],
+            usage["accelerator"],
+            usage["chip_hours"],
+            usage["chips"],
+            usage["run_seconds"],
+            f"{queue:.1f}s" if queue is not None else "no",
+            "spot" if usage["spot"] else "on-demand",
+        )
+        emit_metrics(usage, context["ti"].dag_id, context["ti"].task_id)
+        return usage
+
+    @staticmethod
+    def _push_usage(context: Context, record: dict[str, Any], usage: dict[str, Any]) -> None:
+        """XCom ``kinetic_usage``: this try's attempts (preemptions included) and their sums."""
+        attempts = [
+            j["usage"]
+            for j in record.get("jobs") or []
+            if j.get("usage") and j["usage"].get("try_number") == usage["try_number"]
+        ]
+        context["ti"].xcom_push(key=USAGE_XCOM_KEY, value=totals(attempts or [usage]))
 
     def _outcome(self, ref: JobRef, event: dict[str, Any]) -> Any:
         """The job's value as XCom, or the exception that says why there is none."""
@@ -628,18 +694,66 @@ class KineticRunOperator(BaseOperator):
             )
         record = lifecycle.load_record(context.get("task_state_store"))
         deadline = (record or {}).get("deadline")
+        usage = self._account(context, ref, "preempted")
+        if record is not None and record["job"]["job_id"] == ref["job_id"]:
+            record = self._record(
+                context, Phase.WAITING, ref, deadline, record, outcome="preempted", usage=usage
+            )
         new_ref = self._job_ref(identity.next_attempt(), ref["backend"], ref["base_uri"])
         log.warning(
-            "kinetic job %s was preempted (%s); resubmitting as attempt %d (up to %d more) as %s. "
+            "[kinetic] preempted -> attempt %d: job %s was preempted (%s); resubmitting "
+            "(up to %d more) as %s. "
             "KINETIC_OUTPUT_DIR is unchanged, so checkpoints carry over; no Airflow retry is used.",
+            identity.attempt + 1,
             ref["job_id"],
             event.get("message"),
-            identity.attempt + 1,
             limit - identity.attempt,
             new_ref["job_id"],
         )
         record = self._submit(context, new_ref, deadline, previous=record)
         return self._wait(context, new_ref, deadline, previous=record)
+
+
+DEFAULT_MAP_INDEX_TEMPLATE = "{{ task.kinetic_map_label() }}"
+_LABEL_VALUE_CHARS = 40
+_LABEL_CHARS = 250  # Airflow's rendered_map_index column holds 250
+
+
+def map_label(task: Any) -> str:
+    """``lr=0.01, depth=4`` for the expanded arguments of a mapped task instance, "" otherwise."""
+    mapped = None
+    try:
+        mapped = task.dag.task_dict.get(task.task_id) if task.has_dag() else None
+    except Exception:
+        mapped = None
+    expanded = None
+    try:
+        value = mapped._get_specified_expand_input().value if mapped is not None else None
+        if isinstance(value, dict):
+            expanded = list(value)
+    except Exception:
+        expanded = None
+    if mapped is None or not hasattr(mapped, "_get_specified_expand_input"):
+        return ""  # not mapped: Airflow shows no label
+    kwargs = getattr(task, "op_kwargs", {}) or {}
+    names = [n for n in (expanded if expanded is not None else list(kwargs)) if n in kwargs]
+    parts = [f"{n}={_short(kwargs[n])}" for n in names if n != "op_args"]
+    if "op_args" in (expanded or []) or (not parts and getattr(task, "op_args", None)):
+        parts.append(", ".join(_short(a) for a in task.op_args))
+    label = ", ".join(parts)
+    return label if len(label) <= _LABEL_CHARS else label[: _LABEL_CHARS - 1] + "…"
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= _LABEL_VALUE_CHARS else text[: _LABEL_VALUE_CHARS - 1] + "…"
+
+
+def _parse_time_backend(backend: str | None) -> str | None:
+    try:
+        return resolve_setting("backend", backend)
+    except Exception:
+        return backend
 
 
 def check_image_python(image: str) -> None:

@@ -5,6 +5,8 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # keras-kinetic 0.0.4 in its own venv: the oracle of tests/test_accelerator_parity.py.
 bash scripts/setup-kinetic-oracle.sh
+# Debian's chromium: the headless browser of tests/test_ui_components.py (tests/browser.py).
+bash scripts/setup-browser.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 set +e

@@ -1,0 +1,1 @@
+"""The Kinetic view in Airflow's UI (served by the plugin from the api-server)."""

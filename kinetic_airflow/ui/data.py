@@ -1,0 +1,314 @@
+"""What the Kinetic view shows, read from Airflow's metadata DB and the jobs' JSON files.
+
+The job record in ``task_state_store`` (key ``kinetic_job``, written by the worker) names
+a task instance's current job and every job it ran (``lifecycle.job_history``); the
+task instance row adds its Airflow state and map label. Live facts come from the job's
+own JSON files: ``status/progress.json`` (the watcher's state changes), ``result.json``
+(the result summary: type, repr, error) and ``usage.json`` (chip-hours). Nothing here
+unpickles anything: the api-server never loads a payload or a result.
+
+Files of a job that has ended do not change, so they are cached in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from kinetic_airflow.layout import STATE_KEY, JobIdentity, JobLayout, output_dir_uri
+from kinetic_airflow.storage import join_uri
+
+__all__ = ["job_details", "run_costs", "task_rows"]
+
+log = logging.getLogger(__name__)
+
+_FINAL_CACHE: OrderedDict[str, dict[str, Any]] = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+_CACHE_SIZE = 5000
+_READERS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kinetic-view")
+
+
+def _read_json(storage: Any, uri: str) -> dict[str, Any] | None:
+    try:
+        text = storage.read_text_or_none(uri)
+    except Exception as exc:  # one unreadable job must not blank the page
+        log.warning("kinetic view: could not read %s: %s", uri, exc)
+        return {"unreadable": str(exc)}
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _job_files(job: dict[str, Any], gcp_conn_id: str | None) -> dict[str, Any]:
+    """progress / summary / usage of one job (cached once it has ended)."""
+    job_id = job["job_id"]
+    with _CACHE_LOCK:
+        cached = _FINAL_CACHE.get(job_id)
+    if cached is not None:
+        return cached
+    from kinetic_airflow.connections import storage_for
+
+    uri = job["job_uri"]
+    storage = storage_for(uri, gcp_conn_id)
+    layout = JobLayout(uri)
+    files = {
+        "progress": _read_json(storage, layout.status("progress")),
+        "summary": _read_json(storage, layout.result_summary()),
+        "usage": _read_json(storage, join_uri(uri, "usage.json")),
+    }
+    if files["usage"] is not None:  # written last, when the outcome reached Airflow
+        with _CACHE_LOCK:
+            _FINAL_CACHE[job_id] = files
+            while len(_FINAL_CACHE) > _CACHE_SIZE:
+                _FINAL_CACHE.popitem(last=False)
+    return files
+
+
+def _type_name(name: str | None) -> str | None:
+    return name[len("builtins.") :] if name and name.startswith("builtins.") else name
+
+
+def _state(entry: dict[str, Any], files: dict[str, Any]) -> tuple[str, str]:
+    """(state, what it is doing) of one job, for people."""
+    summary = files.get("summary") or {}
+    progress = files.get("progress") or {}
+    usage = files.get("usage") or {}
+    outcome = entry.get("outcome") or usage.get("outcome")
+    if outcome == "preempted" or progress.get("state") == "preempted":
+        return "preempted", progress.get("text") or "preempted"
+    if summary.get("ok") is True:
+        return "succeeded", f"returned {_type_name(summary.get('value_type')) or 'a value'}"
+    if summary.get("ok") is False:
+        return "failed", f"{_type_name(summary.get('error_type'))}: {summary.get('error_message')}"
+    if entry.get("phase") == "cancelled":
+        return "cancelled", "stopped on purpose"
+    if outcome in ("failed", "timeout"):
+        return "failed", progress.get("text") or outcome
+    if progress.get("state") == "finished":
+        return ("succeeded" if "succeeded" in progress.get("text", "") else "failed"), progress["text"]
+    if progress.get("state"):
+        return progress["state"], progress.get("text", "")
+    return "submitted", "submitted; not observed yet"
+
+
+def _job_view(entry: dict[str, Any], files: dict[str, Any], base_uri: str | None) -> dict[str, Any]:
+    state, doing = _state(entry, files)
+    usage = files.get("usage") or {}
+    progress = files.get("progress") or {}
+    summary = files.get("summary") or {}
+    timings = summary.get("timings") or {}
+    output_dir = None
+    identity = entry.get("identity")
+    if base_uri and identity:
+        output_dir = output_dir_uri(base_uri, JobIdentity.from_dict(identity))
+    return {
+        "job_id": entry["job_id"],
+        "job_uri": entry.get("job_uri"),
+        "backend": entry.get("backend"),
+        "accelerator": entry.get("accelerator") or "cpu",
+        "try_number": entry.get("try_number"),
+        "attempt": entry.get("attempt"),
+        "state": state,
+        "doing": doing,
+        "node": progress.get("node") or "",
+        "submitted_at": entry.get("submitted_at"),
+        "started_at": usage.get("started_at") or progress.get("running_since"),
+        "finished_at": usage.get("finished_at"),
+        "duration_seconds": usage.get("run_seconds", timings.get("total")),
+        "queue_seconds": usage.get("queue_seconds"),
+        "chips": usage.get("chips"),
+        "spot": usage.get("spot"),
+        "chip_hours": usage.get("chip_hours"),
+        "result": {
+            "ok": summary.get("ok"),
+            "value_type": _type_name(summary.get("value_type")),
+            "value_repr": (summary.get("value_repr") or "")[:500],
+            "error_type": _type_name(summary.get("error_type")),
+            "error_message": (summary.get("error_message") or "")[:2000],
+            "phase": summary.get("phase"),
+        }
+        if summary
+        else None,
+        "output_dir": output_dir,
+        "history": progress.get("history") or [],
+    }
+
+
+def _records(
+    session: Any,
+    *,
+    dag_ids: Iterable[str] | None,
+    dag_id: str | None = None,
+    run_id: str | None = None,
+    task_id: str | None = None,
+    map_index: int | None = None,
+    limit: int = 500,
+) -> list[tuple[Any, Any]]:
+    from airflow.models.dagrun import DagRun
+    from airflow.models.task_state_store import TaskStateStoreModel as Store
+    from airflow.models.taskinstance import TaskInstance as TI
+    from sqlalchemy import and_, select
+
+    query = (
+        select(Store, TI, DagRun.logical_date, DagRun.run_after)
+        .join(
+            TI,
+            and_(
+                TI.dag_id == Store.dag_id,
+                TI.run_id == Store.run_id,
+                TI.task_id == Store.task_id,
+                TI.map_index == Store.map_index,
+            ),
+        )
+        .join(DagRun, DagRun.id == Store.dag_run_id)
+        .where(Store.key == STATE_KEY)
+    )
+    if dag_ids is not None:
+        query = query.where(Store.dag_id.in_(list(dag_ids)))
+    for column, value in ((Store.dag_id, dag_id), (Store.run_id, run_id), (Store.task_id, task_id)):
+        if value is not None:
+            query = query.where(column == value)
+    if map_index is not None:
+        query = query.where(Store.map_index == map_index)
+    query = query.order_by(DagRun.run_after.desc(), Store.task_id, Store.map_index).limit(limit)
+    return list(session.execute(query).all())
+
+
+def _decode(value: str) -> dict[str, Any] | None:
+    try:
+        record = json.loads(value)
+        if isinstance(record, str):  # a store that double-encodes
+            record = json.loads(record)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and record.get("job") else None
+
+
+def _entries(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every job of the record, oldest first; records from before the history have one."""
+    current = record["job"]
+    jobs = [dict(j) for j in record.get("jobs") or [] if isinstance(j, dict) and j.get("job_id")]
+    if not any(j["job_id"] == current["job_id"] for j in jobs):
+        jobs.append({"job_id": current["job_id"], "job_uri": current.get("job_uri")})
+    for job in jobs:
+        if job["job_id"] == current["job_id"]:
+            identity = current.get("identity") or {}
+            job.setdefault("backend", current.get("backend"))
+            job.setdefault("accelerator", current.get("accelerator") or "cpu")
+            job.setdefault("try_number", identity.get("try_number"))
+            job.setdefault("attempt", identity.get("attempt"))
+            job.setdefault("submitted_at", current.get("submitted_at"))
+            job["phase"] = record.get("phase")
+            if record.get("outcome"):
+                job["outcome"] = record["outcome"]
+        job.setdefault("job_uri", join_uri(current["base_uri"], "jobs", job["job_id"]))
+        job["identity"] = (current.get("identity") or {}) | {
+            "try_number": job.get("try_number") or 1,
+            "attempt": job.get("attempt") or 1,
+        }
+    return jobs
+
+
+def _ti_fields(ti: Any, logical_date: Any, run_after: Any) -> dict[str, Any]:
+    def iso(value: Any) -> str | None:
+        return value.isoformat() if value is not None else None
+
+    return {
+        "dag_id": ti.dag_id,
+        "run_id": ti.run_id,
+        "task_id": ti.task_id,
+        "map_index": ti.map_index,
+        "label": ti.rendered_map_index or (f"[{ti.map_index}]" if ti.map_index >= 0 else ""),
+        "ti_state": ti.state,
+        "try_number": ti.try_number,
+        "ti_start": iso(ti.start_date),
+        "ti_end": iso(ti.end_date),
+        "run_after": iso(run_after),
+        "logical_date": iso(logical_date),
+    }
+
+
+def task_rows(session: Any, *, all_jobs: bool = False, **filters: Any) -> list[dict[str, Any]]:
+    """One row per task instance with a kinetic job: its current job, its attempts' sums, and
+    (``all_jobs``) every job it ran."""
+    decoded = [
+        (ti, logical_date, run_after, record, _entries(record))
+        for store, ti, logical_date, run_after in _records(session, **filters)
+        if (record := _decode(store.value)) is not None
+    ]
+    futures = {  # every job's files at once: a page of jobs costs one round trip, not one a job
+        job["job_id"]: _READERS.submit(_job_files, job, record["job"].get("gcp_conn_id"))
+        for _ti, _ld, _ra, record, entries in decoded
+        for job in entries
+    }
+    out = []
+    for ti, logical_date, run_after, record, entries in decoded:
+        base = record["job"].get("base_uri")
+        jobs = [_job_view(e, futures[e["job_id"]].result(), base) for e in entries]
+        current = jobs[-1]
+        row = {
+            **_ti_fields(ti, logical_date, run_after),
+            **{k: current[k] for k in ("job_id", "backend", "accelerator", "state", "doing", "node")},
+            "attempts": len(jobs),
+            "preemptions": sum(1 for j in jobs if j["state"] == "preempted"),
+            "started_at": current["started_at"],
+            "duration_seconds": current["duration_seconds"],
+            "chip_hours": round(sum(j["chip_hours"] or 0 for j in jobs), 6),
+            "queue_seconds": current["queue_seconds"],
+            "spot": current["spot"],
+            "result": current["result"],
+            "output_dir": current["output_dir"],
+        }
+        if all_jobs:
+            row["jobs"] = jobs
+            row["history"] = current["history"]
+        out.append(row)
+    return out
+
+
+def run_costs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chip-hours and states summed per DAG run (what did last night's sweep cost)."""
+    runs: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in rows:
+        run = runs.setdefault(
+            (row["dag_id"], row["run_id"]),
+            {
+                "dag_id": row["dag_id"],
+                "run_id": row["run_id"],
+                "run_after": row["run_after"],
+                "tasks": 0,
+                "chip_hours": 0.0,
+                "preemptions": 0,
+                "states": {},
+            },
+        )
+        run["tasks"] += 1
+        run["chip_hours"] = round(run["chip_hours"] + (row["chip_hours"] or 0), 6)
+        run["preemptions"] += row["preemptions"]
+        run["states"][row["state"]] = run["states"].get(row["state"], 0) + 1
+    return list(runs.values())
+
+
+def job_details(
+    session: Any, dag_id: str, run_id: str, task_id: str, map_index: int
+) -> dict[str, Any] | None:
+    """One task instance with every job it ran (the task-instance tab)."""
+    rows = task_rows(
+        session,
+        all_jobs=True,
+        dag_ids=None,
+        dag_id=dag_id,
+        run_id=run_id,
+        task_id=task_id,
+        map_index=map_index,
+    )
+    return rows[0] if rows else None

@@ -1,0 +1,133 @@
+"""What a job cost: accelerator chips times the time they ran, with the wait for them kept apart.
+
+Each attempt of a task (a preemption makes a new one) is counted once, by the worker,
+when its outcome reaches Airflow::
+
+    queue_seconds  submitted -> the runner started (scheduling, node scale-up, image pull)
+    run_seconds    the runner started -> it ended (the chips are held by the function)
+    chips          TPU chips (hosts x chips per host) or GPUs; 0 for a CPU job
+    chip_hours     chips x run_seconds / 3600
+    spot           Spot / preemptible capacity, or on-demand
+
+The figures go to the task's XCom under ``USAGE_XCOM_KEY`` (every attempt of the try and
+their sums), to ``{job_uri}/usage.json`` beside the result summary (the Kinetic view and
+the jobs CLI read it), and to Airflow's metrics (StatsD / OpenTelemetry) as
+``kinetic.chip_seconds`` (a counter, so a dashboard can sum a night's sweep),
+``kinetic.queue_wait`` and ``kinetic.run_time`` (timers), tagged with DAG, task,
+accelerator, backend and spot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from datetime import timedelta
+from typing import Any
+
+from kinetic_airflow.layout import JobIdentity, JobLayout
+from kinetic_airflow.storage import Storage, join_uri
+
+__all__ = ["USAGE_NAME", "USAGE_XCOM_KEY", "attempt_usage", "chips_of", "emit_metrics", "totals"]
+
+log = logging.getLogger(__name__)
+
+USAGE_XCOM_KEY = "kinetic_usage"
+USAGE_NAME = "usage.json"
+
+
+def chips_of(ref: dict[str, Any]) -> tuple[int, bool]:
+    """(chips, spot) of a job's accelerator; a CPU job holds no chips."""
+    from kinetic_airflow.accelerators import parse_accelerator
+
+    text = ref.get("accelerator") or "cpu"
+    try:
+        spec = parse_accelerator(text)
+    except Exception:
+        return 0, text.endswith(":spot")
+    return (spec.count if spec.kind in ("tpu", "gpu") else 0), spec.spot
+
+
+def _marker_time(storage: Storage, layout: JobLayout, name: str) -> float | None:
+    text = storage.read_text_or_none(layout.status(name))
+    if not text:
+        return None
+    try:
+        value = json.loads(text).get("time")
+    except (ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def attempt_usage(storage: Storage, ref: dict[str, Any], outcome: str, *, ended: float | None = None) -> dict:
+    """The cost of one attempt, from its markers (the runner's start and end; the watcher's
+    ``running`` time when the runner never wrote one, as after a lost node)."""
+    layout = JobLayout(ref["job_uri"])
+    identity = JobIdentity.from_dict(ref["identity"])
+    submitted = float(ref.get("submitted_at") or 0) or None
+    started = _marker_time(storage, layout, "started")
+    if started is None:
+        progress = storage.read_text_or_none(layout.status("progress"))
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            started = float(json.loads(progress)["running_since"]) if progress else None
+    finished = _marker_time(storage, layout, "finished") or ended or time.time()
+    chips, spot = chips_of(ref)
+    queue = max(0.0, started - submitted) if started and submitted else None
+    run = max(0.0, finished - started) if started else 0.0
+    usage = {
+        "job_id": ref["job_id"],
+        "try_number": identity.try_number,
+        "attempt": identity.attempt,
+        "backend": ref.get("backend"),
+        "accelerator": ref.get("accelerator") or "cpu",
+        "chips": chips,
+        "spot": spot,
+        "submitted_at": submitted,
+        "started_at": started,
+        "finished_at": finished,
+        "queue_seconds": round(queue, 3) if queue is not None else None,
+        "run_seconds": round(run, 3),
+        "chip_hours": round(chips * run / 3600, 6),
+        "outcome": outcome,
+    }
+    try:
+        storage.write_text(join_uri(ref["job_uri"], USAGE_NAME), json.dumps(usage, sort_keys=True))
+    except Exception as exc:  # a figure must never fail the task
+        log.warning("could not record the usage of job %s: %s", ref["job_id"], exc)
+    return usage
+
+
+def totals(attempts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The sums of a task's attempts, as pushed to XCom."""
+    return {
+        "attempts": attempts,
+        "chip_hours": round(sum(a.get("chip_hours") or 0 for a in attempts), 6),
+        "queue_seconds": round(sum(a.get("queue_seconds") or 0 for a in attempts), 3),
+        "run_seconds": round(sum(a.get("run_seconds") or 0 for a in attempts), 3),
+        "preempted_attempts": sum(1 for a in attempts if a.get("outcome") == "preempted"),
+    }
+
+
+def emit_metrics(usage: dict[str, Any], dag_id: str, task_id: str) -> None:
+    """Through Airflow's own metrics: StatsD, Datadog or OpenTelemetry, as configured."""
+    try:
+        from airflow.sdk.observability.stats import Stats
+    except ImportError:  # an Airflow without the task SDK's metrics
+        return
+    tags = {
+        "dag_id": dag_id,
+        "task_id": task_id,
+        "accelerator": usage["accelerator"],
+        "backend": usage.get("backend") or "",
+        "spot": str(bool(usage["spot"])).lower(),
+        "outcome": usage["outcome"],
+    }
+    try:
+        Stats.incr("kinetic.chip_seconds", count=round(usage["chips"] * usage["run_seconds"]), tags=tags)
+        Stats.timing("kinetic.run_time", timedelta(seconds=usage["run_seconds"]), tags=tags)
+        if usage.get("queue_seconds") is not None:
+            Stats.timing("kinetic.queue_wait", timedelta(seconds=usage["queue_seconds"]), tags=tags)
+        Stats.incr("kinetic.attempts", tags=tags)
+    except Exception as exc:
+        log.warning("could not emit kinetic metrics: %s", exc)

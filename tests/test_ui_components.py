@@ -1,0 +1,422 @@
+"""Following a sweep from Airflow's UI: the api-server with the Kinetic plugin, a real browser.
+
+Real components: PostgreSQL, api-server, scheduler, dag-processor, triggerer
+(LocalExecutor), the cluster emulator, and Debian's chromium driven over the DevTools
+protocol (``tests/browser.py``). Authentication is Airflow's own (SimpleAuthManager with
+passwords; a subclass in ``tests/ui_support`` hides one DAG from one user, because the
+view must follow whatever the configured auth manager says).
+
+One module-wide run of ``kn_ui_sweep`` (``tests/ui_dags/kn_ui.py``) is looked at while
+it has a running, a finished and a failed kinetic task; the browser test releases the
+running one last and watches the page change without a reload. ``kn_ui_gke`` waits for
+a node on the emulator (its scheduling is delayed until the test lets it go).
+Screenshots go to ``$KINETIC_TEST_ARTIFACTS`` (default ``test-artifacts/``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from browser import Browser
+from components.airflow_services import AirflowServices, poll
+from components.dag_runs import kill_leftover_jobs, parsed, run_path, trigger
+from components.emulator_process import EmulatorProcess
+from components.postgres import PostgresServer
+
+HERE = Path(__file__).resolve().parent
+DAG_FILE = HERE / "ui_dags" / "kn_ui.py"
+PASSWORDS = {"admin": "admin-pass", "outsider": "outsider-pass"}
+ARTIFACTS = Path(os.environ.get("KINETIC_TEST_ARTIFACTS") or HERE.parent / "test-artifacts")
+
+pytestmark = pytest.mark.timeout(900)
+
+
+class StatsdSink:
+    """A UDP socket that keeps every StatsD line Airflow's processes send it."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.5)
+        self.port = self.sock.getsockname()[1]
+        self.lines: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = self.sock.recv(65536)
+            except OSError:
+                continue
+            self.lines.extend(data.decode(errors="replace").splitlines())
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self.sock.close()
+
+
+class UiStack:
+    """Airflow with passwords (no all-admins), the emulator, job storage on local disk."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.dags = root / "dags"
+        self.dags.mkdir()
+        shutil.copy(DAG_FILE, self.dags / DAG_FILE.name)
+        self.kinetic_root = root / "kinetic"
+        self.release = root / "release-slow"
+        self.pg = PostgresServer()
+        self.emulator = EmulatorProcess(root / "emulator")
+        self.statsd = StatsdSink()
+        self.airflow: AirflowServices | None = None
+        self.tokens: dict[str, str] = {}
+
+    def start(self) -> None:
+        self.pg.start()
+        self.emulator.start()
+        passwords = self.root / "passwords.json"
+        passwords.write_text(json.dumps(PASSWORDS))
+        env = {
+            **self.emulator.airflow_env(),
+            "KINETIC_BACKEND": "local",
+            "KINETIC_BASE_URI": f"file://{self.kinetic_root}",
+            "KINETIC_POLL_INTERVAL": "0.5",
+            "KN_UI_RELEASE": str(self.release),
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(HERE / "ui_support"), os.environ.get("PYTHONPATH")])
+            ),
+            "AIRFLOW__CORE__AUTH_MANAGER": "kn_ui_auth.PerDagAuthManager",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,outsider:viewer",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+            "AIRFLOW__METRICS__STATSD_ON": "True",
+            "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+            "AIRFLOW__METRICS__STATSD_PORT": str(self.statsd.port),
+        }
+        self.airflow = TokenServices(
+            self,
+            self.root / "airflow",
+            self.dags,
+            extra_env=env,
+            parallelism=8,
+            database_url=self.pg.create_database("airflow"),
+        )
+        self.airflow.start()
+        for dag_id in ("kn_ui_sweep", "kn_ui_gke", "kn_ui_secret"):
+            poll(
+                lambda d=dag_id: parsed(self.api, d),
+                timeout=120,
+                what=f"DAG {dag_id} to be parsed",
+                diagnostics=self.airflow.diagnostics,
+            )
+
+    def token(self, user: str) -> str:
+        if user not in self.tokens:
+            assert self.airflow is not None
+            body = json.dumps({"username": user, "password": PASSWORDS[user]}).encode()
+            request = urllib.request.Request(
+                self.airflow.base_url + "/auth/token",
+                data=body,
+                method="POST",
+                headers={"Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(request, timeout=30) as response:
+                self.tokens[user] = json.loads(response.read())["access_token"]
+        return self.tokens[user]
+
+    def get(self, path: str, user: str | None = "admin") -> tuple[int, Any]:
+        """(status, JSON body) of a GET as ``user`` (None: no credentials at all)."""
+        assert self.airflow is not None
+        headers = {"Accept": "application/json"}
+        if user is not None:
+            headers["Authorization"] = f"Bearer {self.token(user)}"
+        request = urllib.request.Request(self.airflow.base_url + path, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            text = exc.read().decode(errors="replace")
+            try:
+                return exc.code, json.loads(text)
+            except ValueError:
+                return exc.code, text
+
+    def stop(self) -> None:
+        if self.airflow is not None:
+            self.airflow.stop()
+        kill_leftover_jobs(self.kinetic_root)
+        self.emulator.stop()
+        self.pg.stop()
+        self.statsd.close()
+
+    @property
+    def api(self) -> AirflowServices:
+        assert self.airflow is not None
+        return self.airflow
+
+
+class TokenServices(AirflowServices):
+    """The services' REST helper, as the admin user (this deployment has no all-admins mode)."""
+
+    def __init__(self, stack: UiStack, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stack = stack
+
+    def api(self, method: str, path: str, body: Any = None, *, timeout: float = 30.0) -> Any:
+        if path == "/api/v2/monitor/health":  # public, and asked before any user can log in
+            return super().api(method, path, body, timeout=timeout)
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(
+            self.base_url + path,
+            data=data,
+            method=method,
+            headers={
+                "Content-Type": "application/json",
+                "Accept": "application/json",
+                "Authorization": f"Bearer {self.stack.token('admin')}",
+            },
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                text = response.read().decode()
+        except urllib.error.HTTPError as exc:
+            raise RuntimeError(f"{method} {path} -> HTTP {exc.code}: {exc.read().decode(errors='replace')}")
+        return json.loads(text) if text else None
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory):
+    stack = UiStack(tmp_path_factory.mktemp("ui"))
+    try:
+        stack.start()
+        yield stack
+    finally:
+        stack.stop()
+
+
+def _jobs(stack: UiStack, query: str, user: str = "admin") -> dict[str, Any]:
+    status, body = stack.get(f"/kinetic/api/jobs?{query}", user)
+    assert status == 200, body
+    return body
+
+
+def _by_task(body: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
+    return {(row["task_id"], row["map_index"]): row for row in body["jobs"]}
+
+
+@pytest.fixture(scope="module")
+def sweep(stack: UiStack) -> dict[str, Any]:
+    """A run of kn_ui_sweep with a running, two finished and a failed kinetic task, plus the
+    gke run waiting for a node; returns the run ids and the view's answer at that moment."""
+    stack.emulator.admin.delay_scheduling(600)  # let go by the browser test
+    gke_run = trigger(stack.api, "kn_ui_gke")
+    run_id = trigger(stack.api, "kn_ui_sweep")
+    secret_run = trigger(stack.api, "kn_ui_secret")
+
+    def mid_state() -> dict[str, Any] | None:
+        rows = _by_task(_jobs(stack, f"dag_id=kn_ui_sweep&run_id={urllib.parse.quote(run_id)}"))
+        states = {key: row["state"] for key, row in rows.items()}
+        wanted = {
+            ("train", 0): "succeeded",
+            ("train", 1): "succeeded",
+            ("broken", -1): "failed",
+            ("slow", -1): "running",
+        }
+        ti_done = all(rows.get(k, {}).get("ti_state") in ("success", "failed") for k in list(wanted)[:3])
+        return {"rows": rows, "states": states} if states == wanted and ti_done else None
+
+    snapshot = poll(mid_state, timeout=240, what="the sweep's mid state", diagnostics=stack.api.diagnostics)
+    poll(
+        lambda: (
+            _jobs(stack, "dag_id=kn_ui_secret")["jobs"][:1]
+            and _jobs(stack, "dag_id=kn_ui_secret")["jobs"][0]["ti_state"] == "success"
+        ),
+        timeout=180,
+        what="kn_ui_secret to finish",
+        diagnostics=stack.api.diagnostics,
+    )
+    return {"run_id": run_id, "gke_run": gke_run, "secret_run": secret_run, **snapshot}
+
+
+def test_the_view_lists_running_finished_and_failed_jobs_of_a_run(sweep: dict[str, Any]) -> None:
+    rows = sweep["rows"]
+    assert set(rows) == {("train", 0), ("train", 1), ("broken", -1), ("slow", -1)}
+    trained = rows[("train", 0)]
+    assert trained["label"] == "lr=0.01" and rows[("train", 1)]["label"] == "lr=0.1"
+    assert trained["accelerator"] == "tpu-v6e-2x4"  # tpu-v6e-8, in the canonical spelling
+    assert trained["backend"] == "local"
+    assert trained["result"]["ok"] is True and trained["result"]["value_type"] == "dict"
+    assert "'loss'" in trained["result"]["value_repr"]
+    # accelerator-hours: the chips the string names (8) times the run time, on-demand
+    assert trained["spot"] is False and trained["duration_seconds"] >= 1.0
+    assert trained["chip_hours"] == pytest.approx(8 * trained["duration_seconds"] / 3600, rel=1e-3)
+    failed = rows[("broken", -1)]
+    assert failed["ti_state"] == "failed"
+    assert failed["result"]["error_type"] == "ValueError"
+    assert failed["result"]["error_message"] == "loss diverged at step 3"
+    running = rows[("slow", -1)]
+    assert running["doing"] == "running as a local process" and running["result"] is None
+    assert running["ti_state"] in ("deferred", "running")
+    assert running["output_dir"].startswith("file://")
+
+
+def test_the_view_sums_chip_hours_per_run_and_filters_by_state(stack: UiStack, sweep: dict[str, Any]) -> None:
+    body = _jobs(stack, f"dag_id=kn_ui_sweep&state=succeeded&run_id={urllib.parse.quote(sweep['run_id'])}")
+    assert {(r["task_id"], r["map_index"]) for r in body["jobs"]} == {("train", 0), ("train", 1)}
+    (run,) = body["runs"]
+    expected = sum(r["chip_hours"] for r in sweep["rows"].values())
+    assert run["chip_hours"] == pytest.approx(expected, abs=1e-5) and run["chip_hours"] > 0
+    assert run["states"]["succeeded"] == 2 and run["states"]["failed"] == 1
+    status, body = stack.get("/kinetic/api/jobs?state=sleeping")
+    assert status == 400 and "unknown state 'sleeping'" in body["detail"]
+
+
+def test_the_view_refuses_strangers_and_hides_dags_a_user_may_not_see(
+    stack: UiStack, sweep: dict[str, Any]
+) -> None:
+    for path in (
+        "/kinetic/api/jobs",
+        "/kinetic/jobs",
+        f"/kinetic/api/task/kn_ui_sweep/{sweep['run_id']}/slow/-1",
+    ):
+        status, _ = stack.get(path, user=None)
+        assert status == 401, path
+    assert {"kn_ui_sweep", "kn_ui_secret"} <= set(_jobs(stack, "")["dag_ids"])
+    seen = _jobs(stack, "", user="outsider")
+    assert "kn_ui_secret" not in seen["dag_ids"] and "kn_ui_sweep" in seen["dag_ids"]
+    assert all(r["dag_id"] != "kn_ui_secret" for r in seen["jobs"]) and seen["jobs"]
+    assert not _jobs(stack, "dag_id=kn_ui_secret", user="outsider")["jobs"]
+    status, _ = stack.get(f"/kinetic/api/task/kn_ui_secret/{sweep['secret_run']}/secret_sauce/-1", "outsider")
+    assert status == 404
+    status, body = stack.get(f"/kinetic/api/task/kn_ui_secret/{sweep['secret_run']}/secret_sauce/-1")
+    assert status == 200 and body["state"] == "succeeded"
+
+
+def test_mapped_sweep_instances_read_like_their_arguments(stack: UiStack, sweep: dict[str, Any]) -> None:
+    listed = stack.api.api(
+        "GET", f"{run_path('kn_ui_sweep', sweep['run_id'])}/taskInstances/train/listMapped"
+    )
+    labels = {ti["map_index"]: ti["rendered_map_index"] for ti in listed["task_instances"]}
+    assert labels == {0: "lr=0.01", 1: "lr=0.1"}  # epochs=2 came from .partial(): the same for all
+
+
+def _links(stack: UiStack, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> dict[str, Any]:
+    path = f"{run_path(dag_id, run_id)}/taskInstances/{task_id}/links"
+    if map_index >= 0:
+        path += f"?map_index={map_index}"
+    return stack.api.api("GET", path)["extra_links"]
+
+
+def test_extra_links_are_right_on_every_backend(stack: UiStack, sweep: dict[str, Any]) -> None:
+    run = urllib.parse.quote(sweep["run_id"], safe="")
+    # Airflow stores a task's links when its worker is done with it (here: when it defers).
+    local = poll(
+        lambda: (links := _links(stack, "kn_ui_sweep", sweep["run_id"], "slow"))["Kinetic job"] and links,
+        timeout=120,
+        what="the deferred local task's links",
+    )
+    assert local == {"Kinetic job": f"/dags/kn_ui_sweep/runs/{run}/tasks/slow/plugin/kinetic-job"}
+    mapped = _links(stack, "kn_ui_sweep", sweep["run_id"], "train", 1)
+    assert mapped["Kinetic job"] == f"/dags/kn_ui_sweep/runs/{run}/tasks/train/mapped/1/plugin/kinetic-job"
+
+    # a Kubernetes connection (the emulator) is no GKE cluster: no console or Cloud Logging link
+    def deferred_links() -> dict[str, Any] | None:
+        links = _links(stack, "kn_ui_gke", sweep["gke_run"], "after_scale_up")
+        return links if links.get("Kinetic job") else None
+
+    gke = poll(deferred_links, timeout=120, what="the deferred gke task's links")
+    assert gke["Kinetic job"].endswith("/tasks/after_scale_up/plugin/kinetic-job")
+    assert not gke.get("Kinetic Job (GKE console)") and not gke.get("Kinetic Job logs (Cloud Logging)")
+
+
+def test_accelerator_hours_reach_xcom_and_airflow_metrics(stack: UiStack, sweep: dict[str, Any]) -> None:
+    path = f"{run_path('kn_ui_sweep', sweep['run_id'])}/taskInstances/train/xcomEntries/kinetic_usage"
+    entry = stack.api.api("GET", f"{path}?map_index=0&deserialize=true")
+    usage = entry["value"]
+    usage = json.loads(usage) if isinstance(usage, str) else usage
+    (attempt,) = usage["attempts"]
+    assert attempt["chips"] == 8 and attempt["accelerator"] == "tpu-v6e-2x4" and attempt["spot"] is False
+    assert attempt["outcome"] == "success" and attempt["queue_seconds"] is not None
+    assert usage["chip_hours"] == pytest.approx(8 * attempt["run_seconds"] / 3600, rel=1e-3)
+    assert sweep["rows"][("train", 0)]["chip_hours"] == pytest.approx(usage["chip_hours"], abs=1e-6)
+
+    def counted() -> list[str] | None:
+        lines = [line for line in stack.statsd.lines if ".kinetic." in f".{line}"]
+        return lines if any("kinetic.chip_seconds:" in line for line in lines) else None
+
+    lines = poll(counted, timeout=60, what="kinetic metrics over StatsD")
+    chip_seconds = [line for line in lines if "kinetic.chip_seconds:" in line]
+    assert any(line.endswith("|c") for line in chip_seconds), chip_seconds
+    assert any("kinetic.run_time:" in line and line.endswith("|ms") for line in lines), lines
+    assert any("kinetic.queue_wait:" in line for line in lines), lines
+
+
+def _shot(browser: Browser, name: str) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    return browser.screenshot(ARTIFACTS / name)
+
+
+def _task_log(stack: UiStack, dag_id: str, task_id: str) -> str:
+    files = [p for p in stack.api.task_log_files(dag_id) if f"task_id={task_id}" in str(p)]
+    return "\n".join(p.read_text(errors="replace") for p in files)
+
+
+def test_a_person_follows_the_sweep_in_the_browser(stack: UiStack, sweep: dict[str, Any]) -> None:
+    base = stack.api.base_url
+    run = urllib.parse.quote(sweep["run_id"], safe="")
+    gke_run = urllib.parse.quote(sweep["gke_run"], safe="")
+    with Browser() as browser:
+        browser.set_cookie("_token", stack.token("admin"), base)
+        # the navigation page, inside Airflow's UI
+        browser.goto(f"{base}/plugin/kinetic-jobs")
+        text = browser.wait_for_text("loss diverged at step 3", timeout=60)
+        for needle in (
+            "Kinetic jobs",
+            "Cost per DAG run",
+            "lr=0.01",
+            "lr=0.1",
+            "tpu-v6e-2x4",
+            "running as a local process",
+        ):
+            assert needle in text, (needle, text)
+        browser.wait_for_text("waiting for a node matching", timeout=60)  # the gke job, scaling up
+        _shot(browser, "kinetic-jobs-page.png")
+
+        # the task-instance tab of the job that waits for a node
+        browser.goto(f"{base}/dags/kn_ui_gke/runs/{gke_run}/tasks/after_scale_up/plugin/kinetic-job")
+        text = browser.wait_for_text("waiting for a node matching", timeout=60)
+        assert "waiting for node" in text and "(scale-up)" in text, text
+        assert '{"cloud.google.com/gke-accelerator": "nvidia-l4"}' in text, text  # its nodeSelector
+        _shot(browser, "kinetic-task-tab-waiting-for-node.png")
+        stack.emulator.admin.delay_scheduling(0)  # the node pool has scaled up
+        text = browser.wait_for_text("returned str", timeout=120)  # live: no reload
+        assert "running on node gke-" in text, text
+        browser.wait_for_text("gpu-l4 on gke", timeout=30)
+        _shot(browser, "kinetic-task-tab-after-scale-up.png")
+
+        # the running local job's tab, then its end, live
+        browser.goto(f"{base}/dags/kn_ui_sweep/runs/{run}/tasks/slow/plugin/kinetic-job")
+        text = browser.wait_for_text("running as a local process", timeout=60)
+        assert "Attempts" in text and "cpu on local" in text, text
+        _shot(browser, "kinetic-task-tab-running.png")
+        stack.release.write_text("go")
+        browser.wait_for_text("returned str", timeout=120)
+        _shot(browser, "kinetic-task-tab-finished.png")
+
+    log = _task_log(stack, "kn_ui_gke", "after_scale_up")
+    waiting = [line for line in log.splitlines() if "[kinetic] waiting for a node matching" in line]
+    assert len(waiting) == 1, log  # one line per change, not one per look
+    assert "[kinetic] running on node" in log and "[kinetic] finished: succeeded" in log, log

@@ -1,0 +1,74 @@
+"""DAGs that tests/test_ui_components.py follows from Airflow's UI (api-server + the Kinetic view).
+
+``kn_ui_sweep`` is a small nightly sweep on the local backend: two mapped training
+jobs on a TPU slice's worth of chips (the local backend runs them on this machine's
+CPU but counts the chips the string names), one that fails, and one that runs until
+the test releases it (``KN_UI_RELEASE`` appears), so the view has a running, a
+finished and a failed kinetic task at once. ``kn_ui_gke`` runs on the cluster
+emulator, whose scheduling the test delays so the job waits for a node first.
+``kn_ui_secret`` belongs to a DAG one test user may not see.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pendulum
+from airflow.sdk import dag, task
+
+START = pendulum.datetime(2026, 1, 1, tz="UTC")
+
+
+@task.kinetic(accelerator="tpu-v6e-8", backend="local")
+def train(lr: float, epochs: int) -> dict:
+    time.sleep(1.0)
+    return {"lr": lr, "epochs": epochs, "loss": round(1.0 / (1 + lr * 100), 4)}
+
+
+@task.kinetic(accelerator="gpu-l4", backend="local", retries=0)
+def broken() -> None:
+    raise ValueError("loss diverged at step 3")
+
+
+@task.kinetic(backend="local")
+def slow() -> str:
+    release = Path(os.environ["KN_UI_RELEASE"])
+    print("slow: waiting for the test to release me", flush=True)
+    while not release.exists():
+        time.sleep(0.2)
+    return "released"
+
+
+@dag(schedule=None, start_date=START, catchup=False, tags=["kinetic-ui-test"])
+def kn_ui_sweep():
+    train.partial(epochs=2).expand(lr=[0.01, 0.1])
+    broken()
+    slow()
+
+
+@task.kinetic(backend="gke", accelerator="gpu-l4")
+def after_scale_up() -> str:
+    print("running after the scale-up", flush=True)
+    return "scaled"
+
+
+@dag(schedule=None, start_date=START, catchup=False, tags=["kinetic-ui-test"])
+def kn_ui_gke():
+    after_scale_up()
+
+
+@task.kinetic(backend="local")
+def secret_sauce() -> int:
+    return 42
+
+
+@dag(schedule=None, start_date=START, catchup=False, tags=["kinetic-ui-test"])
+def kn_ui_secret():
+    secret_sauce()
+
+
+kn_ui_sweep()
+kn_ui_gke()
+kn_ui_secret()
