@@ -516,7 +516,7 @@ class KineticRunOperator(BaseOperator):
             poll_interval=self._poll_interval(),
             deadline=deadline,
             log_max_lines=int(resolve_setting("log_max_lines")),
-            emit_log=lambda line: log.info("[%s] %s", ref["job_id"], line),
+            emit_log=lambda line: log.info("%s", line),  # a multi-host job's lines carry [hN]
         )
 
     def _poll_interval(self) -> float:
@@ -577,7 +577,7 @@ class KineticRunOperator(BaseOperator):
         if not event or "job" not in event:
             raise KineticJobError(f"the trigger returned no usable event: {event!r}")
         self._active_job = None
-        ref: JobRef = event["job"]
+        ref = event["job"] = self._recorded_ref(context, event["job"])
         status = event.get("status")
         if status == "preempted":
             return self._resubmit_after_preemption(context, event)
@@ -588,6 +588,14 @@ class KineticRunOperator(BaseOperator):
             raise
         self._delivered(context, ref, "success")
         return value
+
+    @staticmethod
+    def _recorded_ref(context: Context, job: JobRef) -> JobRef:
+        """The full reference of the event's job (an event names its job only briefly)."""
+        record = lifecycle.load_record(context.get("task_state_store"))
+        if record is not None and record["job"].get("job_id") == job.get("job_id"):
+            return record["job"]
+        return job
 
     def _delivered(self, context: Context, ref: JobRef, outcome: str) -> None:
         """Record that this job's outcome reached Airflow (unless a newer job owns the record),

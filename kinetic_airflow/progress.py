@@ -86,7 +86,9 @@ def progress_of(status: BackendStatus, job: dict[str, Any]) -> Progress | None:
         return Progress("starting", f"starting the slice: {status.message}")
     if status.reason in ("Unschedulable", "SchedulingGated"):
         why = f": {status.message}" if status.message else ""
-        wanted = f"a node matching {_selectors(job)}" if job.get("node_selectors") else "a node with room for it"
+        wanted = "a node with room for it"
+        if job.get("node_selectors"):
+            wanted = f"a node matching {_selectors(job)}"
         return Progress("waiting_for_node", f"waiting for {wanted} (scale-up){why}")
     why = f": {status.message}" if status.message else ""
     return Progress("pending", f"pending ({status.reason or 'Pending'}{why})")

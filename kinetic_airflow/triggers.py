@@ -63,7 +63,7 @@ class KineticJobTrigger(BaseTrigger):
             poll_interval=self.poll_interval,
             deadline=self.deadline,
             log_max_lines=self.log_max_lines,
-            emit_log=lambda line: self.log.info("[%s] %s", self.job["job_id"], line),
+            emit_log=lambda line: self.log.info("%s", line),  # a multi-host job's lines carry [hN]
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:

@@ -26,7 +26,7 @@ from kinetic_airflow.progress import PROGRESS_NAME, Progress, ProgressTracker
 from kinetic_airflow.storage import Storage
 from kinetic_airflow.tracebacks import StreamedTracebackFilter
 
-__all__ = ["JobWatcher", "describe_failure", "final_progress"]
+__all__ = ["EVENT_JOB_FIELDS", "JobWatcher", "describe_failure", "event_job", "final_progress"]
 
 _NOT_FOUND_GRACE_SECONDS = 60.0
 # The longest a watcher sleeps on a backend that notifies: a net under lost notifications
@@ -51,6 +51,26 @@ def _host_of(line: str) -> str:
         if end > 2 and line[2:end].isdigit():
             return line[2:end]
     return ""
+
+
+# What an event says of its job: the triggerer logs every event whole, so it names the job
+# and where its files are, and leaves out the rest of the reference (local paths, the
+# cluster's endpoint and CA, env, overrides); ``execute_complete`` has the full reference
+# in the job record.
+EVENT_JOB_FIELDS = (
+    "job_id",
+    "backend",
+    "job_uri",
+    "base_uri",
+    "identity",
+    "accelerator",
+    "hosts",
+    "submitted_at",
+)
+
+
+def event_job(job: JobRef) -> JobRef:
+    return {k: job[k] for k in EVENT_JOB_FIELDS if k in job}
 
 
 def final_progress(event: dict[str, Any]) -> Progress:
@@ -340,7 +360,7 @@ class JobWatcher:
     def _event(self, status: str, **fields: Any) -> dict[str, Any]:
         """The one event; the triggerer logs it whole, so a success carries no log lines
         (they were streamed already) and a failure only the last few, for its error message."""
-        event = {"status": status, "job": self.job, "log_uri": self.layout.log, **fields}
+        event = {"status": status, "job": event_job(self.job), **fields}
         if status != "success":
             event["log_tail"] = list(self.tail)
         return event
@@ -392,7 +412,8 @@ class JobWatcher:
             while True:
                 await self._pump_logs()
                 status = await self.backend.astatus(self.job)
-                await self.progress.observe(status)
+                if not (self.stale_told and status.state is JobState.RUNNING):  # stale, not back
+                    await self.progress.observe(status)
                 event = await self._settle(status)
                 if event is not None:
                     await self.backend.arelease(self.job)
@@ -503,6 +524,8 @@ class JobWatcher:
             # is read (under one read a minute by default, none while the job prints).
             self.last_heartbeat_check = time.monotonic()
             age, host = await self._stalest_heartbeat(status)
+            if self.stale_told and age is not None and age <= self.heartbeat_timeout / 2:
+                self.stale_told = False  # it beats again: the next look says "running" again
             if age is not None and age > self.heartbeat_timeout / 2 and not self.stale_told:
                 self.stale_told = True
                 who = f"host {host}'s" if self.hosts > 1 else "the runner's"

@@ -205,7 +205,8 @@ def test_mark_failed_deletes_the_job(gke_env):
 
 
 def test_stale_heartbeat_counts_as_node_loss(gke_env, base_uri, monkeypatch):
-    """The pod still looks alive but the runner stopped beating: resubmitted like a preemption."""
+    """The pod still looks alive but the runner stopped beating: resubmitted like a preemption.
+    The task log says so as it happens, and the try's usage counts both attempts."""
     import signal
 
     from kinetic_airflow.storage import open_storage
@@ -230,6 +231,15 @@ def test_stale_heartbeat_counts_as_node_loss(gke_env, base_uri, monkeypatch):
     assert ti_states(dr) == {"node_goes_silent": "success"}
     value = xcom(dr, "node_goes_silent")
     assert value["attempt"] == "2" and ti_try_numbers(dr)["node_goes_silent"] == 1
+    usage = xcom(dr, "node_goes_silent", key="kinetic_usage")
+    assert [a["outcome"] for a in usage["attempts"]] == ["preempted", "success"]
+    assert [a["attempt"] for a in usage["attempts"]] == [1, 2] and usage["preempted_attempts"] == 1
+    first = json.loads(
+        storage.read_text(f"{base_uri}/jobs/{usage['attempts'][0]['job_id']}/status/progress.json")
+    )
+    states = [h["state"] for h in first["history"]]
+    assert states == ["running", "heartbeat_stale", "preempted"], first["history"]
+    assert first["history"][-2]["text"].startswith("heartbeat stale: the runner's last heartbeat is")
 
 
 def test_name_clash_with_another_task_instances_job_is_refused(gke_env):
