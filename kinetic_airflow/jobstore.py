@@ -38,6 +38,7 @@ __all__ = [
     "list_job_ids",
     "load_job",
     "publish_job",
+    "read_json_object",
     "record_uri",
 ]
 
@@ -96,7 +97,8 @@ def list_job_ids(storage: Storage, base_uri: str) -> list[str]:
     return sorted(p[len(prefix) :].strip("/") for p in iterator.prefixes)
 
 
-def _json(storage: Storage, uri: str) -> dict[str, Any] | None:
+def read_json_object(storage: Storage, uri: str) -> dict[str, Any] | None:
+    """A JSON object stored at ``uri``; None when absent, empty, not JSON or not an object."""
     text = storage.read_text_or_none(uri)
     if not text:
         return None
@@ -193,13 +195,13 @@ def load_job(storage: Storage, job_uri: str) -> JobInfo:
     job_uri = job_uri.rstrip("/")
     layout = JobLayout(job_uri)
     info = JobInfo(job_id=job_uri.rsplit("/", 1)[-1], job_uri=job_uri)
-    info.record = _json(storage, record_uri(job_uri))
-    info.manifest = _json(storage, layout.manifest)
-    info.summary = _json(storage, layout.result_summary())
+    info.record = read_json_object(storage, record_uri(job_uri))
+    info.manifest = read_json_object(storage, layout.manifest)
+    info.summary = read_json_object(storage, layout.result_summary())
     for uri in storage.list(join_uri(job_uri, "status")):
         name = uri.rsplit("/", 1)[-1]
         if name.endswith(".json"):
-            marker = _json(storage, uri)
+            marker = read_json_object(storage, uri)
             if marker is not None:
                 info.markers[name[: -len(".json")]] = marker
     return info

@@ -81,6 +81,8 @@ def final_progress(event: dict[str, Any]) -> Progress:
     if status == "preempted":
         return Progress("preempted", f"preempted: {event.get('message')}; a new attempt follows")
     cause = event.get("cause") or status
+    if event.get("summary") is not None:  # the task's error shows the job's own exception, once
+        return Progress("finished", f"finished: {status} ({cause}; the task's error says why)")
     return Progress("finished", f"finished: {status} ({cause}: {event.get('message')})")
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -28,31 +29,38 @@ __all__ = ["job_details", "run_costs", "task_rows"]
 log = logging.getLogger(__name__)
 
 _FINAL_CACHE: OrderedDict[str, dict[str, Any]] = OrderedDict()
+_LIVE_CACHE: dict[str, tuple[float, dict[str, Any]]] = {}
+_LIVE_SECONDS = 2.0
 _CACHE_LOCK = threading.Lock()
 _CACHE_SIZE = 5000
 _READERS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kinetic-view")
 
 
 def _read_json(storage: Any, uri: str) -> dict[str, Any] | None:
+    from kinetic_airflow.jobstore import read_json_object
+
     try:
-        text = storage.read_text_or_none(uri)
+        return read_json_object(storage, uri)
     except Exception as exc:  # one unreadable job must not blank the page
         log.warning("kinetic view: could not read %s: %s", uri, exc)
         return {"unreadable": str(exc)}
-    if not text:
-        return None
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def _job_files(job: dict[str, Any], gcp_conn_id: str | None) -> dict[str, Any]:
-    """progress / summary / usage of one job (cached once it has ended)."""
+    """progress / summary / usage of one job.
+
+    A live job costs one read (its progress); the result summary and usage are read once
+    the progress or the record says it ended, and an ended job's files are cached for good.
+    Reads are shared for a few seconds between viewers, so many open pages cost no more.
+    """
     job_id = job["job_id"]
+    now = time.monotonic()
     with _CACHE_LOCK:
         cached = _FINAL_CACHE.get(job_id)
+        if cached is None:
+            fresh = _LIVE_CACHE.get(job_id)
+            if fresh is not None and now - fresh[0] < _LIVE_SECONDS:
+                cached = fresh[1]
     if cached is not None:
         return cached
     from kinetic_airflow.connections import storage_for
@@ -60,16 +68,23 @@ def _job_files(job: dict[str, Any], gcp_conn_id: str | None) -> dict[str, Any]:
     uri = job["job_uri"]
     storage = storage_for(uri, gcp_conn_id)
     layout = JobLayout(uri)
-    files = {
-        "progress": _read_json(storage, layout.status("progress")),
-        "summary": _read_json(storage, layout.result_summary()),
-        "usage": _read_json(storage, join_uri(uri, "usage.json")),
-    }
-    if files["usage"] is not None:  # written last, when the outcome reached Airflow
-        with _CACHE_LOCK:
+    files: dict[str, Any] = {"progress": _read_json(storage, layout.status("progress"))}
+    ended = (files["progress"] or {}).get("state") in ("finished", "preempted") or job.get("phase") in (
+        "delivered",
+        "cancelled",
+    )
+    files["summary"] = _read_json(storage, layout.result_summary()) if ended else None
+    files["usage"] = _read_json(storage, join_uri(uri, "usage.json")) if ended else None
+    with _CACHE_LOCK:
+        if files["usage"] is not None:  # written last, when the outcome reached Airflow
             _FINAL_CACHE[job_id] = files
+            _LIVE_CACHE.pop(job_id, None)
             while len(_FINAL_CACHE) > _CACHE_SIZE:
                 _FINAL_CACHE.popitem(last=False)
+        else:
+            _LIVE_CACHE[job_id] = (now, files)
+            for stale in [k for k, (t, _) in _LIVE_CACHE.items() if now - t >= _LIVE_SECONDS]:
+                del _LIVE_CACHE[stale]
     return files
 
 

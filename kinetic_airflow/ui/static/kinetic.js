@@ -55,6 +55,7 @@ async function getJSON(path) {
 function every(draw) {
   const status = document.getElementById("status");
   const tick = async () => {
+    if (document.hidden && status.textContent.startsWith("updated")) return; // not looked at
     try {
       await draw();
       status.textContent = "updated " + new Date().toLocaleTimeString();
