@@ -27,9 +27,8 @@ from typing import Any
 
 import pytest
 from components.airflow_services import AirflowServices, poll, process_alive
-from components.dag_runs import kill_leftover_jobs, parsed, run_path, trigger
-from components.emulator_process import EmulatorProcess
-from components.postgres import PostgresServer
+from components.dag_runs import parsed, run_path, trigger
+from components.stack import ComponentStack
 
 from kinetic_airflow.layout import MAX_JOB_ID, JobIdentity, dns_label, output_dir_uri
 from kinetic_airflow.storage import uri_to_local_path
@@ -41,20 +40,14 @@ RACE_MESSAGE = "but the task instance's state attribute is"
 pytestmark = pytest.mark.timeout(900)
 
 
-class Stack:
+class Stack(ComponentStack):
     """Airflow on PostgreSQL + the cluster emulator + job storage on local disk."""
 
     def __init__(self, root: Path) -> None:
-        self.root = root
-        self.dags = root / "dags"
-        self.dags.mkdir()
+        super().__init__(root)
         shutil.copy(DAG_FILE, self.dags / DAG_FILE.name)
         shutil.copytree(DAG_FILE.parent / "kn_lifecycle_lib", self.dags / "kn_lifecycle_lib")
-        self.kinetic_root = root / "kinetic"
         self.crash_marker = root / "crash-marker"
-        self.pg = PostgresServer()  # in the system temp dir: the postgres user must reach it
-        self.emulator = EmulatorProcess(root / "emulator")
-        self.airflow: AirflowServices | None = None
 
     def start(self) -> None:
         self.pg.start()
@@ -81,18 +74,6 @@ class Stack:
                 what=f"DAG {dag_id} to be parsed",
                 diagnostics=self.airflow.diagnostics,
             )
-
-    def stop(self) -> None:
-        if self.airflow is not None:
-            self.airflow.stop()
-        kill_leftover_jobs(self.kinetic_root)
-        self.emulator.stop()
-        self.pg.stop()
-
-    @property
-    def api(self) -> AirflowServices:
-        assert self.airflow is not None
-        return self.airflow
 
 
 DAG_IDS = (

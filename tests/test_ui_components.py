@@ -29,9 +29,8 @@ from typing import Any
 import pytest
 from browser import Browser
 from components.airflow_services import AirflowServices, poll
-from components.dag_runs import kill_leftover_jobs, parsed, run_path, trigger
-from components.emulator_process import EmulatorProcess
-from components.postgres import PostgresServer
+from components.dag_runs import parsed, run_path, trigger
+from components.stack import ComponentStack
 
 HERE = Path(__file__).resolve().parent
 DAG_FILE = HERE / "ui_dags" / "kn_ui.py"
@@ -68,20 +67,14 @@ class StatsdSink:
         self.sock.close()
 
 
-class UiStack:
+class UiStack(ComponentStack):
     """Airflow with passwords (no all-admins), the emulator, job storage on local disk."""
 
     def __init__(self, root: Path) -> None:
-        self.root = root
-        self.dags = root / "dags"
-        self.dags.mkdir()
+        super().__init__(root)
         shutil.copy(DAG_FILE, self.dags / DAG_FILE.name)
-        self.kinetic_root = root / "kinetic"
         self.release = root / "release-slow"
-        self.pg = PostgresServer()
-        self.emulator = EmulatorProcess(root / "emulator")
         self.statsd = StatsdSink()
-        self.airflow: AirflowServices | None = None
         self.tokens: dict[str, str] = {}
 
     def start(self) -> None:
@@ -155,17 +148,8 @@ class UiStack:
                 return exc.code, text
 
     def stop(self) -> None:
-        if self.airflow is not None:
-            self.airflow.stop()
-        kill_leftover_jobs(self.kinetic_root)
-        self.emulator.stop()
-        self.pg.stop()
+        super().stop()
         self.statsd.close()
-
-    @property
-    def api(self) -> AirflowServices:
-        assert self.airflow is not None
-        return self.airflow
 
 
 class TokenServices(AirflowServices):

@@ -1,0 +1,38 @@
+"""The parts every real-components scenario module runs on: PostgreSQL, the cluster emulator,
+job storage on local disk, and (once ``start`` has made it) one Airflow deployment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from components.airflow_services import AirflowServices
+from components.dag_runs import kill_leftover_jobs
+from components.emulator_process import EmulatorProcess
+from components.postgres import PostgresServer
+
+__all__ = ["ComponentStack"]
+
+
+class ComponentStack:
+    """Subclasses copy their DAGs into ``self.dags`` and start ``self.airflow`` in ``start``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.dags = root / "dags"
+        self.dags.mkdir()
+        self.kinetic_root = root / "kinetic"
+        self.pg = PostgresServer()  # in the system temp dir: the postgres user must reach it
+        self.emulator = EmulatorProcess(root / "emulator")
+        self.airflow: AirflowServices | None = None
+
+    def stop(self) -> None:
+        if self.airflow is not None:
+            self.airflow.stop()
+        kill_leftover_jobs(self.kinetic_root)
+        self.emulator.stop()
+        self.pg.stop()
+
+    @property
+    def api(self) -> AirflowServices:
+        assert self.airflow is not None
+        return self.airflow
