@@ -159,26 +159,10 @@ class TokenServices(AirflowServices):
         super().__init__(*args, **kwargs)
         self.stack = stack
 
-    def api(self, method: str, path: str, body: Any = None, *, timeout: float = 30.0) -> Any:
+    def auth_headers(self, path: str) -> dict[str, str]:
         if path == "/api/v2/monitor/health":  # public, and asked before any user can log in
-            return super().api(method, path, body, timeout=timeout)
-        data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(
-            self.base_url + path,
-            data=data,
-            method=method,
-            headers={
-                "Content-Type": "application/json",
-                "Accept": "application/json",
-                "Authorization": f"Bearer {self.stack.token('admin')}",
-            },
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                text = response.read().decode()
-        except urllib.error.HTTPError as exc:
-            raise RuntimeError(f"{method} {path} -> HTTP {exc.code}: {exc.read().decode(errors='replace')}")
-        return json.loads(text) if text else None
+            return {}
+        return {"Authorization": f"Bearer {self.stack.token('admin')}"}
 
 
 @pytest.fixture(scope="module")

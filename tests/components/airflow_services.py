@@ -325,13 +325,21 @@ class AirflowServices:
         return kill_marked(self.marker, grace=grace)
 
     # REST API ---------------------------------------------------------------------------------
+    def auth_headers(self, path: str) -> dict[str, str]:
+        """Credentials for a REST call; none by default (all-admins mode)."""
+        return {}
+
     def api(self, method: str, path: str, body: Any = None, *, timeout: float = 30.0) -> Any:
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(
             self.base_url + path,
             data=data,
             method=method,
-            headers={"Content-Type": "application/json", "Accept": "application/json"},
+            headers={
+                "Content-Type": "application/json",
+                "Accept": "application/json",
+                **self.auth_headers(path),
+            },
         )
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
