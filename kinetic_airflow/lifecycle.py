@@ -61,7 +61,9 @@ __all__ = [
     "cancel_job",
     "cancelled_marker",
     "decide",
+    "job_history",
     "load_record",
+    "recorded_jobs",
     "save_record",
 ]
 
@@ -199,6 +201,13 @@ def job_history(
         if key in extra:
             entry[key] = extra[key]
     return jobs[-_HISTORY_LIMIT:]
+
+
+def recorded_jobs(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The jobs of a record, its current one last with the record's phase and outcome (records
+    written before the history existed name only the current job)."""
+    extra = {key: record[key] for key in ("outcome", "usage") if key in record}
+    return job_history(record, record["job"], _phase(record), extra)
 
 
 def _phase(record: dict[str, Any]) -> Phase:

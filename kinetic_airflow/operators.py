@@ -191,8 +191,6 @@ class KineticRunOperator(BaseOperator):
         self.container_env = dict(container_env or {})
         self.pod_override = validate_at_parse(pod_override, accelerator, spot)
         self.requirements = requirements
-        if self.map_index_template is None:  # mapped instances read like "lr=0.01", not "[3]"
-            self.map_index_template = DEFAULT_MAP_INDEX_TEMPLATE
         if _parse_time_backend(backend) == "local":  # no cluster: no GKE console or Cloud Logging
             self.operator_extra_links = (KineticViewLink(),)
 
@@ -577,30 +575,24 @@ class KineticRunOperator(BaseOperator):
         if not event or "job" not in event:
             raise KineticJobError(f"the trigger returned no usable event: {event!r}")
         self._active_job = None
-        ref = event["job"] = self._recorded_ref(context, event["job"])
+        record = lifecycle.load_record(context.get("task_state_store"))
+        if record is not None and record["job"].get("job_id") == event["job"].get("job_id"):
+            event["job"] = record["job"]  # the full reference: an event names its job briefly
+        ref: JobRef = event["job"]
         status = event.get("status")
         if status == "preempted":
-            return self._resubmit_after_preemption(context, event)
+            return self._resubmit_after_preemption(context, event, record)
         try:
             value = self._outcome(ref, event)
         except BaseException:
-            self._delivered(context, ref, "failed" if status != "timeout" else "timeout")
+            self._delivered(context, ref, "failed" if status != "timeout" else "timeout", record)
             raise
-        self._delivered(context, ref, "success")
+        self._delivered(context, ref, "success", record)
         return value
 
-    @staticmethod
-    def _recorded_ref(context: Context, job: JobRef) -> JobRef:
-        """The full reference of the event's job (an event names its job only briefly)."""
-        record = lifecycle.load_record(context.get("task_state_store"))
-        if record is not None and record["job"].get("job_id") == job.get("job_id"):
-            return record["job"]
-        return job
-
-    def _delivered(self, context: Context, ref: JobRef, outcome: str) -> None:
+    def _delivered(self, context: Context, ref: JobRef, outcome: str, record: dict[str, Any] | None) -> None:
         """Record that this job's outcome reached Airflow (unless a newer job owns the record),
         with what it cost (``kinetic_airflow.usage``)."""
-        record = lifecycle.load_record(context.get("task_state_store"))
         if record is not None and record["job"]["job_id"] != ref["job_id"]:
             log.warning(
                 "not recording the outcome of job %s: the record now names job %s",
@@ -689,18 +681,19 @@ class KineticRunOperator(BaseOperator):
             raise_remote(envelope, summary, ref["job_id"], where=event.get("where") or "")
         raise KineticJobError(describe_failure(event))
 
-    def _resubmit_after_preemption(self, context: Context, event: dict[str, Any]) -> Any:
+    def _resubmit_after_preemption(
+        self, context: Context, event: dict[str, Any], record: dict[str, Any] | None
+    ) -> Any:
         """A preempted attempt runs again as a new attempt of the same try: no Airflow retry used."""
         ref: JobRef = event["job"]
         identity = JobIdentity.from_dict(ref["identity"])
         limit = int(resolve_setting("preemption_retries", self.preemption_retries))
         if identity.attempt > limit:
-            self._delivered(context, ref, "failed")
+            self._delivered(context, ref, "failed", record)
             raise KineticJobError(
                 describe_failure(event)
                 + f"\nThe job was preempted {identity.attempt} times (preemption_retries={limit})."
             )
-        record = lifecycle.load_record(context.get("task_state_store"))
         deadline = (record or {}).get("deadline")
         usage = self._account(context, ref, "preempted")
         if record is not None and record["job"]["job_id"] == ref["job_id"]:
@@ -728,21 +721,16 @@ _LABEL_CHARS = 250  # Airflow's rendered_map_index column holds 250
 
 
 def map_label(task: Any) -> str:
-    """``lr=0.01, depth=4`` for the expanded arguments of a mapped task instance, "" otherwise."""
-    mapped = None
+    """``lr=0.01, depth=4`` for the expanded arguments of a mapped task instance, "" otherwise.
+
+    The DAG holds the mapped operator under the unmapped instance's task id; what it expanded
+    are the keys of its expand input (``expand_kwargs`` gives a list: then every argument).
+    """
     try:
-        mapped = task.dag.task_dict.get(task.task_id) if task.has_dag() else None
+        value = task.dag.task_dict[task.task_id]._get_specified_expand_input().value
     except Exception:
-        mapped = None
-    expanded = None
-    try:
-        value = mapped._get_specified_expand_input().value if mapped is not None else None
-        if isinstance(value, dict):
-            expanded = list(value)
-    except Exception:
-        expanded = None
-    if mapped is None or not hasattr(mapped, "_get_specified_expand_input"):
-        return ""  # not mapped: Airflow shows no label
+        return ""  # not mapped (or not in a DAG): Airflow shows no label
+    expanded = list(value) if isinstance(value, dict) else None
     kwargs = getattr(task, "op_kwargs", {}) or {}
     names = [n for n in (expanded if expanded is not None else list(kwargs)) if n in kwargs]
     parts = [f"{n}={_short(kwargs[n])}" for n in names if n != "op_args"]

@@ -45,6 +45,7 @@ class Progress:
     state: str
     text: str
     node: str = ""
+    outcome: str = ""  # the ending event's status (success, failed, timeout, ...); "" while live
 
     @property
     def key(self) -> tuple[str, str]:
@@ -106,16 +107,16 @@ class ProgressTracker:
         job: dict[str, Any],
         emit: Callable[[str], None],
         write: Callable[[str], Awaitable[None]] | None = None,
-        *,
-        previous: dict[str, Any] | None = None,
     ) -> None:
         self.job = job
         self.emit = emit
         self.write = write
-        self.record: dict[str, Any] = dict(previous or {})
-        self.record.setdefault("history", [])
-        last = self.record.get("state"), self.record.get("text")
-        self.last: tuple[Any, Any] | None = last if last[0] else None
+        self.record: dict[str, Any] = {"history": []}
+
+    def resume(self, record: dict[str, Any]) -> None:
+        """Go on from an earlier watcher's record (worker, then triggerer): its last state is
+        not said again."""
+        self.record = {**record, "history": list(record.get("history") or [])}
 
     async def observe(self, status: BackendStatus) -> None:
         progress = progress_of(status, self.job)
@@ -123,9 +124,8 @@ class ProgressTracker:
             await self.tell(progress)
 
     async def tell(self, progress: Progress) -> None:
-        if progress.key == self.last:
+        if progress.key == (self.record.get("state"), self.record.get("text")):
             return
-        self.last = progress.key
         self.emit(f"[kinetic] {progress.text}")
         now = time.time()
         if progress.state != self.record.get("state"):
@@ -138,6 +138,7 @@ class ProgressTracker:
                 "state": progress.state,
                 "text": progress.text,
                 "node": progress.node or self.record.get("node", ""),
+                "outcome": progress.outcome,
                 "time": now,
             }
         )

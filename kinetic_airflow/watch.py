@@ -75,15 +75,18 @@ def event_job(job: JobRef) -> JobRef:
 
 def final_progress(event: dict[str, Any]) -> Progress:
     """The last progress line of a job, from the event that ends its wait."""
-    status = event.get("status")
+    status = str(event.get("status"))
     if status == "success":
-        return Progress("finished", "finished: succeeded")
+        return Progress("finished", "finished: succeeded", outcome=status)
     if status == "preempted":
-        return Progress("preempted", f"preempted: {event.get('message')}; a new attempt follows")
+        text = f"preempted: {event.get('message')}; a new attempt follows"
+        return Progress("preempted", text, outcome=status)
     cause = event.get("cause") or status
     if event.get("summary") is not None:  # the task's error shows the job's own exception, once
-        return Progress("finished", f"finished: {status} ({cause}; the task's error says why)")
-    return Progress("finished", f"finished: {status} ({cause}: {event.get('message')})")
+        return Progress(
+            "finished", f"finished: {status} ({cause}; the task's error says why)", outcome=status
+        )
+    return Progress("finished", f"finished: {status} ({cause}: {event.get('message')})", outcome=status)
 
 
 def describe_failure(event: dict[str, Any]) -> str:
@@ -221,11 +224,10 @@ class JobWatcher:
         """Continue the progress record of an earlier watcher (worker, then triggerer) without
         repeating the line it already wrote."""
         text = await self.storage.aread_text_or_none(self.layout.status(PROGRESS_NAME))
-        if text:
-            with contextlib.suppress(ValueError):
-                self.progress = ProgressTracker(
-                    self.job, self.emit_progress, self._write_progress, previous=json.loads(text)
-                )
+        with contextlib.suppress(ValueError, TypeError):
+            record = json.loads(text) if text else None
+            if isinstance(record, dict):
+                self.progress.resume(record)
 
     @property
     def _cursor_uri(self) -> str:  # the shared copy

@@ -2,10 +2,11 @@
 
 The job record in ``task_state_store`` (key ``kinetic_job``, written by the worker) names
 a task instance's current job and every job it ran (``lifecycle.job_history``); the
-task instance row adds its Airflow state and map label. Live facts come from the job's
-own JSON files: ``status/progress.json`` (the watcher's state changes), ``result.json``
-(the result summary: type, repr, error) and ``usage.json`` (chip-hours). Nothing here
-unpickles anything: the api-server never loads a payload or a result.
+task instance row adds its Airflow state and map label, and the record's entries carry each
+ended attempt's outcome and chip-hours (``kinetic_airflow.usage``). Live facts come from the
+job's own JSON files: ``status/progress.json`` (the watcher's state changes) and
+``result.json`` (the result summary: type, repr, error). Nothing here unpickles anything:
+the api-server never loads a payload or a result.
 
 Files of a job that has ended do not change, so they are cached in this process.
 """
@@ -22,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kinetic_airflow.layout import STATE_KEY, JobIdentity, JobLayout, output_dir_uri
-from kinetic_airflow.storage import join_uri
+from kinetic_airflow.lifecycle import recorded_jobs
 
 __all__ = ["job_details", "run_costs", "task_rows"]
 
@@ -47,10 +48,10 @@ def _read_json(storage: Any, uri: str) -> dict[str, Any] | None:
 
 
 def _job_files(job: dict[str, Any], gcp_conn_id: str | None) -> dict[str, Any]:
-    """progress / summary / usage of one job.
+    """progress / summary of one job.
 
-    A live job costs one read (its progress); the result summary and usage are read once
-    the progress or the record says it ended, and an ended job's files are cached for good.
+    A live job costs one read (its progress); the result summary is read once the progress
+    or the record says it ended, and a job whose outcome is recorded is cached for good.
     Reads are shared for a few seconds between viewers, so many open pages cost no more.
     """
     job_id = job["job_id"]
@@ -69,14 +70,11 @@ def _job_files(job: dict[str, Any], gcp_conn_id: str | None) -> dict[str, Any]:
     storage = storage_for(uri, gcp_conn_id)
     layout = JobLayout(uri)
     files: dict[str, Any] = {"progress": _read_json(storage, layout.status("progress"))}
-    ended = (files["progress"] or {}).get("state") in ("finished", "preempted") or job.get("phase") in (
-        "delivered",
-        "cancelled",
-    )
+    recorded = "usage" in job  # the outcome reached Airflow: nothing about the job changes now
+    ended = recorded or (files["progress"] or {}).get("outcome") or job.get("phase") == "cancelled"
     files["summary"] = _read_json(storage, layout.result_summary()) if ended else None
-    files["usage"] = _read_json(storage, join_uri(uri, "usage.json")) if ended else None
     with _CACHE_LOCK:
-        if files["usage"] is not None:  # written last, when the outcome reached Airflow
+        if recorded:
             _FINAL_CACHE[job_id] = files
             _LIVE_CACHE.pop(job_id, None)
             while len(_FINAL_CACHE) > _CACHE_SIZE:
@@ -96,9 +94,8 @@ def _state(entry: dict[str, Any], files: dict[str, Any]) -> tuple[str, str]:
     """(state, what it is doing) of one job, for people."""
     summary = files.get("summary") or {}
     progress = files.get("progress") or {}
-    usage = files.get("usage") or {}
-    outcome = entry.get("outcome") or usage.get("outcome")
-    if outcome == "preempted" or progress.get("state") == "preempted":
+    outcome = entry.get("outcome") or progress.get("outcome")
+    if outcome == "preempted":
         return "preempted", progress.get("text") or "preempted"
     if summary.get("ok") is True:
         return "succeeded", f"returned {_type_name(summary.get('value_type')) or 'a value'}"
@@ -106,25 +103,19 @@ def _state(entry: dict[str, Any], files: dict[str, Any]) -> tuple[str, str]:
         return "failed", f"{_type_name(summary.get('error_type'))}: {summary.get('error_message')}"
     if entry.get("phase") == "cancelled":
         return "cancelled", "stopped on purpose"
-    if outcome in ("failed", "timeout"):
-        return "failed", progress.get("text") or outcome
-    if progress.get("state") == "finished":
-        return ("succeeded" if "succeeded" in progress.get("text", "") else "failed"), progress["text"]
+    if outcome:
+        return ("succeeded" if outcome == "success" else "failed"), progress.get("text") or outcome
     if progress.get("state"):
         return progress["state"], progress.get("text", "")
     return "submitted", "submitted; not observed yet"
 
 
-def _job_view(entry: dict[str, Any], files: dict[str, Any], base_uri: str | None) -> dict[str, Any]:
+def _job_view(entry: dict[str, Any], files: dict[str, Any]) -> dict[str, Any]:
     state, doing = _state(entry, files)
-    usage = files.get("usage") or {}
+    usage = entry.get("usage") or {}
     progress = files.get("progress") or {}
     summary = files.get("summary") or {}
     timings = summary.get("timings") or {}
-    output_dir = None
-    identity = entry.get("identity")
-    if base_uri and identity:
-        output_dir = output_dir_uri(base_uri, JobIdentity.from_dict(identity))
     return {
         "job_id": entry["job_id"],
         "job_uri": entry.get("job_uri"),
@@ -153,7 +144,6 @@ def _job_view(entry: dict[str, Any], files: dict[str, Any], base_uri: str | None
         }
         if summary
         else None,
-        "output_dir": output_dir,
         "history": progress.get("history") or [],
     }
 
@@ -208,31 +198,6 @@ def _decode(value: str) -> dict[str, Any] | None:
     return record if isinstance(record, dict) and record.get("job") else None
 
 
-def _entries(record: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every job of the record, oldest first; records from before the history have one."""
-    current = record["job"]
-    jobs = [dict(j) for j in record.get("jobs") or [] if isinstance(j, dict) and j.get("job_id")]
-    if not any(j["job_id"] == current["job_id"] for j in jobs):
-        jobs.append({"job_id": current["job_id"], "job_uri": current.get("job_uri")})
-    for job in jobs:
-        if job["job_id"] == current["job_id"]:
-            identity = current.get("identity") or {}
-            job.setdefault("backend", current.get("backend"))
-            job.setdefault("accelerator", current.get("accelerator") or "cpu")
-            job.setdefault("try_number", identity.get("try_number"))
-            job.setdefault("attempt", identity.get("attempt"))
-            job.setdefault("submitted_at", current.get("submitted_at"))
-            job["phase"] = record.get("phase")
-            if record.get("outcome"):
-                job["outcome"] = record["outcome"]
-        job.setdefault("job_uri", join_uri(current["base_uri"], "jobs", job["job_id"]))
-        job["identity"] = (current.get("identity") or {}) | {
-            "try_number": job.get("try_number") or 1,
-            "attempt": job.get("attempt") or 1,
-        }
-    return jobs
-
-
 def _ti_fields(ti: Any, logical_date: Any, run_after: Any) -> dict[str, Any]:
     def iso(value: Any) -> str | None:
         return value.isoformat() if value is not None else None
@@ -256,7 +221,7 @@ def task_rows(session: Any, *, all_jobs: bool = False, **filters: Any) -> list[d
     """One row per task instance with a kinetic job: its current job, its attempts' sums, and
     (``all_jobs``) every job it ran."""
     decoded = [
-        (ti, logical_date, run_after, record, _entries(record))
+        (ti, logical_date, run_after, record, recorded_jobs(record))
         for store, ti, logical_date, run_after in _records(session, **filters)
         if (record := _decode(store.value)) is not None
     ]
@@ -267,9 +232,9 @@ def task_rows(session: Any, *, all_jobs: bool = False, **filters: Any) -> list[d
     }
     out = []
     for ti, logical_date, run_after, record, entries in decoded:
-        base = record["job"].get("base_uri")
-        jobs = [_job_view(e, futures[e["job_id"]].result(), base) for e in entries]
+        jobs = [_job_view(e, futures[e["job_id"]].result()) for e in entries]
         current = jobs[-1]
+        ref = record["job"]  # every try and attempt shares KINETIC_OUTPUT_DIR (unless set by hand)
         row = {
             **_ti_fields(ti, logical_date, run_after),
             **{k: current[k] for k in ("job_id", "backend", "accelerator", "state", "doing", "node")},
@@ -281,7 +246,7 @@ def task_rows(session: Any, *, all_jobs: bool = False, **filters: Any) -> list[d
             "queue_seconds": current["queue_seconds"],
             "spot": current["spot"],
             "result": current["result"],
-            "output_dir": current["output_dir"],
+            "output_dir": output_dir_uri(ref["base_uri"], JobIdentity.from_dict(ref["identity"])),
         }
         if all_jobs:
             row["jobs"] = jobs
