@@ -56,6 +56,8 @@ class KineticJobTrigger(BaseTrigger):
         )
 
     def _watcher(self) -> JobWatcher:
+        """Built in a worker thread: opening gs:// storage looks up the GCP connection, a
+        synchronous supervisor call that must not run on the triggerer's event loop."""
         return JobWatcher(
             self.job,
             storage_for(self.job["job_uri"], self.gcp_conn_id),
@@ -68,7 +70,8 @@ class KineticJobTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         self.log.info("watching kinetic job %s at %s", self.job["job_id"], self.job["job_uri"])
-        event = await self._watcher().wait()
+        watcher = await asyncio.to_thread(self._watcher)
+        event = await watcher.wait()
         hold = (self.not_before or 0) - time.time()
         if hold > 0:
             # Airflow's executor-event race (README): resuming the task before the scheduler has
@@ -80,9 +83,10 @@ class KineticJobTrigger(BaseTrigger):
     async def on_kill(self) -> None:
         """The user marked the deferred task failed/success or cleared it: stop the job."""
         self.log.info("task was stopped by the user; cancelling kinetic job %s", self.job["job_id"])
+        storage = await asyncio.to_thread(storage_for, self.job["job_uri"], self.gcp_conn_id)
         await acancel_job(
             self.job,
-            storage_for(self.job["job_uri"], self.gcp_conn_id),
+            storage,
             get_backend(self.job["backend"]),
             by="trigger.on_kill",
             reason="the task was cleared or marked by a user while deferred",

@@ -43,27 +43,32 @@ def run_runner(layout: JobLayout, python: str = sys.executable, timeout: float =
     return proc, (json.loads(summary) if summary else None)
 
 
-def gke_job(task_id: str, fn: Any, args: list, **ref_fields: Any) -> tuple[Any, dict, Any]:
-    """A cluster job as the operator makes it (ref, payload, manifest, Job) without Airflow running it.
+def gke_job(
+    task_id: str, fn: Any, args: list, *, backend: str = "gke", accelerator: str = "cpu", **ref_fields: Any
+) -> tuple[Any, dict, Any]:
+    """A cluster job as the operator makes it (ref, payload, manifest, Job or LeaderWorkerSet)
+    without Airflow running it.
 
     Uses the kinetic settings of the environment (KINETIC_BASE_URI, KINETIC_KUBERNETES_CONN_ID, ...).
-    Returns (operator, job ref, storage); one Job per call (the run id is random).
+    Returns (operator, job ref, storage); one job per call (the run id is random).
     """
     import uuid
 
-    from kinetic_airflow.backends.gke.backend import GKEBackend
+    from kinetic_airflow.backends import get_backend
     from kinetic_airflow.connections import storage_for
     from kinetic_airflow.layout import JobIdentity
     from kinetic_airflow.operators import KineticRunOperator
 
-    op = KineticRunOperator(task_id=task_id, python_callable=fn, op_args=args, backend="gke")
+    op = KineticRunOperator(
+        task_id=task_id, python_callable=fn, op_args=args, backend=backend, accelerator=accelerator
+    )
     run_id = f"r-{uuid.uuid4().hex[:8]}"
-    ref = op._job_ref(JobIdentity("d", run_id, task_id), "gke", os.environ["KINETIC_BASE_URI"])
+    ref = op._job_ref(JobIdentity("d", run_id, task_id), backend, os.environ["KINETIC_BASE_URI"])
     manifest = ref_fields.pop("manifest", {})  # manifest overrides, e.g. heartbeat_seconds
     ref.update(ref_fields)
     storage = storage_for(ref["job_uri"])
     layout = JobLayout(ref["job_uri"])
     fields = write_payload(storage, layout.payload, fn, list(args), {})
     storage.write_text(layout.manifest, manifest_json({**fields, "job_id": ref["job_id"], **manifest}))
-    GKEBackend().submit(ref)
+    get_backend(backend).submit(ref)
     return op, ref, storage

@@ -3,12 +3,17 @@
 The worker submits (POST; a 409 for a Job labelled as this task instance's is
 adopted) and reads status directly; triggers read status from the shared watch
 of the namespace and follow pod logs with one streaming request per pod.
+
+In a trigger, everything that may do I/O (building the cluster's client looks up a
+connection; discovery asks the API server) runs once per job in a worker thread
+(``_aobserved``); what the loop does afterwards reads memory only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from kinetic_airflow.accelerators import parse_accelerator
@@ -22,13 +27,13 @@ from kinetic_airflow.backends.gke.manifest import (
     build_job_manifest,
 )
 from kinetic_airflow.backends.gke.volumes import pod_extras
-from kinetic_airflow.backends.gke.watch_cache import shared_watch
+from kinetic_airflow.backends.gke.watch_cache import ClusterWatch, shared_watch
 from kinetic_airflow.config import resolve_setting
 from kinetic_airflow.layout import JobIdentity
 from kinetic_airflow.links import job_links
 from kinetic_airflow.pod_override import apply_to_manifest
 
-__all__ = ["GKEBackend", "JobOwnershipError", "k8s_job_name"]
+__all__ = ["GKEBackend", "JobOwnershipError", "Observed", "k8s_job_name"]
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +52,23 @@ def _owner_label(job: JobRef) -> str:
     return JobIdentity.from_dict(job["identity"]).labels()[TI_LABEL]
 
 
+@dataclass
+class Observed:
+    """What a watcher's loop uses of one job, made off the loop once: the cluster's client, the
+    shared watch of its namespace, and the event that watch (and the job's log streams) set on
+    every change of the job."""
+
+    api: KubeApi
+    watch: ClusterWatch
+    changed: asyncio.Event
+
+
 class GKEBackend(Backend):
     name = "gke"
 
     def __init__(self) -> None:
         self._streams: dict[str, PodLogStream] = {}
-        self._change_events: dict[str, asyncio.Event] = {}
-        self._watches: dict[str, Any] = {}
+        self._observed: dict[str, Observed] = {}
 
     kind_label = "Job"
 
@@ -147,13 +162,37 @@ class GKEBackend(Backend):
     async def astatus(self, job: JobRef) -> BackendStatus:
         """From the shared watch's memory, in the loop (no thread hop) once it is synced and
         knows the Job; otherwise in a thread, which may ask the API."""
-        self._changes(job)
-        watch = shared_watch(job["cluster"], job["namespace"])
+        observed = await self._aobserved(job)
         name = self.object_name(job)
-        found = self._cached_object(watch, name) if watch.synced else None
+        found = self._cached_object(observed.watch, name) if observed.watch.synced else None
         if found is not None:
-            return self._classify(job, found, watch.pods_of(name))
+            return self._classify(job, found, observed.watch.pods_of(name))
         return await asyncio.to_thread(self._cached_status, job)
+
+    def _connect(self, job: JobRef) -> tuple[KubeApi, ClusterWatch]:
+        """The job's client and shared watch; may do I/O, so a trigger calls it in a thread."""
+        return self._api(job), shared_watch(job["cluster"], job["namespace"])
+
+    async def _aobserved(self, job: JobRef) -> Observed:
+        """The job's ``Observed``, connected in a worker thread on first use.
+
+        The change event is subscribed before the job's state is first read, so a change between
+        a look and the next wait is never lost (see ``await_change``).
+        """
+        name = self.object_name(job)
+        found = self._observed.get(name)
+        if found is not None and not found.watch.stopped.is_set():
+            return found
+        api, watch = await asyncio.to_thread(self._connect, job)
+        found = self._observed.get(name)  # another look of this job may have connected meanwhile
+        if found is not None and found.watch is watch:
+            return found
+        if found is not None:  # its watch was stopped (reset): follow the new one
+            found.watch.unsubscribe(name, found.changed)
+        changed = found.changed if found is not None else asyncio.Event()
+        watch.subscribe(name, changed)
+        observed = self._observed[name] = Observed(api, watch, changed)
+        return observed
 
     # Cancel -----------------------------------------------------------------------------------
     def cancel(self, job: JobRef) -> None:
@@ -171,24 +210,24 @@ class GKEBackend(Backend):
         api.delete_foreground(path)
 
     # Logs -------------------------------------------------------------------------------------
-    def _stream(self, job: JobRef) -> PodLogStream | None:
+    async def _stream(self, job: JobRef) -> PodLogStream | None:
         """The log stream of the job's newest started pod, opened on first use (in this loop)."""
         name = self.object_name(job)
         stream = self._streams.get(name)
         if stream is None:
-            watch = shared_watch(job["cluster"], job["namespace"])
+            observed = await self._aobserved(job)
             pods = [
                 p
-                for p in watch.pods_of(name)
+                for p in observed.watch.pods_of(name)
                 if p.get("status", {}).get("phase") in ("Running", "Succeeded", "Failed")
             ]
             if not pods:
                 return None
             pod = max(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "")
             stream = self._streams[name] = PodLogStream(
-                self._api(job), job["namespace"], pod["metadata"]["name"], CONTAINER_NAME
+                observed.api, job["namespace"], pod["metadata"]["name"], CONTAINER_NAME
             )
-            stream.listeners.add(self._changes(job))
+            stream.listeners.add(observed.changed)
             stream.start()
         return stream
 
@@ -213,12 +252,12 @@ class GKEBackend(Backend):
         return f"Cloud Logging {url} , or `{command}` while the Job exists"
 
     async def alog_complete(self, job: JobRef) -> bool:
-        stream = self._stream(job)
+        stream = await self._stream(job)
         return stream is not None and stream.done.is_set()
 
     async def aread_log(self, job: JobRef, offset: int) -> tuple[str, int]:
         """Offset counts lines: a rebuilt trigger skips what an earlier one already showed."""
-        stream = self._stream(job)
+        stream = await self._stream(job)
         if stream is None:
             return "", offset
         lines = stream.lines[offset:]
@@ -228,17 +267,6 @@ class GKEBackend(Backend):
 
     notifies = True
 
-    def _changes(self, job: JobRef) -> asyncio.Event:
-        """The job's change event, subscribed to the watch before its state is first read, so
-        a change between a look and the next wait is never lost (see ``await_change``)."""
-        name = self.object_name(job)
-        event = self._change_events.get(name)
-        if event is None:
-            event = self._change_events[name] = asyncio.Event()
-            self._watches[name] = shared_watch(job["cluster"], job["namespace"])
-            self._watches[name].subscribe(name, event)
-        return event
-
     async def await_change(self, job: JobRef, timeout: float) -> None:
         """Until the watch sees the Job or a pod of it change, its log stream brings lines or
         ends, or ``timeout``: no timer wakes a watcher whose job is quiet.
@@ -246,7 +274,7 @@ class GKEBackend(Backend):
         The event stays subscribed between waits and is cleared on waking, before the watcher
         looks again: whatever changes after that look sets it, and the next wait returns at once.
         """
-        changed = self._changes(job)
+        changed = (await self._aobserved(job)).changed
         try:
             await asyncio.wait_for(changed.wait(), timeout)
         except asyncio.TimeoutError:
@@ -257,7 +285,6 @@ class GKEBackend(Backend):
         for stream in self._streams.values():
             stream.stop()
         self._streams.clear()
-        for name, event in self._change_events.items():
-            self._watches[name].unsubscribe(name, event)
-        self._change_events.clear()
-        self._watches.clear()
+        for name, observed in self._observed.items():
+            observed.watch.unsubscribe(name, observed.changed)
+        self._observed.clear()

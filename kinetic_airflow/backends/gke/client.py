@@ -17,12 +17,13 @@ cache stores.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
 from typing import Any
 
-__all__ = ["ApiError", "KubeApi", "cluster_key", "kube_api"]
+__all__ = ["ApiError", "KubeApi", "akube_api", "cached_kube_api", "cluster_key", "kube_api"]
 
 
 class ApiError(RuntimeError):
@@ -40,11 +41,12 @@ class ApiError(RuntimeError):
 _RETRYABLE = {429, 500, 502, 503, 504}
 
 
+_KEY_FIELDS = ("kubernetes_conn_id", "gcp_conn_id", "project", "location", "name", "endpoint", "ca")
+
+
 def cluster_key(cluster: dict[str, Any]) -> str:
-    return json.dumps(
-        {k: cluster.get(k) for k in ("kubernetes_conn_id", "gcp_conn_id", "project", "location", "name")},
-        sort_keys=True,
-    )
+    """What tells clusters apart: a re-created cluster (new endpoint or CA) gets a new client."""
+    return json.dumps({k: cluster.get(k) for k in _KEY_FIELDS}, sort_keys=True)
 
 
 def _api_client(cluster: dict[str, Any]) -> Any:
@@ -168,14 +170,35 @@ class KubeApi:
 
 
 _CLIENTS: dict[str, KubeApi] = {}
+# Guards the dict only. Nothing that can block or yield runs while it is held: building a client
+# looks up a connection, which under the triggerer is a supervisor call that greenback may
+# suspend, letting another trigger on the same thread try to take this lock (a deadlock).
 _CLIENTS_LOCK = threading.Lock()
 
 
-def kube_api(cluster: dict[str, Any]) -> KubeApi:
-    """One client per cluster per process: triggers of one triggerer share its connection pool."""
-    key = cluster_key(cluster)
+def cached_kube_api(cluster: dict[str, Any]) -> KubeApi | None:
+    """The process's client of ``cluster`` if one was built already; never does I/O."""
     with _CLIENTS_LOCK:
-        api = _CLIENTS.get(key)
-        if api is None:
-            api = _CLIENTS[key] = KubeApi(_api_client(cluster))
-        return api
+        return _CLIENTS.get(cluster_key(cluster))
+
+
+def kube_api(cluster: dict[str, Any]) -> KubeApi:
+    """One client per cluster per process: triggers of one triggerer share its connection pool.
+
+    The first call for a cluster builds the client (connection look-up, maybe a token): call it
+    from a worker thread in async code (``akube_api``), never on the event loop's thread.
+    """
+    found = cached_kube_api(cluster)
+    if found is not None:
+        return found
+    built = KubeApi(_api_client(cluster))  # outside the lock: may block, or yield under greenback
+    with _CLIENTS_LOCK:
+        return _CLIENTS.setdefault(cluster_key(cluster), built)
+
+
+async def akube_api(cluster: dict[str, Any]) -> KubeApi:
+    """``kube_api`` for the event loop: a cached client at once, a new one built in a thread."""
+    found = cached_kube_api(cluster)
+    if found is not None:
+        return found
+    return await asyncio.to_thread(kube_api, cluster)

@@ -21,7 +21,7 @@ from kinetic_airflow.backends.gke.group_status import HostMemory, classify_group
 from kinetic_airflow.backends.gke.logstream import PodLogStream
 from kinetic_airflow.backends.gke.lws_manifest import LWS_GROUP, LWS_PLURAL, build_lws_manifest, lws_name
 from kinetic_airflow.backends.gke.manifest import CONTAINER_NAME
-from kinetic_airflow.backends.gke.watch_cache import shared_watch
+from kinetic_airflow.backends.gke.watch_cache import ClusterWatch, shared_watch
 
 __all__ = ["LwsMissingError", "PathwaysBackend"]
 
@@ -85,7 +85,8 @@ class PathwaysBackend(GKEBackend):
     def _cached_object(self, watch: Any, name: str) -> dict[str, Any] | None:
         return watch.group(name)
 
-    def _group_watch(self, job: JobRef) -> Any:
+    def _group_watch(self, job: JobRef) -> ClusterWatch:
+        """The namespace's watch, watching LeaderWorkerSets too (discovery: may do I/O)."""
         watch = shared_watch(job["cluster"], job["namespace"])
         watch.watch_groups(self.object_path(job))
         return watch
@@ -94,21 +95,20 @@ class PathwaysBackend(GKEBackend):
         self._group_watch(job)
         return super()._cached_status(job)
 
-    async def astatus(self, job: JobRef) -> BackendStatus:
-        self._group_watch(job)
-        return await super().astatus(job)
+    def _connect(self, job: JobRef) -> tuple[KubeApi, ClusterWatch]:
+        return self._api(job), self._group_watch(job)
 
     async def arelease(self, job: JobRef) -> None:
         """The attempt's outcome is known: delete the group (its hosts only wait now)."""
         await self.acancel(job)
 
     # Logs -------------------------------------------------------------------------------------
-    def _streams_of(self, job: JobRef) -> dict[int, PodLogStream]:
+    async def _streams_of(self, job: JobRef) -> dict[int, PodLogStream]:
         """One stream per host, opened once its pod has started (``previous`` if it already ended)."""
         name = self.object_name(job)
         streams = self._host_streams.setdefault(name, {})
-        watch = shared_watch(job["cluster"], job["namespace"])
-        for pod in watch.pods_of(name):
+        observed = await self._aobserved(job)
+        for pod in observed.watch.pods_of(name):
             host = host_index(pod)
             if host < 0 or host in streams:
                 continue
@@ -118,9 +118,9 @@ class PathwaysBackend(GKEBackend):
                 continue
             restarted = any(int(cs.get("restartCount") or 0) > 0 for cs in statuses)
             stream = streams[host] = PodLogStream(
-                self._api(job), job["namespace"], pod["metadata"]["name"], CONTAINER_NAME, previous=restarted
+                observed.api, job["namespace"], pod["metadata"]["name"], CONTAINER_NAME, previous=restarted
             )
-            stream.listeners.add(self._changes(job))
+            stream.listeners.add(observed.changed)
             stream.start()
         return streams
 
@@ -128,7 +128,7 @@ class PathwaysBackend(GKEBackend):
         """The offset is lines per host ({"0": n, "3": m}); every line carries its host's prefix."""
         seen = dict(offset) if isinstance(offset, dict) else {}
         out: list[str] = []
-        for host, stream in sorted(self._streams_of(job).items()):
+        for host, stream in sorted((await self._streams_of(job)).items()):
             start = int(seen.get(str(host), 0))
             lines = stream.lines[start:]
             if lines:
@@ -139,7 +139,7 @@ class PathwaysBackend(GKEBackend):
         return "\n".join(out) + "\n", seen
 
     async def alog_complete(self, job: JobRef) -> bool:
-        streams = self._streams_of(job)
+        streams = await self._streams_of(job)
         return bool(streams) and all(stream.done.is_set() for stream in streams.values())
 
     def full_log_hint(self, job: JobRef) -> str:

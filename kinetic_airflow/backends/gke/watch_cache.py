@@ -6,6 +6,12 @@ from one in-memory copy kept current by two long-lived watch requests
 (``app=kinetic`` Jobs and Pods). A dropped watch resumes from the last
 resourceVersion; a ``410 Gone`` relists; errors back off. The cache stops
 itself when nobody has asked for anything for a while.
+
+Locks here guard dicts and sets only: no lock is held across a call that can block, start a
+thread or yield. Under Airflow's triggerer every trigger runs on one thread, and a synchronous
+call that needs the supervisor (a connection look-up) is suspended by greenback while the loop
+runs other triggers; one of them taking a lock held across that call blocks the loop for ever.
+``tests/test_lock_discipline.py`` checks the rule for every lock of the package.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from typing import Any
 
 from kinetic_airflow.backends.gke.client import ApiError, KubeApi, cluster_key, kube_api
 
-__all__ = ["ClusterWatch", "shared_watch"]
+__all__ = ["ClusterWatch", "ashared_watch", "cached_watch", "shared_watch"]
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +147,8 @@ class ClusterWatch:
         self.pods = _Collection(self, KubeApi.pods_path(namespace), POD_SELECTOR)
         self.groups: _Collection | None = None  # LeaderWorkerSets, watched once a job needs them
         self._groups_lock = threading.Lock()
+
+    def start(self) -> None:
         self.jobs.start()
         self.pods.start()
 
@@ -156,10 +164,15 @@ class ClusterWatch:
 
     def watch_groups(self, path: str) -> None:
         """Start watching LeaderWorkerSets at ``path`` (their API version comes from discovery)."""
+        if self.groups is not None:
+            return
+        candidate = _Collection(self, path, LWS_SELECTOR)
         with self._groups_lock:
-            if self.groups is None:
-                self.groups = _Collection(self, path, LWS_SELECTOR)
-                self.groups.start()
+            won = self.groups is None
+            if won:
+                self.groups = candidate
+        if won:
+            candidate.start()
 
     def group(self, name: str) -> dict[str, Any] | None:
         self.last_used = time.monotonic()
@@ -188,14 +201,16 @@ class ClusterWatch:
         polling, and wakes within milliseconds of the pod's termination reaching the watch.
         """
         self.last_used = time.monotonic()
+        entry = (asyncio.get_running_loop(), event)
         with self._waiters_lock:
-            self._waiters.setdefault(job_name, set()).add((asyncio.get_running_loop(), event))
+            self._waiters.setdefault(job_name, set()).add(entry)
 
     def unsubscribe(self, job_name: str, event: asyncio.Event) -> None:
+        entry = (asyncio.get_running_loop(), event)
         with self._waiters_lock:
             waiting = self._waiters.get(job_name)
             if waiting is not None:
-                waiting.discard((asyncio.get_running_loop(), event))
+                waiting.discard(entry)
                 if not waiting:
                     del self._waiters[job_name]
 
@@ -208,31 +223,59 @@ class ClusterWatch:
     @property
     def idle(self) -> bool:
         with self._waiters_lock:
-            if self._waiters:  # a watcher sleeping until this watch wakes it is a user
-                return False
-        return time.monotonic() - self.last_used > _IDLE_STOP_SECONDS
+            waited_on = bool(self._waiters)  # a watcher sleeping until this watch wakes it is a user
+        return not waited_on and time.monotonic() - self.last_used > _IDLE_STOP_SECONDS
 
     def stop(self) -> None:
         self.stopped.set()
 
 
 _WATCHES: dict[tuple[str, str], ClusterWatch] = {}
-_WATCHES_LOCK = threading.Lock()
+_WATCHES_LOCK = threading.Lock()  # guards the dict only (see the module docstring)
+
+
+def cached_watch(cluster: dict[str, Any], namespace: str) -> ClusterWatch | None:
+    """The running watch of (cluster, namespace), if there is one; never does I/O."""
+    with _WATCHES_LOCK:
+        watch = _WATCHES.get((cluster_key(cluster), namespace))
+    if watch is None or watch.stopped.is_set():
+        return None
+    watch.last_used = time.monotonic()
+    return watch
 
 
 def shared_watch(cluster: dict[str, Any], namespace: str) -> ClusterWatch:
-    """The process-wide watch of (cluster, namespace), started on first use."""
+    """The process-wide watch of (cluster, namespace), started on first use.
+
+    The first use builds the cluster's client: call it from a worker thread in async code
+    (``ashared_watch``), never on the event loop's thread.
+    """
+    found = cached_watch(cluster, namespace)
+    if found is not None:
+        return found
     key = (cluster_key(cluster), namespace)
+    candidate = ClusterWatch(kube_api(cluster), namespace)  # nothing started yet
     with _WATCHES_LOCK:
-        for other_key, other in list(_WATCHES.items()):
-            if other.idle and other_key != key:
-                other.stop()
-                del _WATCHES[other_key]
+        idle = [(k, w) for k, w in _WATCHES.items() if k != key and w.idle]
+        for other_key, _ in idle:
+            del _WATCHES[other_key]
         watch = _WATCHES.get(key)
         if watch is None or watch.stopped.is_set():
-            watch = _WATCHES[key] = ClusterWatch(kube_api(cluster), namespace)
-        watch.last_used = time.monotonic()
-        return watch
+            watch = _WATCHES[key] = candidate
+    for _, other in idle:
+        other.stop()
+    if watch is candidate:
+        candidate.start()
+    watch.last_used = time.monotonic()
+    return watch
+
+
+async def ashared_watch(cluster: dict[str, Any], namespace: str) -> ClusterWatch:
+    """``shared_watch`` for the event loop: a running watch at once, a new one made in a thread."""
+    found = cached_watch(cluster, namespace)
+    if found is not None:
+        return found
+    return await asyncio.to_thread(shared_watch, cluster, namespace)
 
 
 def reset_shared_state() -> None:
@@ -240,8 +283,9 @@ def reset_shared_state() -> None:
     from kinetic_airflow.backends.gke import client
 
     with _WATCHES_LOCK:
-        for watch in _WATCHES.values():
-            watch.stop()
+        watches = list(_WATCHES.values())
         _WATCHES.clear()
+    for watch in watches:
+        watch.stop()
     with client._CLIENTS_LOCK:
         client._CLIENTS.clear()
