@@ -1,5 +1,6 @@
-"""Airflow plugin: the listener that stops jobs of task instances users mark by hand, and the
-Kinetic view (a "Kinetic jobs" page in the navigation and a "Kinetic" task-instance tab).
+"""Airflow plugin: the listener that stops jobs of task instances users mark by hand, the
+triggerer's warm-up (``kinetic_airflow.warmup``), and the Kinetic view (a "Kinetic jobs" page in
+the navigation and a "Kinetic" task-instance tab).
 
 The view's app is built on its first request: this module is imported by every Airflow
 process (workers, scheduler, triggerer), which need none of it.
@@ -11,7 +12,7 @@ from typing import Any
 
 from airflow.plugins_manager import AirflowPlugin
 
-from kinetic_airflow import listener
+from kinetic_airflow import listener, warmup
 
 __all__ = ["JOBS_PAGE_ROUTE", "TASK_TAB_ROUTE", "URL_PREFIX", "KineticPlugin"]
 
@@ -36,7 +37,7 @@ class _LazyApp:
 
 class KineticPlugin(AirflowPlugin):
     name = "kinetic"
-    listeners = [listener]
+    listeners = [listener, warmup]
     fastapi_apps = [{"app": _LazyApp(), "url_prefix": URL_PREFIX, "name": "Kinetic jobs"}]
     external_views = [
         {

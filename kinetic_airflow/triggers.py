@@ -12,14 +12,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from kinetic_airflow.backends import get_backend
-from kinetic_airflow.connections import storage_for
-from kinetic_airflow.lifecycle import acancel_job
-from kinetic_airflow.watch import JobWatcher
+if TYPE_CHECKING:
+    from kinetic_airflow.watch import JobWatcher
 
 __all__ = ["KineticJobTrigger"]
 
@@ -58,6 +56,12 @@ class KineticJobTrigger(BaseTrigger):
     def _watcher(self) -> JobWatcher:
         """Built in a worker thread: opening gs:// storage looks up the GCP connection, a
         synchronous supervisor call that must not run on the triggerer's event loop."""
+        # Imported here, in that thread: Airflow imports this module on the triggerer's event
+        # loop, where importing the watcher, storage clients and backends would block every trigger.
+        from kinetic_airflow.backends import get_backend
+        from kinetic_airflow.connections import storage_for
+        from kinetic_airflow.watch import JobWatcher
+
         return JobWatcher(
             self.job,
             storage_for(self.job["job_uri"], self.gcp_conn_id),
@@ -83,10 +87,17 @@ class KineticJobTrigger(BaseTrigger):
     async def on_kill(self) -> None:
         """The user marked the deferred task failed/success or cleared it: stop the job."""
         self.log.info("task was stopped by the user; cancelling kinetic job %s", self.job["job_id"])
-        storage = await asyncio.to_thread(storage_for, self.job["job_uri"], self.gcp_conn_id)
-        await acancel_job(
+        await asyncio.to_thread(self._cancel)
+
+    def _cancel(self) -> None:
+        # In a worker thread, imports included (see ``_watcher``).
+        from kinetic_airflow.backends import get_backend
+        from kinetic_airflow.connections import storage_for
+        from kinetic_airflow.lifecycle import cancel_job
+
+        cancel_job(
             self.job,
-            storage,
+            storage_for(self.job["job_uri"], self.gcp_conn_id),
             get_backend(self.job["backend"]),
             by="trigger.on_kill",
             reason="the task was cleared or marked by a user while deferred",

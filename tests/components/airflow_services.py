@@ -141,6 +141,7 @@ class AirflowServices:
         extra_env: dict[str, str] | None = None,
         parallelism: int = 4,
         database_url: str | None = None,
+        niceness: dict[str, int] | None = None,
     ) -> None:
         """Describe the deployment; nothing runs until :meth:`start`.
 
@@ -148,6 +149,7 @@ class AirflowServices:
         :param extra_env: added last to the services' environment, so it can override any setting.
         :param parallelism: ``[core] parallelism``, the LocalExecutor's worker count.
         :param database_url: SQLAlchemy URL of an empty metadata DB (e.g. PostgreSQL); default SQLite.
+        :param niceness: service name -> ``nice`` value it (and every process it starts) runs at.
         """
         self.root = Path(root)
         self.home = self.root / "airflow-home"
@@ -159,6 +161,7 @@ class AirflowServices:
         self.marker = new_marker("airflow")
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.env = self._environment(extra_env or {}, parallelism)
+        self.niceness = dict(niceness or {})
 
     # Environment ------------------------------------------------------------------------------
     def _environment(self, extra: dict[str, str], parallelism: int) -> dict[str, str]:
@@ -231,6 +234,8 @@ class AirflowServices:
         command = ["airflow", name]
         if name in ("scheduler", "triggerer"):
             command.append("--skip-serve-logs")  # the tests read log files directly
+        if name in self.niceness:
+            command = ["nice", "-n", str(self.niceness[name]), *command]
         with open(self.logs / f"{name}.log", "ab") as fh:
             self.procs[name] = subprocess.Popen(
                 command,

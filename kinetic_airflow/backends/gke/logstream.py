@@ -17,6 +17,8 @@ import ssl
 import time
 from typing import Any
 
+import aiohttp  # imported with the backend, in a worker thread: never first on the event loop
+
 from kinetic_airflow.backends.gke.client import ApiError, KubeApi
 
 __all__ = ["PodLogStream"]
@@ -74,8 +76,6 @@ class PodLogStream:
             listener.set()
 
     async def _run(self) -> None:
-        import aiohttp
-
         which = "previous=true" if self.previous else "follow=true"
         path = f"{KubeApi.pods_path(self.namespace, self.pod)}/log?{which}&container={self.container}"
         received, pause, last_progress = 0, 0.5, time.monotonic()
