@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 __all__ = ["kinetic_task"]
 
 FReturn = TypeVar("FReturn")
-_OPTION_NAMES = ("accelerator", "spot", "backend", "volumes", "capture_env_vars", "base_uri")
 
 
 class _KineticDecoratedOperator(DecoratedOperator, KineticRunOperator):
@@ -98,7 +97,9 @@ def kinetic_task(
     python_callable: Callable[..., Any] | None = None, multiple_outputs: bool | None = None, **kwargs: Any
 ) -> Any:
     """Run the decorated function as a kinetic job (see KineticRunOperator for the options)."""
-    validate_options(**{k: kwargs[k] for k in _OPTION_NAMES if k in kwargs})
+    # Every option given, by its row of kinetic_airflow.options: a wrong value is an import
+    # error even for a decorated function no DAG calls, or one only ever .expand()ed.
+    validate_options(kwargs)
     # Mapped instances are labelled by Airflow from the *mapped* operator's template, so the
     # default must be given here, not in the operator's __init__ (which runs after unmapping).
     kwargs.setdefault("map_index_template", DEFAULT_MAP_INDEX_TEMPLATE)
