@@ -16,13 +16,15 @@ from kinetic_airflow.operators import DEFAULT_MAP_INDEX_TEMPLATE, KineticRunOper
 from kinetic_airflow.validation import as_function, callable_name, validate_callable, validate_options
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from datetime import timedelta
     from typing import ParamSpec
 
     from airflow.sdk.bases.decorator import Task
     from typing_extensions import Unpack
 
     from kinetic_airflow.data import Data
-    from kinetic_airflow.typed_args import TaskArgs
+    from kinetic_airflow.typed_args import BackendName, TaskArgs
 
     FParams = ParamSpec("FParams")
 
@@ -75,20 +77,20 @@ def kinetic_task(
     project: str | None = None,
     cluster: str | None = None,
     namespace: str | None = None,
-    backend: str | None = None,
-    capture_env_vars: list[str] | None = None,
-    volumes: dict[str, Data] | None = None,
+    backend: BackendName | None = None,
+    capture_env_vars: list[str] | tuple[str, ...] | None = None,
+    volumes: Mapping[str, Data] | None = None,
     spot: bool = False,
     output_dir: str | None = None,
     base_uri: str | None = None,
     gcp_conn_id: str | None = None,
     kubernetes_conn_id: str | None = None,
     deferrable: bool = True,
-    poll_interval: float | None = None,
-    heartbeat_seconds: float | None = None,
-    startup_timeout: float | None = None,
+    poll_interval: float | timedelta | None = None,
+    heartbeat_seconds: float | timedelta | None = None,
+    startup_timeout: float | timedelta | None = None,
     preemption_retries: int | None = None,
-    container_env: dict[str, str] | None = None,
+    container_env: Mapping[str, str] | None = None,
     pod_override: Any = None,
     requirements: str | Sequence[str] | None = None,
     **kwargs: Unpack[TaskArgs],

@@ -75,7 +75,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
     from typing_extensions import Unpack
 
-    from kinetic_airflow.typed_args import OperatorArgs
+    from kinetic_airflow.typed_args import BackendName, OperatorArgs
 
 __all__ = ["KineticRunOperator"]
 
@@ -140,20 +140,20 @@ class KineticRunOperator(BaseOperator):
         project: str | None = None,
         cluster: str | None = None,
         namespace: str | None = None,
-        backend: str | None = None,
-        capture_env_vars: list[str] | None = None,
-        volumes: dict[str, Data] | None = None,
+        backend: BackendName | None = None,
+        capture_env_vars: list[str] | tuple[str, ...] | None = None,
+        volumes: Mapping[str, Data] | None = None,
         spot: bool = False,
         output_dir: str | None = None,
         base_uri: str | None = None,
         gcp_conn_id: str | None = None,
         kubernetes_conn_id: str | None = None,
         deferrable: bool = True,
-        poll_interval: float | None = None,
-        heartbeat_seconds: float | None = None,
-        startup_timeout: float | None = None,
+        poll_interval: float | timedelta | None = None,
+        heartbeat_seconds: float | timedelta | None = None,
+        startup_timeout: float | timedelta | None = None,
         preemption_retries: int | None = None,
-        container_env: dict[str, str] | None = None,
+        container_env: Mapping[str, str] | None = None,
         pod_override: Any = None,
         requirements: str | Sequence[str] | None = None,
         **kwargs: Unpack[OperatorArgs],
