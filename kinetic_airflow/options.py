@@ -345,7 +345,8 @@ def check_rendered_options(op: Any) -> None:
             continue
         if isinstance(value, str) and "{{" in value:  # rendered to text that still holds Jinja
             raise KineticOptionError(
-                f"{name}={value!r} still contains a Jinja expression after rendering: check the template"
+                f"{name} (as rendered)={value!r} still holds a Jinja expression: fix the template so that "
+                f"it renders to {spec.accepts}"
             )
         setattr(op, name, _CHECKS[spec.kind](spec, value, f"{name} (as rendered)"))
 
@@ -378,9 +379,13 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
+_TYPE_WORDS = {"str": "a string", "NoneType": "None", "int": "an int"}
+
+
 def _a(value: Any) -> str:
+    """``a float``, ``an int``, ``a string``, ``None``: the value's type, as a message says it."""
     name = type(value).__name__
-    return f"an {name}" if name[:1] in "aeiouAEIOU" else f"a {name}"
+    return _TYPE_WORDS.get(name) or (f"an {name}" if name[:1] in "aeiouAEIOU" else f"a {name}")
 
 
 _UNITS = {
@@ -473,6 +478,8 @@ def _check_bool(spec: OptionSpec, value: Any, where: str) -> bool:
         fix = f"{spec.name}={value.strip().lower() in _TRUE_WORDS}"
     elif _is_number(value) and value in (0, 1):
         fix = f"{spec.name}={bool(value)}"
+    elif value is None:
+        fix = f"{spec.name}=True or {spec.name}=False"
     problem = f"is {_a(value)}, not a bool"
     if isinstance(value, str):
         problem = "is a string, not a bool (any non-empty string would count as true)"
@@ -561,11 +568,15 @@ _ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
 def _check_env(spec: OptionSpec, value: Any, where: str) -> dict[str, str]:
     if not isinstance(value, Mapping):
         fix = None
-        if isinstance(value, (list, tuple)) and all(isinstance(v, str) and "=" in v for v in value):
+        if isinstance(value, str) and "=" in value:
+            value_list: Any = [value]
+        else:
+            value_list = value
+        if isinstance(value_list, (list, tuple)) and all(isinstance(v, str) and "=" in v for v in value_list):
             fix = (
                 spec.name
                 + "={"
-                + ", ".join(f"{v.split('=', 1)[0]!r}: {v.split('=', 1)[1]!r}" for v in value)
+                + ", ".join(f"{v.split('=', 1)[0]!r}: {v.split('=', 1)[1]!r}" for v in value_list)
                 + "}"
             )
         raise _fail(spec, where, value, f"is {_a(value)}, not a dict", fix)
