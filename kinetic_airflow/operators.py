@@ -98,8 +98,12 @@ class KineticRunOperator(BaseOperator):
     :param output_dir: ``KINETIC_OUTPUT_DIR`` for the function; default is stable per task instance.
     :param capture_env_vars: worker env var names or wildcards to send to the job.
     :param volumes: ``{"/abs/mount": Data(...)}`` made available before the function runs.
+    :param spot: ``True`` for Spot VMs (as the ``:spot`` suffix); a bool, never a string.
     :param deferrable: wait in the triggerer (default) or, if False, in the worker.
-    :param startup_timeout: cluster backends: seconds a job may stay unschedulable (node scale-up).
+    :param poll_interval: seconds (or a ``timedelta``) between status checks (``[kinetic] poll_interval``).
+    :param heartbeat_seconds: seconds (or a ``timedelta``) between the runner's heartbeats.
+    :param startup_timeout: cluster backends: seconds (or a ``timedelta``) a job may stay unschedulable
+        (node scale-up).
     :param preemption_retries: cluster backends: resubmissions after preemption, not counted as retries.
     :param container_env: plain (non-secret) environment variables for the job's container.
     :param pod_override: cluster backends: a dict (Kubernetes JSON) or ``kubernetes.client.V1Pod`` merged
@@ -108,6 +112,9 @@ class KineticRunOperator(BaseOperator):
         paths of requirements files. Without it, a ``requirements.txt`` (or ``pyproject.toml``
         dependencies) beside the DAG file or at the bundle root is used. Installed by the runner
         into an environment cached by their hash, so the next job on that machine installs nothing.
+
+    Every option is checked when the operator is built (at DAG import), by its row in
+    ``kinetic_airflow.options``; templated ones again once rendered, before any job exists.
     """
 
     template_fields: Sequence[str] = (
