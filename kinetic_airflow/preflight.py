@@ -62,9 +62,8 @@ _RUN_SETTINGS = (
     "min_deferral_seconds",
     "preemption_retries",
     "kinetic_interop",
-    "namespace",
 )
-_CLUSTER_SETTINGS = ("startup_timeout", "heartbeat_timeout", "requirements_cache")
+_CLUSTER_SETTINGS = ("namespace", "startup_timeout", "heartbeat_timeout", "requirements_cache")
 
 
 def check_settings(op: KineticRunOperator, backend: str) -> None:

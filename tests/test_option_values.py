@@ -323,7 +323,7 @@ def test_templated_options_are_checked_after_rendering_before_any_job(tmp_path, 
             "kubernetes",
             "is not one of local, gke, pathways, auto (did you mean gke?)",
         ),
-        ("KINETIC_NAMESPACE", "ML_Jobs", "is not a valid Kubernetes namespace"),
+        ("KINETIC_XCOM_MAX_BYTES", "1MB", "takes a whole number, e.g. 262144 (no unit)"),
     ],
 )
 def test_a_configured_value_is_checked_before_any_job_naming_its_source(
@@ -398,3 +398,25 @@ def test_option_forms_run_end_to_end_and_spot_false_stays_off(cluster, tmp_path,
     assert spot_selector("on-demand") is None and spot_tolerations("on-demand") == []
     assert spot_selector("classic-on-demand") is None and spot_tolerations("classic-on-demand") == []
     assert spot_selector("on-spot") == "true" and len(spot_tolerations("on-spot")) == 1
+
+
+def test_cluster_settings_are_checked_for_cluster_backends(monkeypatch):
+    """A local deployment is not failed by a cluster-only setting; a cluster task is, before any job."""
+    from types import SimpleNamespace
+
+    from kinetic_airflow.config import KineticSettingError
+    from kinetic_airflow.preflight import check_settings
+
+    monkeypatch.setenv("KINETIC_NAMESPACE", "ML_Jobs")
+    monkeypatch.setenv("AIRFLOW__KINETIC__REQUIREMENTS_CACHE", "tmpfs")
+    task = SimpleNamespace(namespace=None)
+    check_settings(task, "local")
+    with pytest.raises(
+        KineticSettingError, match=r"KINETIC_NAMESPACE='ML_Jobs' is not a valid Kubernetes namespace"
+    ):
+        check_settings(task, "gke")
+    monkeypatch.delenv("KINETIC_NAMESPACE")
+    with pytest.raises(
+        KineticSettingError, match=r"REQUIREMENTS_CACHE\)='tmpfs' is not one of hostpath, emptydir"
+    ):
+        check_settings(task, "pathways")
