@@ -420,3 +420,47 @@ def test_cluster_settings_are_checked_for_cluster_backends(monkeypatch):
         KineticSettingError, match=r"REQUIREMENTS_CACHE\)='tmpfs' is not one of hostpath, emptydir"
     ):
         check_settings(task, "pathways")
+
+
+# Deliberate differences from keras-kinetic 0.0.4, shown on kinetic itself ----------------------
+_KINETIC_PROBE = """
+import json, os
+from kinetic.backend import k8s_utils
+from kinetic.core import core
+
+os.environ.update({"W": "w", "A": "a"})
+pod = k8s_utils.parse_accelerator("gpu-l4", spot="false")
+print(json.dumps({"spot_selector": pod["node_selector"].get("cloud.google.com/gke-spot"),
+                  "captured": sorted(core._capture_env("WANDB_API_KEY"))}))
+"""
+
+
+def test_keras_kinetic_takes_these_values_silently_and_we_refuse_them():
+    """keras-kinetic 0.0.4 turns Spot on for spot="false" and reads capture_env_vars="WANDB_API_KEY"
+    letter by letter (capturing W, A, ...); both are refused here at DAG import."""
+    import json
+    import os
+    import subprocess
+
+    from test_accelerator_parity import KINETIC_VERSION, ORACLE_PYTHON
+
+    from kinetic_airflow import kinetic_task
+    from kinetic_airflow.options import KineticOptionError
+
+    if not ORACLE_PYTHON.exists():
+        pytest.fail(
+            f"keras-kinetic {KINETIC_VERSION} venv missing: {ORACLE_PYTHON} does not exist. "
+            "Run `bash scripts/setup-kinetic-oracle.sh` (scripts/test.sh does).",
+            pytrace=False,
+        )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    out = subprocess.run(
+        [str(ORACLE_PYTHON), "-c", _KINETIC_PROBE], capture_output=True, text=True, check=True, env=env
+    )
+    kinetic = json.loads(out.stdout)
+    assert kinetic["spot_selector"] == "true"  # kinetic: Spot on
+    assert {"W", "A"} <= set(kinetic["captured"])  # kinetic: single letters captured
+    with pytest.raises(KineticOptionError, match="write spot=False"):
+        kinetic_task(accelerator="gpu-l4", spot="false")
+    with pytest.raises(KineticOptionError, match=r"write capture_env_vars=\['WANDB_API_KEY'\]"):
+        kinetic_task(capture_env_vars="WANDB_API_KEY")
