@@ -629,7 +629,10 @@ def _check_pod_override(spec: OptionSpec, value: Any, where: str) -> Any:
 
     if isinstance(value, str):  # JSON text is the config's form; a task passes the dict itself
         raise _fail(spec, where, value, "is a string; a task argument takes the dict itself")
-    return normalize_pod_override(value, source=where)
+    try:
+        return normalize_pod_override(value, source=where)
+    except ValueError as exc:  # PodOverrideError names the field; add what a right one looks like
+        raise type(exc)(f"{exc}. A pod override looks like {spec.example}") from None
 
 
 def _check_requirements(spec: OptionSpec, value: Any, where: str) -> str | list[str]:

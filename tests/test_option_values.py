@@ -6,6 +6,7 @@ before any job exists."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -94,6 +95,10 @@ WRONG = [
 ]
 
 FORMS = ("decorator", "operator")
+# how every message gives the fix: the value to write, a suggestion, an example or the form
+FIX = re.compile(
+    r"; write |Did you mean |, e\.g\. |Example: |Wrap the path: |pass their names: |looks like |; use "
+)
 
 _HEAD = """
 import pendulum
@@ -173,6 +178,7 @@ def test_a_wrong_value_is_a_dag_import_error_naming_the_option_and_the_fix(parse
     assert option in error
     for fragment in fragments:
         assert fragment in error, error
+    assert FIX.search(error), f"no fix in: {error}"
     assert not [d for d in bag.dags if d == _case_id(index, form).replace("-", "_")]
 
 
