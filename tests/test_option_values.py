@@ -165,7 +165,13 @@ def parsed_wrong(tmp_path_factory):
 
 
 def test_the_table_is_long_enough():
+    import kinetic_airflow
+    from kinetic_airflow.options import KineticOptionError
+
     assert len(WRONG) >= 30 and len({option for option, _, _ in WRONG}) >= 18
+    # one public type to catch, which is also what the built-in checks raise
+    assert kinetic_airflow.KineticOptionError is KineticOptionError
+    assert issubclass(KineticOptionError, TypeError) and issubclass(KineticOptionError, ValueError)
 
 
 @pytest.mark.parametrize("form", FORMS)
