@@ -21,6 +21,7 @@ _EXPORTS = {
     "parse_accelerator": "kinetic_airflow.accelerators",
     "InvalidAcceleratorError": "kinetic_airflow.accelerators",
     "KineticJobError": "kinetic_airflow.results",
+    "KineticOptionError": "kinetic_airflow.options",
     "KineticRemoteError": "kinetic_airflow.results",
     "PayloadError": "kinetic_airflow.payload",
 }
@@ -30,6 +31,7 @@ __all__ = [
     "InvalidAcceleratorError",
     "KineticJobError",
     "KineticJobTrigger",
+    "KineticOptionError",
     "KineticRemoteError",
     "KineticRunOperator",
     "PayloadError",
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
     from kinetic_airflow.envelope import ResultRef
     from kinetic_airflow.loading import load_result
     from kinetic_airflow.operators import KineticRunOperator
+    from kinetic_airflow.options import KineticOptionError
     from kinetic_airflow.payload import PayloadError
     from kinetic_airflow.results import KineticJobError, KineticRemoteError
     from kinetic_airflow.triggers import KineticJobTrigger

@@ -1054,10 +1054,11 @@ def _parse_tpu(rest: str, ctx: _Ctx, *, explicit: bool) -> AcceleratorSpec:
         )
     gen = TPU_GENERATIONS[gen_name]
     if not m:
+        size_text = rest[len(gen_word) + 1 :] if rest.startswith(gen_word + "-") else ""
         raise ctx.error(
             f"cannot read the slice size in '{rest}'",
-            suggestion_body=f"{gen_word}-{gen.default_chips}",
-            choices=f"{gen.name} chip counts {_format_counts(gen.chip_counts())}",
+            suggestion_body=f"{gen_word}-{_closest_size(gen, size_text)}",
+            choices=_generation_choices(gen, gen_word, ctx),
         )
     size = m["size"]
     if size is None:
@@ -1070,9 +1071,30 @@ def _parse_tpu(rest: str, ctx: _Ctx, *, explicit: bool) -> AcceleratorSpec:
         return _tpu_by_topology(gen, gen_word, _dims(size), ctx)
     raise ctx.error(
         f"'{size}' is neither a chip count, a topology like 2x4 or 2x2x2, nor one host like 8t",
-        suggestion_body=f"{gen_word}-{gen.default_chips}",
-        choices=f"{gen.name} chip counts {_format_counts(gen.chip_counts())}",
+        suggestion_body=f"{gen_word}-{_closest_size(gen, size)}",
+        choices=_generation_choices(gen, gen_word, ctx),
         note=CHIPS_NOTE,
+    )
+
+
+def _closest_size(gen: TpuGeneration, text: str) -> str:
+    """The size word nearest to a mistyped one: ``8tt`` -> ``8t`` (one 8-chip host), not ``8``
+    (which on v6e is two hosts, a shape backend="gke" cannot run); else the default size."""
+    words = [
+        *(f"{n}t" for n in gen.host_sizes()),
+        *map(str, gen.chip_counts()),
+        *(s.topology for s in gen.shapes),
+    ]
+    return _close(text, words) or str(gen.default_chips)
+
+
+def _generation_choices(gen: TpuGeneration, gen_word: str, ctx: _Ctx) -> str:
+    """Every way to size a slice of ``gen``, in the user's spelling: chips, one host, topology."""
+    head = f"{ctx.prefix}{gen_word}"
+    hosts = ", ".join(f"{head}-{n}t" for n in gen.host_sizes())
+    return (
+        f"{head}-<chips> with {gen.name} chip counts {_format_counts(gen.chip_counts())}; "
+        f"one host: {hosts}; or a topology: {gen.topology_rule()}"
     )
 
 
@@ -1144,7 +1166,7 @@ def _tpu_by_chips(gen: TpuGeneration, gen_word: str, chips: int, ctx: _Ctx) -> A
     raise ctx.error(
         reason,
         suggestion_body=f"{gen_word}-{suggestion}" if suggestion is not None else None,
-        choices=f"{gen.name} chip counts {_format_counts(counts)}",
+        choices=_generation_choices(gen, gen_word, ctx),
         note=CHIPS_NOTE,
     )
 

@@ -86,24 +86,43 @@ def _show(job_uri: str) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kinetic-airflow", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("accelerators", help="list accelerator strings")
-    check = sub.add_parser("check", help="resolve an accelerator string")
-    check.add_argument("accelerator")
-    show = sub.add_parser("show", help="show a job's files")
-    show.add_argument("job_uri")
-    from kinetic_airflow.cli_image import add_image_command, run_image
-    from kinetic_airflow.cli_jobs import add_job_commands, run_jobs_command
-    from kinetic_airflow.reproduce import add_reproduce_command, run_reproduce
-    from kinetic_airflow.retention import add_gc_command, run_gc
+def build_parser() -> argparse.ArgumentParser:
+    """Every command and its help, plain text (``kinetic_airflow.cli_text``)."""
+    from kinetic_airflow.cli_image import add_image_command
+    from kinetic_airflow.cli_jobs import add_job_commands
+    from kinetic_airflow.cli_text import described
+    from kinetic_airflow.reproduce import add_reproduce_command
+    from kinetic_airflow.retention import add_gc_command
 
+    parser = argparse.ArgumentParser(prog="kinetic-airflow", **described(__doc__))
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("accelerators", help="list accelerator strings", description=_ACCELERATORS_HELP)
+    check = sub.add_parser("check", help="resolve an accelerator string", description=_CHECK_HELP)
+    check.add_argument("accelerator")
+    show = sub.add_parser("show", help="show a job's files", description=_SHOW_HELP)
+    show.add_argument("job_uri")
     add_job_commands(sub)
     add_gc_command(sub)
     add_reproduce_command(sub)
     add_image_command(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+_ACCELERATORS_HELP = "List the accelerator strings of every TPU generation and GPU type, with their sizes."
+_CHECK_HELP = (
+    "Show what an accelerator string resolves to: chips, hosts, machine type, Google's name for the "
+    "slice, node selectors, resources, tolerations and notes (as JSON)."
+)
+_SHOW_HELP = "Show a job's manifest, result summary and status markers, read from its job URI."
+
+
+def main(argv: list[str] | None = None) -> int:
+    from kinetic_airflow.cli_image import run_image
+    from kinetic_airflow.cli_jobs import run_jobs_command
+    from kinetic_airflow.reproduce import run_reproduce
+    from kinetic_airflow.retention import run_gc
+
+    args = build_parser().parse_args(argv)
     if args.command == "image":
         return run_image(args)
     if args.command in ("jobs", "gc", "reproduce"):

@@ -65,7 +65,11 @@ def build_commands(kind: str, image: str, cloud_build: bool) -> list[list[str]]:
 
 
 def add_image_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    image = sub.add_parser("image", help="build and push the runner image (prints the commands)")
+    from kinetic_airflow.cli_text import described
+
+    image = sub.add_parser(
+        "image", help="build and push the runner image (prints the commands)", **described(__doc__)
+    )
     image.add_argument("--kind", choices=sorted(EXTRA_PACKAGES), default="cpu")
     image.add_argument("--project", default=None, help="default: [kinetic] project")
     image.add_argument("--zone", default=None, help="default: [kinetic] zone")

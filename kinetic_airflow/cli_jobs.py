@@ -343,7 +343,11 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 # Wiring ---------------------------------------------------------------------------------------
 def add_job_commands(sub: Any) -> None:
-    jobs = sub.add_parser("jobs", help="list jobs, read their logs and results, cancel them")
+    from kinetic_airflow.cli_text import described
+
+    jobs = sub.add_parser(
+        "jobs", help="list jobs, read their logs and results, cancel them", **described(__doc__)
+    )
     actions = jobs.add_subparsers(dest="jobs_command", required=True)
 
     listing = actions.add_parser("list", help="jobs in job storage, newest first")

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from kinetic_airflow.options import KineticOptionError, parse_setting
+
 __all__ = ["DEFAULTS", "KineticSettingError", "default_base_uri", "local_state_root", "resolve_setting"]
 
 # Built-in defaults. None means "derived" (see default_base_uri) or "unset".
@@ -56,11 +58,7 @@ DEFAULTS: dict[str, Any] = {
 BACKENDS = ("local", "gke", "pathways", "auto")
 
 
-# Options whose built-in default is None (derived) but whose values are numbers.
-_NUMBER_OPTIONS = {"min_deferral_seconds": float}
-
-
-class KineticSettingError(ValueError):
+class KineticSettingError(KineticOptionError):
     """A configured value that does not parse: names the option, where it came from, the form."""
 
 
@@ -122,35 +120,12 @@ def _airflow_conf_get(key: str) -> str | None:
     return value if value not in (None, "") else None
 
 
-def _coerce(value: Any, default: Any, key: str = "", source: str = "") -> Any:
-    kind = _NUMBER_OPTIONS.get(key) or type(default)
-    text = str(value).strip()
-    where = source or key
-    if kind is bool:
-        if text.lower() in ("1", "true", "yes", "on"):
-            return True
-        if text.lower() in ("0", "false", "no", "off"):
-            return False
-        raise KineticSettingError(f"{where}={value!r} is not a boolean: write true or false")
-    if kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-        if kind is int:
-            form = "a whole number, e.g. " + (str(default) if default is not None else "3")
-        else:
-            form = "a number of seconds, e.g. " + (f"{default:g}" if default is not None else "2") + " or 0.5"
-        raise KineticSettingError(
-            f"{where}={value!r} does not parse: {key} takes {form} (no unit)"
-            if key
-            else f"{value!r} does not parse"
-        ) from None
-    return value
-
-
 def resolve_setting(key: str, explicit: Any = None) -> Any:
-    """The effective value of ``key``; ``explicit`` (a task argument) wins when not None."""
+    """The effective value of ``key``; ``explicit`` (a task argument) wins when not None.
+
+    A configured value is parsed and checked by the option table (``kinetic_airflow.options``):
+    a wrong one raises :class:`KineticSettingError` naming the variable it came from.
+    """
     default = DEFAULTS.get(key)
     if explicit is not None:
         return explicit
@@ -160,7 +135,7 @@ def resolve_setting(key: str, explicit: Any = None) -> Any:
     )
     for value, source in sources:
         if value not in (None, ""):
-            return _coerce(value, default, key, source)
+            return parse_setting(key, value, source, default)
     return default
 
 

@@ -16,20 +16,21 @@ from kinetic_airflow.operators import DEFAULT_MAP_INDEX_TEMPLATE, KineticRunOper
 from kinetic_airflow.validation import as_function, callable_name, validate_callable, validate_options
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from datetime import timedelta
     from typing import ParamSpec
 
     from airflow.sdk.bases.decorator import Task
     from typing_extensions import Unpack
 
     from kinetic_airflow.data import Data
-    from kinetic_airflow.typed_args import TaskArgs
+    from kinetic_airflow.typed_args import BackendName, TaskArgs
 
     FParams = ParamSpec("FParams")
 
 __all__ = ["kinetic_task"]
 
 FReturn = TypeVar("FReturn")
-_OPTION_NAMES = ("accelerator", "spot", "backend", "volumes", "capture_env_vars", "base_uri")
 
 
 class _KineticDecoratedOperator(DecoratedOperator, KineticRunOperator):
@@ -76,20 +77,20 @@ def kinetic_task(
     project: str | None = None,
     cluster: str | None = None,
     namespace: str | None = None,
-    backend: str | None = None,
-    capture_env_vars: list[str] | None = None,
-    volumes: dict[str, Data] | None = None,
+    backend: BackendName | None = None,
+    capture_env_vars: list[str] | tuple[str, ...] | None = None,
+    volumes: Mapping[str, Data] | None = None,
     spot: bool = False,
     output_dir: str | None = None,
     base_uri: str | None = None,
     gcp_conn_id: str | None = None,
     kubernetes_conn_id: str | None = None,
     deferrable: bool = True,
-    poll_interval: float | None = None,
-    heartbeat_seconds: float | None = None,
-    startup_timeout: float | None = None,
+    poll_interval: float | timedelta | None = None,
+    heartbeat_seconds: float | timedelta | None = None,
+    startup_timeout: float | timedelta | None = None,
     preemption_retries: int | None = None,
-    container_env: dict[str, str] | None = None,
+    container_env: Mapping[str, str] | None = None,
     pod_override: Any = None,
     requirements: str | Sequence[str] | None = None,
     **kwargs: Unpack[TaskArgs],
@@ -98,7 +99,9 @@ def kinetic_task(
     python_callable: Callable[..., Any] | None = None, multiple_outputs: bool | None = None, **kwargs: Any
 ) -> Any:
     """Run the decorated function as a kinetic job (see KineticRunOperator for the options)."""
-    validate_options(**{k: kwargs[k] for k in _OPTION_NAMES if k in kwargs})
+    # Every option given, by its row of kinetic_airflow.options: a wrong value is an import
+    # error even for a decorated function no DAG calls, or one only ever .expand()ed.
+    validate_options(kwargs)
     # Mapped instances are labelled by Airflow from the *mapped* operator's template, so the
     # default must be given here, not in the operator's __init__ (which runs after unmapping).
     kwargs.setdefault("map_index_template", DEFAULT_MAP_INDEX_TEMPLATE)

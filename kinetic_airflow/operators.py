@@ -51,6 +51,7 @@ from kinetic_airflow.links import (
     is_gke_cluster,
     job_links,
 )
+from kinetic_airflow.options import is_deferred
 from kinetic_airflow.payload import manifest_json, register_dag_modules_by_value, write_payload
 from kinetic_airflow.pod_override import combined_override, validate_at_parse
 from kinetic_airflow.preflight import preflight
@@ -74,7 +75,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
     from typing_extensions import Unpack
 
-    from kinetic_airflow.typed_args import OperatorArgs
+    from kinetic_airflow.typed_args import BackendName, OperatorArgs
 
 __all__ = ["KineticRunOperator"]
 
@@ -97,8 +98,12 @@ class KineticRunOperator(BaseOperator):
     :param output_dir: ``KINETIC_OUTPUT_DIR`` for the function; default is stable per task instance.
     :param capture_env_vars: worker env var names or wildcards to send to the job.
     :param volumes: ``{"/abs/mount": Data(...)}`` made available before the function runs.
+    :param spot: ``True`` for Spot VMs (as the ``:spot`` suffix); a bool, never a string.
     :param deferrable: wait in the triggerer (default) or, if False, in the worker.
-    :param startup_timeout: cluster backends: seconds a job may stay unschedulable (node scale-up).
+    :param poll_interval: seconds (or a ``timedelta``) between status checks (``[kinetic] poll_interval``).
+    :param heartbeat_seconds: seconds (or a ``timedelta``) between the runner's heartbeats.
+    :param startup_timeout: cluster backends: seconds (or a ``timedelta``) a job may stay unschedulable
+        (node scale-up).
     :param preemption_retries: cluster backends: resubmissions after preemption, not counted as retries.
     :param container_env: plain (non-secret) environment variables for the job's container.
     :param pod_override: cluster backends: a dict (Kubernetes JSON) or ``kubernetes.client.V1Pod`` merged
@@ -107,6 +112,9 @@ class KineticRunOperator(BaseOperator):
         paths of requirements files. Without it, a ``requirements.txt`` (or ``pyproject.toml``
         dependencies) beside the DAG file or at the bundle root is used. Installed by the runner
         into an environment cached by their hash, so the next job on that machine installs nothing.
+
+    Every option is checked when the operator is built (at DAG import), by its row in
+    ``kinetic_airflow.options``; templated ones again once rendered, before any job exists.
     """
 
     template_fields: Sequence[str] = (
@@ -139,20 +147,20 @@ class KineticRunOperator(BaseOperator):
         project: str | None = None,
         cluster: str | None = None,
         namespace: str | None = None,
-        backend: str | None = None,
-        capture_env_vars: list[str] | None = None,
-        volumes: dict[str, Data] | None = None,
+        backend: BackendName | None = None,
+        capture_env_vars: list[str] | tuple[str, ...] | None = None,
+        volumes: Mapping[str, Data] | None = None,
         spot: bool = False,
         output_dir: str | None = None,
         base_uri: str | None = None,
         gcp_conn_id: str | None = None,
         kubernetes_conn_id: str | None = None,
         deferrable: bool = True,
-        poll_interval: float | None = None,
-        heartbeat_seconds: float | None = None,
-        startup_timeout: float | None = None,
+        poll_interval: float | timedelta | None = None,
+        heartbeat_seconds: float | timedelta | None = None,
+        startup_timeout: float | timedelta | None = None,
         preemption_retries: int | None = None,
-        container_env: dict[str, str] | None = None,
+        container_env: Mapping[str, str] | None = None,
         pod_override: Any = None,
         requirements: str | Sequence[str] | None = None,
         **kwargs: Unpack[OperatorArgs],
@@ -163,13 +171,33 @@ class KineticRunOperator(BaseOperator):
         self.python_callable = ensure_name(python_callable)
         self.op_args = op_args if op_args is not None else []
         self.op_kwargs = op_kwargs if op_kwargs is not None else {}
-        self.volumes, self.capture_env_vars = validate_options(
-            accelerator=accelerator,
-            spot=spot,
-            backend=backend,
-            volumes=volumes,
-            capture_env_vars=capture_env_vars,
-            base_uri=base_uri,
+        # One row of kinetic_airflow.options per option: a wrong value is a DAG import error
+        # naming the option and the fix; durations become seconds, mappings and lists copies.
+        options = validate_options(
+            {
+                "accelerator": accelerator,
+                "container_image": container_image,
+                "zone": zone,
+                "project": project,
+                "cluster": cluster,
+                "namespace": namespace,
+                "backend": backend,
+                "capture_env_vars": capture_env_vars,
+                "volumes": volumes,
+                "spot": spot,
+                "output_dir": output_dir,
+                "base_uri": base_uri,
+                "gcp_conn_id": gcp_conn_id,
+                "kubernetes_conn_id": kubernetes_conn_id,
+                "deferrable": deferrable,
+                "poll_interval": poll_interval,
+                "heartbeat_seconds": heartbeat_seconds,
+                "startup_timeout": startup_timeout,
+                "preemption_retries": preemption_retries,
+                "container_env": container_env,
+                "pod_override": pod_override,
+                "requirements": requirements,
+            }
         )
         self.accelerator = accelerator
         self.container_image = container_image
@@ -178,19 +206,22 @@ class KineticRunOperator(BaseOperator):
         self.cluster = cluster
         self.namespace = namespace
         self.backend = backend
-        self.spot = spot
+        self.capture_env_vars: list[str] = options["capture_env_vars"] or []
+        self.volumes: dict[str, Data] = options["volumes"] or {}
+        self.spot: bool = options["spot"]
         self.output_dir = output_dir
         self.base_uri = base_uri
         self.gcp_conn_id = gcp_conn_id
         self.kubernetes_conn_id = kubernetes_conn_id
-        self.deferrable = deferrable
-        self.poll_interval = poll_interval
-        self.heartbeat_seconds = heartbeat_seconds
-        self.startup_timeout = startup_timeout
-        self.preemption_retries = preemption_retries
-        self.container_env = dict(container_env or {})
-        self.pod_override = validate_at_parse(pod_override, accelerator, spot)
-        self.requirements = requirements
+        self.deferrable: bool = options["deferrable"]
+        self.poll_interval: float | None = options["poll_interval"]
+        self.heartbeat_seconds: float | None = options["heartbeat_seconds"]
+        self.startup_timeout: float | None = options["startup_timeout"]
+        self.preemption_retries: int | None = options["preemption_retries"]
+        self.container_env = options["container_env"] if container_env is not None else {}
+        trial_accelerator = accelerator if not is_deferred(accelerator) else "cpu"
+        self.pod_override = validate_at_parse(options["pod_override"], trial_accelerator, self.spot)
+        self.requirements = options["requirements"]
         if _parse_time_backend(backend) == "local":  # no cluster: no GKE console or Cloud Logging
             self.operator_extra_links = (KineticViewLink(),)
 
@@ -199,6 +230,9 @@ class KineticRunOperator(BaseOperator):
         """As ``BaseOperator.partial``, with kinetic's default ``map_index_template`` (see
         ``kinetic_map_label``); Airflow labels mapped instances from the partial's template."""
         kwargs.setdefault("map_index_template", DEFAULT_MAP_INDEX_TEMPLATE)
+        # A mapped operator is built when the task runs: check the options given here at parse
+        # time (expanded ones are checked when each mapped instance is built, before it runs).
+        validate_options(kwargs)
         return super().partial(**kwargs)
 
     def kinetic_map_label(self) -> str:

@@ -14,20 +14,24 @@ import shutil
 from typing import TYPE_CHECKING, Any
 
 from kinetic_airflow.accelerators import parse_accelerator
+from kinetic_airflow.config import KineticSettingError, resolve_setting
 from kinetic_airflow.context_args import context_kwargs
 from kinetic_airflow.data import data_in
+from kinetic_airflow.options import check_rendered_options
 from kinetic_airflow.validation import check_backend_fits, check_base_uri, check_local_volumes
 
 if TYPE_CHECKING:
     from kinetic_airflow.operators import KineticRunOperator
 
-__all__ = ["machine_has", "preflight"]
+__all__ = ["check_settings", "machine_has", "preflight"]
 
 log = logging.getLogger(__name__)
 
 
 def preflight(op: KineticRunOperator, context: Any) -> None:
+    check_rendered_options(op)  # templated options, as rendered: the same table as at parse time
     backend = op._backend_name()
+    check_settings(op, backend)
     spec = parse_accelerator(op.accelerator, spot=op.spot or None)  # rendered by now
     check_backend_fits(backend, spec)
     base_uri = op._base_uri(backend)
@@ -44,6 +48,34 @@ def preflight(op: KineticRunOperator, context: Any) -> None:
     extra = context_kwargs(op.python_callable, op.op_args, op.op_kwargs, context)
     if extra:
         op.op_kwargs = {**extra, **dict(op.op_kwargs)}
+
+
+# The settings execute and the wait read, each resolved once here (task argument > [kinetic] >
+# KINETIC_* > default) so a configured value that does not parse fails the task before any
+# job exists, naming the variable, instead of after the job was submitted.
+_RUN_SETTINGS = (
+    "poll_interval",
+    "heartbeat_seconds",
+    "log_max_lines",
+    "xcom_max_bytes",
+    "wait_before_defer",
+    "min_deferral_seconds",
+    "preemption_retries",
+    "kinetic_interop",
+)
+_CLUSTER_SETTINGS = ("namespace", "startup_timeout", "heartbeat_timeout", "requirements_cache")
+
+
+def check_settings(op: KineticRunOperator, backend: str) -> None:
+    """Resolve (and so check) every setting the job will use; cross-check the heartbeat pair."""
+    names = _RUN_SETTINGS + (_CLUSTER_SETTINGS if backend != "local" else ())
+    values = {name: resolve_setting(name, getattr(op, name, None)) for name in names}
+    if backend != "local" and values["heartbeat_seconds"] >= values["heartbeat_timeout"]:
+        raise KineticSettingError(
+            f"heartbeat_seconds={values['heartbeat_seconds']:g} is not less than [kinetic] heartbeat_timeout="
+            f"{values['heartbeat_timeout']:g}: every running job would look lost between two heartbeats. "
+            "Lower heartbeat_seconds or raise heartbeat_timeout (AIRFLOW__KINETIC__HEARTBEAT_TIMEOUT)."
+        )
 
 
 def machine_has(kind: str) -> bool:

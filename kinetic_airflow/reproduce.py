@@ -156,8 +156,13 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 def add_reproduce_command(sub: Any) -> None:
     from kinetic_airflow.cli_jobs import add_storage_options
+    from kinetic_airflow.cli_text import described
 
-    parser = sub.add_parser("reproduce", help="download a job's payload and run it here with the same runner")
+    parser = sub.add_parser(
+        "reproduce",
+        help="download a job's payload and run it here with the same runner",
+        **described(__doc__),
+    )
     parser.add_argument("job", help="job id, or the job's URI")
     parser.add_argument("--pdb", action="store_true", help="open pdb at the function's exception")
     parser.add_argument("--workdir", help="where the local copy goes (default: a per-job temp directory)")

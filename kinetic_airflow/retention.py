@@ -503,8 +503,11 @@ def run_gc(args: argparse.Namespace) -> int:
 
 def add_gc_command(sub: Any) -> None:
     from kinetic_airflow.cli_jobs import add_output_options, add_storage_options
+    from kinetic_airflow.cli_text import described
 
-    parser = sub.add_parser("gc", help="delete old job files; find and delete orphaned cluster jobs")
+    parser = sub.add_parser(
+        "gc", help="delete old job files; find and delete orphaned cluster jobs", **described(__doc__)
+    )
     parser.add_argument("--older-than", help="age, e.g. 30d, 12h (default: [kinetic] retention_days)")
     parser.add_argument("--dry-run", action="store_true", help="show what would go; delete nothing")
     parser.add_argument(

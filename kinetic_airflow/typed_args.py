@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, MutableMapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Required, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, Required, TypedDict
 
 if TYPE_CHECKING:
     from airflow.sdk import DAG, Context, TaskGroup
 
-__all__ = ["OperatorArgs", "TaskArgs"]
+__all__ = ["BackendName", "OperatorArgs", "TaskArgs"]
+
+# The backends a task may name (kinetic_airflow.config.BACKENDS; checked at parse time as well).
+BackendName = Literal["local", "gke", "pathways", "auto"]
 
 _Callback = Callable[["Context"], None]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import types
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
@@ -16,22 +17,6 @@ __all__ = [
     "validate_callable",
     "validate_options",
 ]
-
-# Names people type for a backend, and what they mean by them.
-_BACKEND_ALIASES = {
-    "gcp": "gke",
-    "google": "gke",
-    "gcloud": "gke",
-    "kubernetes": "gke",
-    "k8s": "gke",
-    "cloud": "gke",
-    "lws": "pathways",
-    "leaderworkerset": "pathways",
-    "multihost": "pathways",
-    "process": "local",
-    "subprocess": "local",
-    "laptop": "local",
-}
 
 
 def validate_callable(fn: Any) -> None:
@@ -99,24 +84,13 @@ def as_function(fn: Any) -> Any:
     return call
 
 
-def validate_backend(backend: Any) -> None:
-    from kinetic_airflow.config import BACKENDS
-
-    if backend is None or backend in BACKENDS:
+def validate_backend(backend: Any, where: str = "backend") -> None:
+    """``backend`` is one of ``config.BACKENDS`` (None: not given); a typo gets a "did you mean"."""
+    if backend is None:
         return
-    import difflib
+    from kinetic_airflow.options import check_option
 
-    text = str(backend).strip().lower()
-    guess = text if text in BACKENDS else _BACKEND_ALIASES.get(text)
-    if guess is None:
-        close = difflib.get_close_matches(text, BACKENDS, n=1, cutoff=0.5)
-        guess = close[0] if close else None
-    hint = f" Did you mean backend={guess!r}?" if guess else ""
-    raise ValueError(
-        f"backend={backend!r} is not one of {', '.join(BACKENDS)} (local: a process "
-        "on this machine; gke: a Kubernetes Job on GKE; pathways: a multi-host TPU slice; auto: pathways "
-        f"for multi-host TPUs, else gke).{hint}"
-    )
+    check_option("backend", backend, where=where)
 
 
 _SCHEMES = ("gs://", "file://")
@@ -175,29 +149,23 @@ def check_backend_fits(backend: str | None, spec: Any) -> None:
         )
 
 
-def validate_options(
-    *,
-    accelerator: Any = "cpu",
-    spot: bool = False,
-    backend: Any = None,
-    volumes: Any = None,
-    capture_env_vars: Any = None,
-    base_uri: Any = None,
-) -> tuple[dict[str, Any], list[str]]:
-    """Every parse-time check of the job options; returns (volumes, capture patterns) normalized.
+def validate_options(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Every parse-time check of the job options given in ``values``; returns them checked and
+    normalized (durations in seconds, lists, dicts), other keys left out.
 
-    Shared by the decorator (checked when it is applied) and the operator (checked when it is
-    built), so a DAG file learns about a bad option at import either way.
+    Each option is checked by its row of the option table (``kinetic_airflow.options``), then
+    the options are checked together (the accelerator fits the backend; no volumes on the
+    local backend). Shared by the decorator (checked when it is applied) and the operator
+    (checked when it is built), so a DAG file learns about a bad option at import either way.
     """
     from kinetic_airflow.accelerators import parse_accelerator
-    from kinetic_airflow.data import validate_volumes
-    from kinetic_airflow.envcapture import validate_capture_patterns
+    from kinetic_airflow.options import check_options
 
-    validate_backend(backend)
-    check_base_uri(base_uri)
-    if not is_templated(accelerator):
-        check_backend_fits(backend, parse_accelerator(accelerator, spot=spot or None))
-    volumes = validate_volumes(volumes)
+    checked = check_options(values)
+    accelerator = checked.get("accelerator", "cpu")
+    backend = checked.get("backend")
+    if not is_templated(accelerator) and isinstance(accelerator, str):
+        check_backend_fits(backend, parse_accelerator(accelerator, spot=checked.get("spot") or None))
     if backend == "local":
-        check_local_volumes(volumes)
-    return volumes, validate_capture_patterns(capture_env_vars)
+        check_local_volumes(checked.get("volumes"))
+    return checked

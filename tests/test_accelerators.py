@@ -340,6 +340,13 @@ ERROR_CASES = [
     # -<N>t names one host of an N-chip machine
     ("tpu-v6e-16t", ["no single-host machine with 16 chips", "on 4 hosts", "Did you mean 'tpu-v6e-8t'"]),
     ("tpu-v5p-8t", ["no single-host machine with 8 chips", "on 2 hosts", "Did you mean 'tpu-v5p-4t'"]),
+    # a mistyped -<N>t stays one host (tpu-v6e-8 is two, which backend="gke" cannot run), and every
+    # list of a generation's sizes shows its one-host strings
+    ("tpu-v6e-8tt", ["Did you mean 'tpu-v6e-8t'?", "one host: tpu-v6e-1t, tpu-v6e-4t, tpu-v6e-8t"]),
+    ("v6e-4tt", ["Did you mean 'tpu-v6e-4t'?"]),
+    ("tpu-v5litepod-8tt:spot", ["Did you mean 'tpu-v5litepod-8t:spot'?", "one host: tpu-v5litepod-1t,"]),
+    ("tpu-v6e-7", ["no 7-chip slice", "one host: tpu-v6e-1t, tpu-v6e-4t, tpu-v6e-8t", "1, 4, 8, 16"]),
+    ("tpu-v6e-8x", ["neither a chip count", "one host: tpu-v6e-1t, tpu-v6e-4t, tpu-v6e-8t"]),
     # unknown names with close matches
     ("gpu-h10x8", ["unknown GPU type 'h10'", "Did you mean 'gpu-h100x8'", "rtx-pro-6000"]),
     ("tpu-v6-8", ["unknown TPU generation 'v6'", "Did you mean 'tpu-v6e-8'", "tpu7x"]),

@@ -77,3 +77,48 @@ def test_typed_options_are_the_operators_options():
         "kinetic_task's typed options (the second overload in kinetic_airflow/decorators.py) must be "
         f"KineticRunOperator's: add {sorted(operator - decorator)}, drop {sorted(decorator - operator)}"
     )
+    # ... with the same types and defaults, so mypy holds a DAG to what the parse-time checks hold it to
+    ours = inspect.signature(KineticRunOperator.__init__).parameters
+    theirs = inspect.signature(with_options).parameters
+    drift = {
+        name: (
+            str(ours[name].annotation),
+            ours[name].default,
+            str(theirs[name].annotation),
+            theirs[name].default,
+        )
+        for name in operator
+        if (ours[name].annotation, ours[name].default) != (theirs[name].annotation, theirs[name].default)
+    }
+    assert not drift, f"operator vs kinetic_task (annotation, default): {drift}"
+
+
+def test_every_option_has_a_row_in_the_option_table():
+    """The parse-time checks (kinetic_airflow/options.py) cover every option and every [kinetic] setting."""
+    from kinetic_airflow import KineticRunOperator
+    from kinetic_airflow.config import BACKENDS, DEFAULTS
+    from kinetic_airflow.get_provider_info import get_provider_info
+    from kinetic_airflow.options import OPTIONS, task_option_names
+    from kinetic_airflow.typed_args import BackendName
+
+    operator = [
+        p
+        for p in inspect.signature(KineticRunOperator.__init__).parameters
+        if p not in ("self", "kwargs", "python_callable", "op_args", "op_kwargs")
+    ]
+    assert list(task_option_names()) == operator
+    assert {n for n, spec in OPTIONS.items() if spec.config} == set(DEFAULTS)
+    assert {n for n, spec in OPTIONS.items() if spec.templated} == set(KineticRunOperator.template_fields) - {
+        "op_args",
+        "op_kwargs",
+    }
+    assert OPTIONS["backend"].choices == BACKENDS == typing.get_args(BackendName)
+    # the config's declared types agree with the table's kinds
+    kinds = {"float": "duration", "integer": "count", "boolean": "bool"}
+    declared = get_provider_info()["config"]["kinetic"]["options"]
+    assert set(declared) == set(DEFAULTS)
+    for name, option in declared.items():
+        if option["type"] in kinds:
+            assert OPTIONS[name].kind == kinds[option["type"]], name
+        else:
+            assert OPTIONS[name].kind not in kinds.values(), name

@@ -20,3 +20,12 @@ def run() -> None:
     train(rate=0.1)  # BAD: wrong parameter name
     KineticRunOperator(task_id="t", python_callable=print, acelerator="cpu")  # BAD: unknown option
     KineticRunOperator(task_id="t", python_callable=print, retries="two")  # BAD: wrong type
+    KineticRunOperator(task_id="t", python_callable=print, spot="false")  # BAD: a str for a bool
+    KineticRunOperator(task_id="t", python_callable=print, poll_interval="2s")  # BAD: a str for seconds
+    KineticRunOperator(task_id="t", python_callable=print, backend="gcp")  # BAD: not a backend name
+    KineticRunOperator(task_id="t", python_callable=print, container_env={"N": 4})  # BAD: a value not a str
+
+
+@kinetic_task(capture_env_vars="WANDB_API_KEY")  # BAD: a str for a list of names
+def one_name(x: int) -> int:
+    return x
