@@ -29,7 +29,17 @@ if TYPE_CHECKING:
 __all__ = ["kinetic_task"]
 
 FReturn = TypeVar("FReturn")
-_OPTION_NAMES = ("accelerator", "spot", "backend", "volumes", "capture_env_vars", "base_uri")
+_OPTION_NAMES = (
+    "accelerator",
+    "spot",
+    "backend",
+    "volumes",
+    "capture_env_vars",
+    "base_uri",
+    "use_internal_ip",
+    "use_dns_endpoint",
+    "impersonation_chain",
+)
 
 
 class _KineticDecoratedOperator(DecoratedOperator, KineticRunOperator):
@@ -92,6 +102,9 @@ def kinetic_task(
     container_env: dict[str, str] | None = None,
     pod_override: Any = None,
     requirements: str | Sequence[str] | None = None,
+    use_internal_ip: bool | None = None,
+    use_dns_endpoint: bool | None = None,
+    impersonation_chain: str | Sequence[str] | None = None,
     **kwargs: Unpack[TaskArgs],
 ) -> Callable[[Callable[FParams, FReturn]], Task[FParams, FReturn]]: ...
 def kinetic_task(
