@@ -365,6 +365,15 @@ class ClusterEmulator:
         with faults.lock:
             faults.image_pull_patterns.append(image_or_pattern)
 
+    def deny_verb(self, verb: str = "watch", resource: str | None = None) -> None:
+        """Answer ``verb`` requests (on ``resource``, a plural like ``jobs``; None: every resource)
+        with RBAC's 403 Forbidden, as for an identity whose Role lacks that verb. ``list`` and the
+        other verbs stay allowed; ``clear_faults`` restores the verb. SelfSubjectAccessReviews
+        answer from the same set (``pods/log`` names the log subresource)."""
+        faults = self.cluster.faults
+        with faults.lock:
+            faults.denied_verbs.append((verb, resource))
+
     def clear_image_pull_failures(self) -> None:
         """Let every image be pulled again."""
         faults = self.cluster.faults
@@ -465,6 +474,10 @@ class EmulatorAdminClient:
     def fail_image_pulls(self, pattern: str, regex: bool = False) -> None:
         """``POST /_emulator/faults/image-pull``."""
         self._request("POST", "faults/image-pull", {"pattern": pattern, "regex": regex})
+
+    def deny_verb(self, verb: str = "watch", resource: str | None = None) -> None:
+        """``POST /_emulator/faults/deny-verb``."""
+        self._request("POST", "faults/deny-verb", {"verb": verb, "resource": resource})
 
     def clear_image_pull_failures(self) -> None:
         """``DELETE /_emulator/faults/image-pull``."""

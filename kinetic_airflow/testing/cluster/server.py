@@ -24,10 +24,12 @@ from aiohttp import web
 
 from . import errors
 from ._util import parse_time, utcnow, wait_event
+from .access import access_review
 from .cluster import Cluster
 from .faults import ApiFault, WatchDropRule
 from .resources import (
     PODS,
+    SELFSUBJECTACCESSREVIEWS,
     ResourceType,
     api_group_doc,
     api_group_list_doc,
@@ -293,6 +295,8 @@ class ApiServer:
             raise errors.ApiError(404, "NotFound", "the server could not find the requested resource")
         method = request.method
         q = request.query
+        if rt is SELFSUBJECTACCESSREVIEWS and name is None and method == "POST":
+            return _json(access_review(self.cluster.faults, await self._body(request)), 201)
         if watch_path or (method == "GET" and _bool(q.get("watch"))):
             return await self._watch(request, rt, namespace, name)
         if name is None:
@@ -845,6 +849,10 @@ class ApiServer:
                 with faults.lock:
                     faults.image_pull_patterns.clear()
                 return _json({"status": "ok"})
+        if route == "faults/deny-verb" and method == "POST":
+            with faults.lock:
+                faults.denied_verbs.append((str(body.get("verb") or "watch"), body.get("resource")))
+            return _json({"status": "ok"})
         if route == "faults/scheduling-delay" and method == "POST":
             seconds = float(body.get("seconds", 0))
             with faults.lock:
