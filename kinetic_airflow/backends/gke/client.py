@@ -41,6 +41,7 @@ __all__ = [
     "impersonation_chain_of",
     "kube_api",
     "resolve_gke_cluster",
+    "resolve_gke_cluster_info",
 ]
 
 
@@ -181,6 +182,12 @@ def resolve_gke_cluster(cluster: dict[str, Any]) -> dict[str, Any]:
     """
     if cluster.get("kubernetes_conn_id") or cluster.get("endpoint"):
         return cluster
+    return resolve_gke_cluster_info(cluster)[0]
+
+
+def resolve_gke_cluster_info(cluster: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """``resolve_gke_cluster`` plus the GKE API's ``Cluster`` it read (node pools, autoscaling),
+    for ``kinetic-airflow doctor``; always asks the GKE API."""
     from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook
 
     from kinetic_airflow.gcp_auth import gcp_conn_for_cluster
@@ -191,7 +198,7 @@ def resolve_gke_cluster(cluster: dict[str, Any]) -> dict[str, Any]:
     chain = impersonation_chain_of(cluster.get("impersonation_chain"))
     hook = GKEHook(gcp_conn_id=conn_id, location=cluster["location"], impersonation_chain=chain)
     info = hook.get_cluster(name=cluster["name"], project_id=cluster["project"])
-    return {
+    resolved = {
         **cluster,
         "gcp_conn_id": conn_id,
         "impersonation_chain": chain,
@@ -200,6 +207,7 @@ def resolve_gke_cluster(cluster: dict[str, Any]) -> dict[str, Any]:
         "endpoint": _chosen_endpoint(info, cluster),
         "ca": info.master_auth.cluster_ca_certificate,
     }
+    return resolved, info
 
 
 class KubeApi:
