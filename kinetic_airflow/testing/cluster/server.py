@@ -16,6 +16,7 @@ import json
 import logging
 import re
 import socket
+import ssl
 import time
 from typing import Any
 
@@ -107,10 +108,17 @@ class ApiServer:
 
     BOOKMARK_INTERVAL = 5.0
 
-    def __init__(self, cluster: Cluster, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self.cluster = cluster
         self.host = host
         self.port = port
+        self.ssl_context = ssl_context  # HTTPS, as a GKE control plane (tls.py)
         self.app = web.Application(middlewares=[self._middleware], client_max_size=64 * 1024 * 1024)
         self.app.router.add_route("*", "/{tail:.*}", self._dispatch)
         self._runner: web.AppRunner | None = None
@@ -121,7 +129,7 @@ class ApiServer:
     @property
     def url(self) -> str:
         """Base URL clients use."""
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.ssl_context else 'http'}://{self.host}:{self.port}"
 
     async def start(self) -> int:
         """Bind and serve; returns the port."""
@@ -136,7 +144,7 @@ class ApiServer:
             self.app, access_log=None, handler_cancellation=True, shutdown_timeout=2.0
         )
         await self._runner.setup()
-        site = web.SockSite(self._runner, sock)
+        site = web.SockSite(self._runner, sock, ssl_context=self.ssl_context)
         await site.start()
         return self.port
 
