@@ -302,3 +302,12 @@ def test_print_rbac_is_the_readme_role_and_kubectl_can_read_it(capsys):
     assert binding["subjects"] == [
         {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "airflow@p.iam.gserviceaccount.com"}
     ]
+
+
+def test_an_api_error_fails_that_check_and_the_others_still_run(cluster):
+    k8s, _ = cluster
+    k8s.inject_api_fault("GET", r"^/api/v1/namespaces/ml$", 500, count=None)
+    report = run_doctor()
+    check = _only_failure(report, "namespace")
+    assert check.detail.startswith("could not check: Kubernetes API error 500")
+    assert report.check("accelerator nodes").status == OK
