@@ -261,6 +261,18 @@ class _Doctor:
         self.s["backend"] = backend
         kind = "a LeaderWorkerSet" if backend == "pathways" else "a batch/v1 Job"
         note = "" if configured == backend else f" (configured backend {configured!r}; checking {backend!r})"
+        gke_only = [
+            k for k in ("use_internal_ip", "use_dns_endpoint", "impersonation_chain") if self.s.get(k)
+        ]
+        if self.s.get("kubernetes_conn_id") and gke_only:
+            self.add(
+                "settings",
+                WARN,
+                f"{', '.join(gke_only)} set, but the cluster is reached through kubernetes connection "
+                f"{self.s['kubernetes_conn_id']!r}, which they do not apply to",
+                "unset kubernetes_conn_id to reach GKE through the GCP connection, or drop those options",
+            )
+            return True
         self.add(
             "settings", OK, f"{self.spec.text} runs as {kind} of {self.spec.hosts} host(s) on {backend}{note}"
         )

@@ -311,3 +311,11 @@ def test_an_api_error_fails_that_check_and_the_others_still_run(cluster):
     check = _only_failure(report, "namespace")
     assert check.detail.startswith("could not check: Kubernetes API error 500")
     assert report.check("accelerator nodes").status == OK
+
+
+def test_gke_options_with_a_kubernetes_connection_warn(cluster):
+    report = run_doctor(use_internal_ip=True)
+    assert report.ok and report.check("settings").status == WARN
+    assert "use_internal_ip set, but the cluster is reached through kubernetes connection" in (
+        report.check("settings").detail
+    )
