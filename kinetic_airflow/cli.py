@@ -7,7 +7,7 @@ kinetic-airflow jobs list|logs|result|cancel|show   find jobs and act on them (k
 kinetic-airflow gc --older-than 30d     delete old job files, find orphans (kinetic_airflow.retention)
 kinetic-airflow reproduce JOB [--pdb]   run a stored job here (kinetic_airflow.reproduce)
 kinetic-airflow image [--kind tpu]      build and push the runner image (kinetic_airflow.cli_image)
-kinetic-airflow doctor [tpu-v6e-8]      check a cluster for a first job, with fixes (kinetic_airflow.doctor)
+kinetic-airflow doctor [tpu-v6e-8]      check a cluster for a first job, say fixes (kinetic_airflow.doctor)
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     add_gc_command(sub)
     add_reproduce_command(sub)
     add_image_command(sub)
-    from kinetic_airflow.doctor import add_doctor_command, run_doctor_command
+    from kinetic_airflow.cli_doctor import add_doctor_command, run_doctor_command
 
     add_doctor_command(sub)
     args = parser.parse_args(argv)
