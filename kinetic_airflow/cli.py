@@ -7,6 +7,7 @@ kinetic-airflow jobs list|logs|result|cancel|show   find jobs and act on them (k
 kinetic-airflow gc --older-than 30d     delete old job files, find orphans (kinetic_airflow.retention)
 kinetic-airflow reproduce JOB [--pdb]   run a stored job here (kinetic_airflow.reproduce)
 kinetic-airflow image [--kind tpu]      build and push the runner image (kinetic_airflow.cli_image)
+kinetic-airflow doctor [tpu-v6e-8]      check a cluster for a first job, say fixes (kinetic_airflow.doctor)
 """
 
 from __future__ import annotations
@@ -105,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_gc_command(sub)
     add_reproduce_command(sub)
     add_image_command(sub)
+    from kinetic_airflow.cli_doctor import add_doctor_command
+
+    add_doctor_command(sub)
     return parser
 
 
@@ -117,12 +121,15 @@ _SHOW_HELP = "Show a job's manifest, result summary and status markers, read fro
 
 
 def main(argv: list[str] | None = None) -> int:
+    from kinetic_airflow.cli_doctor import run_doctor_command
     from kinetic_airflow.cli_image import run_image
     from kinetic_airflow.cli_jobs import run_jobs_command
     from kinetic_airflow.reproduce import run_reproduce
     from kinetic_airflow.retention import run_gc
 
     args = build_parser().parse_args(argv)
+    if args.command == "doctor":
+        return run_doctor_command(args)
     if args.command == "image":
         return run_image(args)
     if args.command in ("jobs", "gc", "reproduce"):

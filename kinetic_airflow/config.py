@@ -28,6 +28,12 @@ DEFAULTS: dict[str, Any] = {
     "gcp_conn_id": None,  # None: google_cloud_default if defined, else ambient credentials
     "kubernetes_conn_id": None,
     "service_account": "kinetic",
+    # GKE control-plane access, spelled as the google provider's GKE operators spell them:
+    # the private endpoint (an Airflow inside the VPC, Composer 3), the DNS endpoint, and the
+    # service accounts to impersonate for the GKE and Kubernetes API calls.
+    "use_internal_ip": False,
+    "use_dns_endpoint": False,
+    "impersonation_chain": None,
     "poll_interval": 2.0,
     "heartbeat_seconds": 30.0,
     "xcom_max_bytes": 262144,

@@ -93,6 +93,9 @@ def kinetic_task(
     container_env: Mapping[str, str] | None = None,
     pod_override: Any = None,
     requirements: str | Sequence[str] | None = None,
+    use_internal_ip: bool | None = None,
+    use_dns_endpoint: bool | None = None,
+    impersonation_chain: str | Sequence[str] | None = None,
     **kwargs: Unpack[TaskArgs],
 ) -> Callable[[Callable[FParams, FReturn]], Task[FParams, FReturn]]: ...
 def kinetic_task(

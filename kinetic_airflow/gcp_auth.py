@@ -10,6 +10,11 @@ a GCP connection without a key uses ADC. For the ambient case kinetic therefore 
 process-local connection with no fields, ``kinetic_ambient_google``, defined through the
 environment-variable secrets backend (``AIRFLOW_CONN_KINETIC_AMBIENT_GOOGLE``): it holds
 no secret, so it may appear in job references and trigger kwargs like any connection id.
+
+Impersonation (``impersonation_chain``, ``backends.gke.client``) works on top of either: the
+hooks are given the chain, and Airflow's Google hooks impersonate it from the connection's
+credentials or, for ``kinetic_ambient_google``, from the ambient ones. The chain is a list of
+account names, not a credential, so it travels in the job reference as the connection id does.
 """
 
 from __future__ import annotations

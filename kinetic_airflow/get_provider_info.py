@@ -64,6 +64,25 @@ def get_provider_info() -> dict:
                         "GCP connection).",
                         "kubernetes_default",
                     ),
+                    "use_internal_ip": option(
+                        "Reach the GKE control plane on its private endpoint "
+                        "(private_cluster_config.private_endpoint): for Airflow inside the cluster's VPC "
+                        "or a Composer 3 network attachment (default false).",
+                        "true",
+                        "boolean",
+                    ),
+                    "use_dns_endpoint": option(
+                        "Reach the GKE control plane on its DNS endpoint "
+                        "(control_plane_endpoints_config.dns_endpoint_config.endpoint; default false).",
+                        "true",
+                        "boolean",
+                    ),
+                    "impersonation_chain": option(
+                        "Service account(s) to impersonate for the GKE and Kubernetes API calls, comma "
+                        "separated; the last one is the identity used, the ones before it delegates "
+                        "(default none).",
+                        "kinetic-airflow@my-project.iam.gserviceaccount.com",
+                    ),
                     "service_account": option(
                         "Kubernetes service account of job pods (default kinetic).", "kinetic"
                     ),

@@ -112,6 +112,14 @@ class KineticRunOperator(BaseOperator):
         paths of requirements files. Without it, a ``requirements.txt`` (or ``pyproject.toml``
         dependencies) beside the DAG file or at the bundle root is used. Installed by the runner
         into an environment cached by their hash, so the next job on that machine installs nothing.
+    :param use_internal_ip: GKE: reach the control plane on its private endpoint (Airflow inside the
+        cluster's VPC, Composer 3); default from [kinetic] use_internal_ip.
+    :param use_dns_endpoint: GKE: reach the control plane on its DNS endpoint; default from
+        [kinetic] use_dns_endpoint.
+    :param impersonation_chain: GKE: service account(s) to impersonate for the GKE and Kubernetes
+        API calls (the last is used, the others are delegates), as in the google provider's GKE
+        operators; default from [kinetic] impersonation_chain. Job storage keeps the connection's
+        own identity.
 
     Every option is checked when the operator is built (at DAG import), by its row in
     ``kinetic_airflow.options``; templated ones again once rendered, before any job exists.
@@ -129,6 +137,7 @@ class KineticRunOperator(BaseOperator):
         "cluster",
         "namespace",
         "container_env",
+        "impersonation_chain",
     )
     template_fields_renderers = {"op_args": "py", "op_kwargs": "py"}
     ui_color = "#d7e9f7"
@@ -163,6 +172,9 @@ class KineticRunOperator(BaseOperator):
         container_env: Mapping[str, str] | None = None,
         pod_override: Any = None,
         requirements: str | Sequence[str] | None = None,
+        use_internal_ip: bool | None = None,
+        use_dns_endpoint: bool | None = None,
+        impersonation_chain: str | Sequence[str] | None = None,
         **kwargs: Unpack[OperatorArgs],
     ) -> None:
         super().__init__(**kwargs)
@@ -197,6 +209,9 @@ class KineticRunOperator(BaseOperator):
                 "container_env": container_env,
                 "pod_override": pod_override,
                 "requirements": requirements,
+                "use_internal_ip": use_internal_ip,
+                "use_dns_endpoint": use_dns_endpoint,
+                "impersonation_chain": impersonation_chain,
             }
         )
         self.accelerator = accelerator
@@ -222,6 +237,9 @@ class KineticRunOperator(BaseOperator):
         trial_accelerator = accelerator if not is_deferred(accelerator) else "cpu"
         self.pod_override = validate_at_parse(options["pod_override"], trial_accelerator, self.spot)
         self.requirements = options["requirements"]
+        self.use_internal_ip: bool | None = options["use_internal_ip"]
+        self.use_dns_endpoint: bool | None = options["use_dns_endpoint"]
+        self.impersonation_chain = options["impersonation_chain"]
         if _parse_time_backend(backend) == "local":  # no cluster: no GKE console or Cloud Logging
             self.operator_extra_links = (KineticViewLink(),)
 
@@ -313,7 +331,7 @@ class KineticRunOperator(BaseOperator):
 
     def _cluster_fields(self) -> dict[str, Any]:
         """What a cluster backend needs; all of it public (ids, names, endpoint, CA)."""
-        from kinetic_airflow.backends.gke.client import resolve_gke_cluster
+        from kinetic_airflow.backends.gke.client import gke_access, resolve_gke_cluster
         from kinetic_airflow.backends.gke.manifest import default_image
 
         spec = parse_accelerator(self.accelerator, spot=self.spot or None)
@@ -325,6 +343,7 @@ class KineticRunOperator(BaseOperator):
                 "project": resolve_setting("project", self.project),
                 "location": resolve_setting("zone", self.zone),
                 "name": resolve_setting("cluster", self.cluster),
+                **gke_access(self.use_internal_ip, self.use_dns_endpoint, self.impersonation_chain),
             }
         )
         deadline = int(self.execution_timeout.total_seconds()) if self.execution_timeout else None

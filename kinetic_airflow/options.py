@@ -75,6 +75,7 @@ class OptionSpec:
     aliases: Mapping[str, str] = field(default_factory=dict)
 
 
+_A_BOOL = "True or False (a Python bool)"
 _SECONDS = "a number of seconds (int or float) or a datetime.timedelta"
 _BACKEND_ALIASES = {
     "gcp": "gke",
@@ -242,6 +243,16 @@ OPTIONS: dict[str, OptionSpec] = dict(
             "requirements",
             "a requirement string or requirements file path, or a list of them",
             'requirements=["scikit-learn>=1.4"]',
+        ),
+        _spec("use_internal_ip", "bool", _A_BOOL, "use_internal_ip=True", config=True),
+        _spec("use_dns_endpoint", "bool", _A_BOOL, "use_dns_endpoint=True", config=True),
+        _spec(
+            "impersonation_chain",
+            "impersonation",
+            "a service account email or a list of them (config: comma separated)",
+            'impersonation_chain="kinetic@my-project.iam.gserviceaccount.com"',
+            config=True,
+            templated=True,
         ),
         # [kinetic] settings that are not task arguments
         _spec(
@@ -651,7 +662,18 @@ def _check_requirements(spec: OptionSpec, value: Any, where: str) -> str | list[
     return list(value)
 
 
+def _check_impersonation(spec: OptionSpec, value: Any, where: str) -> str | list[str]:
+    from kinetic_airflow.validation import check_gke_access  # validation imports this module
+
+    try:
+        check_gke_access(impersonation_chain=value)
+    except (TypeError, ValueError) as exc:
+        raise KineticOptionError(str(exc)) from None
+    return value if isinstance(value, str) else list(value)
+
+
 _CHECKS: dict[str, Callable[[OptionSpec, Any, str], Any]] = {
+    "impersonation": _check_impersonation,
     "accelerator": _check_accelerator,
     "text": _check_text,
     "namespace": _check_namespace,

@@ -378,7 +378,7 @@ def _stop_orphan(orphan: Orphan) -> None:
 # The command --------------------------------------------------------------------------------
 def _configured_cluster(args: argparse.Namespace) -> list[tuple[dict[str, Any], str]]:
     """The cluster of the [kinetic] configuration (as the operator resolves it), if one is set."""
-    from kinetic_airflow.backends.gke.client import resolve_gke_cluster
+    from kinetic_airflow.backends.gke.client import gke_access, resolve_gke_cluster
     from kinetic_airflow.config import resolve_setting
 
     conn_id = resolve_setting("kubernetes_conn_id")
@@ -391,6 +391,7 @@ def _configured_cluster(args: argparse.Namespace) -> list[tuple[dict[str, Any], 
         "project": project,
         "location": resolve_setting("zone"),
         "name": args.cluster or resolve_setting("cluster"),
+        **gke_access(),
     }
     return [(resolve_gke_cluster(cluster), args.namespace or resolve_setting("namespace"))]
 

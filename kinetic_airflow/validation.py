@@ -12,6 +12,7 @@ __all__ = [
     "callable_name",
     "check_backend_fits",
     "check_base_uri",
+    "check_gke_access",
     "check_local_volumes",
     "validate_backend",
     "validate_callable",
@@ -149,6 +150,40 @@ def check_backend_fits(backend: str | None, spec: Any) -> None:
         )
 
 
+def check_gke_access(
+    use_internal_ip: Any = None, use_dns_endpoint: Any = None, impersonation_chain: Any = None
+) -> None:
+    """``use_internal_ip`` / ``use_dns_endpoint`` are bools (a string "false" would be truthy) and
+    exclusive; ``impersonation_chain`` is one service account email or a list of them."""
+    for name, value in (("use_internal_ip", use_internal_ip), ("use_dns_endpoint", use_dns_endpoint)):
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(
+                f"{name}={value!r} is not a bool: write {name}=True or {name}=False (or leave it out "
+                f"to use [kinetic] {name})."
+            )
+    if use_internal_ip and use_dns_endpoint:
+        raise ValueError(
+            "use_internal_ip=True and use_dns_endpoint=True: choose one endpoint of the GKE control "
+            "plane (the private endpoint is reachable only from the cluster's VPC; the DNS endpoint from "
+            "anywhere IAM allows)."
+        )
+    if impersonation_chain is None or is_templated(impersonation_chain):
+        return
+    items = [impersonation_chain] if isinstance(impersonation_chain, str) else impersonation_chain
+    if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
+        raise TypeError(
+            f"impersonation_chain={impersonation_chain!r}: give a service account email or a list of "
+            'them, e.g. impersonation_chain="kinetic@my-project.iam.gserviceaccount.com".'
+        )
+    bad = [i for i in items if not is_templated(i) and "@" not in i]
+    if bad or not items:
+        raise ValueError(
+            f"impersonation_chain={impersonation_chain!r}: each entry is a service account email "
+            "(name@project.iam.gserviceaccount.com); the last one is impersonated, the ones before it "
+            "are delegates."
+        )
+
+
 def validate_options(values: Mapping[str, Any]) -> dict[str, Any]:
     """Every parse-time check of the job options given in ``values``; returns them checked and
     normalized (durations in seconds, lists, dicts), other keys left out.
@@ -164,6 +199,7 @@ def validate_options(values: Mapping[str, Any]) -> dict[str, Any]:
     checked = check_options(values)
     accelerator = checked.get("accelerator", "cpu")
     backend = checked.get("backend")
+    check_gke_access(checked.get("use_internal_ip"), checked.get("use_dns_endpoint"))
     if not is_templated(accelerator) and isinstance(accelerator, str):
         check_backend_fits(backend, parse_accelerator(accelerator, spot=checked.get("spot") or None))
     if backend == "local":

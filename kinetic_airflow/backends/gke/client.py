@@ -10,6 +10,13 @@ ids and public endpoint data, never a token):
   tokens from the GCP connection and refreshes them, so jobs that run for hours
   keep working without kubeconfig or gcloud.
 
+Which GKE endpoint is used and as whom follow the google provider's GKE operators:
+``use_internal_ip`` (the private endpoint), ``use_dns_endpoint`` (the DNS endpoint, whose
+certificate is publicly trusted, so no cluster CA is passed) and ``impersonation_chain``
+(service accounts; the last is impersonated, the others are delegates). They travel in
+the cluster reference as plain, public values, so the triggerer mints its own tokens
+through the same chain and reaches the same endpoint.
+
 Calls go through ``_preload_content=False`` and plain JSON: the backend works on
 dicts, which is cheaper than the client's model objects and what the watch
 cache stores.
@@ -23,7 +30,19 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["ApiError", "KubeApi", "akube_api", "cached_kube_api", "cluster_key", "kube_api"]
+__all__ = [
+    "ApiError",
+    "KubeApi",
+    "akube_api",
+    "cached_kube_api",
+    "cluster_key",
+    "endpoint_mode",
+    "gke_access",
+    "impersonation_chain_of",
+    "kube_api",
+    "resolve_gke_cluster",
+    "resolve_gke_cluster_info",
+]
 
 
 class ApiError(RuntimeError):
@@ -41,7 +60,18 @@ class ApiError(RuntimeError):
 _RETRYABLE = {429, 500, 502, 503, 504}
 
 
-_KEY_FIELDS = ("kubernetes_conn_id", "gcp_conn_id", "project", "location", "name", "endpoint", "ca")
+_KEY_FIELDS = (
+    "kubernetes_conn_id",
+    "gcp_conn_id",
+    "project",
+    "location",
+    "name",
+    "endpoint",
+    "ca",
+    # another identity is another client (its own tokens and permissions)
+    "impersonation_chain",
+    "use_dns_endpoint",
+)
 
 
 def cluster_key(cluster: dict[str, Any]) -> str:
@@ -63,14 +93,101 @@ def _api_client(cluster: dict[str, Any]) -> Any:
     return GKEKubernetesHook(
         cluster_url=f"https://{cluster['endpoint']}",
         ssl_ca_cert=cluster["ca"],
+        use_dns_endpoint=bool(cluster.get("use_dns_endpoint")),
         gcp_conn_id=gcp_conn_for_cluster(cluster.get("gcp_conn_id")),
+        impersonation_chain=impersonation_chain_of(cluster.get("impersonation_chain")),
     ).get_conn()
 
 
+def impersonation_chain_of(value: Any) -> list[str] | None:
+    """A chain as a list of service accounts: ``[kinetic] impersonation_chain`` is one string,
+    comma separated; a task gives a string or a list. None (or empty) means no impersonation."""
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else list(value)
+    chain = [str(item).strip() for item in items if str(item).strip()]
+    return chain or None
+
+
+def gke_access(
+    use_internal_ip: bool | None = None,
+    use_dns_endpoint: bool | None = None,
+    impersonation_chain: str | list[str] | tuple[str, ...] | None = None,
+) -> dict[str, Any]:
+    """The three access settings of a GKE cluster reference: task argument > ``[kinetic]`` > env."""
+    from kinetic_airflow.config import resolve_setting
+
+    return {
+        "use_internal_ip": bool(resolve_setting("use_internal_ip", use_internal_ip)),
+        "use_dns_endpoint": bool(resolve_setting("use_dns_endpoint", use_dns_endpoint)),
+        "impersonation_chain": impersonation_chain_of(
+            resolve_setting("impersonation_chain", impersonation_chain)
+        ),
+    }
+
+
+def endpoint_mode(cluster: dict[str, Any]) -> str:
+    """How the control plane is reached: kubernetes connection, or GKE's public, private or DNS endpoint."""
+    if cluster.get("kubernetes_conn_id"):
+        return "kubernetes_conn_id"
+    if cluster.get("use_dns_endpoint"):
+        return "dns"
+    if cluster.get("use_internal_ip"):
+        return "private"
+    return "public"
+
+
+class EndpointMissingError(ValueError):
+    """The GKE cluster has no endpoint of the requested kind (``use_internal_ip`` / ``use_dns_endpoint``)."""
+
+
+def _chosen_endpoint(info: Any, cluster: dict[str, Any]) -> str:
+    """The endpoint of ``info`` (a GKE ``Cluster``) that ``cluster``'s options ask for, or why none."""
+    name = cluster.get("name")
+    if cluster.get("use_internal_ip") and cluster.get("use_dns_endpoint"):
+        raise EndpointMissingError(
+            f"use_internal_ip and use_dns_endpoint are both set for GKE cluster {name!r}: choose one "
+            "(the DNS endpoint works from anywhere IAM allows; the private endpoint only from the "
+            "cluster's VPC)."
+        )
+    if cluster.get("use_dns_endpoint"):
+        config = getattr(info, "control_plane_endpoints_config", None)
+        endpoint = getattr(getattr(config, "dns_endpoint_config", None), "endpoint", "")
+        if not endpoint:
+            raise EndpointMissingError(
+                f"GKE cluster {name!r} has no DNS endpoint (control_plane_endpoints_config."
+                "dns_endpoint_config.endpoint is empty), but use_dns_endpoint is set. Enable it with "
+                f"`gcloud container clusters update {name} --location {cluster.get('location')} "
+                "--enable-dns-access`, or drop use_dns_endpoint ([kinetic] use_dns_endpoint)."
+            )
+        return str(endpoint)
+    if cluster.get("use_internal_ip"):
+        endpoint = getattr(getattr(info, "private_cluster_config", None), "private_endpoint", "")
+        if not endpoint:
+            raise EndpointMissingError(
+                f"GKE cluster {name!r} has no private endpoint (private_cluster_config.private_endpoint "
+                "is empty), but use_internal_ip is set: it is not a private cluster. Drop use_internal_ip "
+                "([kinetic] use_internal_ip) to use its public endpoint, or use_dns_endpoint."
+            )
+        return str(endpoint)
+    return str(info.endpoint)
+
+
 def resolve_gke_cluster(cluster: dict[str, Any]) -> dict[str, Any]:
-    """Fill in a GKE cluster's endpoint and CA certificate (public data) from the GKE API."""
+    """Fill in a GKE cluster's endpoint and CA certificate (public data) from the GKE API.
+
+    The endpoint is the public one, the private one (``use_internal_ip``) or the DNS one
+    (``use_dns_endpoint``); ``impersonation_chain`` is used for this call and kept in the
+    result, so every later client (worker, triggerer, CLI) acts as the same identity.
+    """
     if cluster.get("kubernetes_conn_id") or cluster.get("endpoint"):
         return cluster
+    return resolve_gke_cluster_info(cluster)[0]
+
+
+def resolve_gke_cluster_info(cluster: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """``resolve_gke_cluster`` plus the GKE API's ``Cluster`` it read (node pools, autoscaling),
+    for ``kinetic-airflow doctor``; always asks the GKE API."""
     from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook
 
     from kinetic_airflow.gcp_auth import gcp_conn_for_cluster
@@ -78,14 +195,19 @@ def resolve_gke_cluster(cluster: dict[str, Any]) -> dict[str, Any]:
     # No connection at all means ambient credentials (README): the same id then reaches the
     # triggerer in the job reference, so it mints its tokens the same way.
     conn_id = gcp_conn_for_cluster(cluster.get("gcp_conn_id"))
-    hook = GKEHook(gcp_conn_id=conn_id, location=cluster["location"])
+    chain = impersonation_chain_of(cluster.get("impersonation_chain"))
+    hook = GKEHook(gcp_conn_id=conn_id, location=cluster["location"], impersonation_chain=chain)
     info = hook.get_cluster(name=cluster["name"], project_id=cluster["project"])
-    return {
+    resolved = {
         **cluster,
         "gcp_conn_id": conn_id,
-        "endpoint": info.endpoint,
+        "impersonation_chain": chain,
+        "use_internal_ip": bool(cluster.get("use_internal_ip")),
+        "use_dns_endpoint": bool(cluster.get("use_dns_endpoint")),
+        "endpoint": _chosen_endpoint(info, cluster),
         "ca": info.master_auth.cluster_ca_certificate,
     }
+    return resolved, info
 
 
 class KubeApi:

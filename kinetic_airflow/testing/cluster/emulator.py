@@ -36,6 +36,7 @@ from .nodes import NodePool
 from .resources import by_plural
 from .selectors import parse_label_selector
 from .server import ApiServer
+from .tls import ServingCertificate
 
 if TYPE_CHECKING:
     import kubernetes.client
@@ -71,6 +72,8 @@ class ClusterEmulator:
         restart_backoff_seconds: first CrashLoopBackOff delay (doubles, capped at 5 s).
         job_backoff_seconds: first delay before the Job controller replaces a failed pod (doubles, 10x cap).
         image_pull_backoff_seconds: first ImagePullBackOff delay (doubles, capped at 10 s).
+        tls: serve HTTPS with a self-signed certificate for ``host`` (``ca_certificate_b64``), as a
+            GKE control plane: GKE-style clients (endpoint + cluster CA) can then connect.
     """
 
     def __init__(
@@ -88,6 +91,7 @@ class ClusterEmulator:
         restart_backoff_seconds: float = 0.5,
         job_backoff_seconds: float = 0.2,
         image_pull_backoff_seconds: float = 0.5,
+        tls: bool = False,
     ) -> None:
         self._options = {
             "node_pools": list(node_pools) if node_pools is not None else None,
@@ -102,6 +106,8 @@ class ClusterEmulator:
         }
         self._host = host
         self._port = port
+        self._tls = tls
+        self._certificate: ServingCertificate | None = None
         self._work_dir_arg = Path(work_dir) if work_dir is not None else None
         self._work_dir: Path | None = None
         self._owns_work_dir = False
@@ -168,7 +174,11 @@ class ClusterEmulator:
     async def _astart(self) -> None:
         assert self._work_dir is not None
         self._cluster = Cluster(work_dir=self._work_dir, **self._options)
-        self._server = ApiServer(self._cluster, self._host, self._port)
+        context = None
+        if self._tls:
+            self._certificate = ServingCertificate(self._work_dir / "tls", self._host)
+            context = self._certificate.server_context()
+        self._server = ApiServer(self._cluster, self._host, self._port, ssl_context=context)
         await self._cluster.start()
         self._port = await self._server.start()
 
@@ -245,8 +255,15 @@ class ClusterEmulator:
 
     @property
     def url(self) -> str:
-        """``http://127.0.0.1:PORT``."""
-        return f"http://{self._host}:{self._port}"
+        """``http://127.0.0.1:PORT`` (``https://`` with ``tls=True``)."""
+        return f"{'https' if self._tls else 'http'}://{self._host}:{self._port}"
+
+    @property
+    def ca_certificate_b64(self) -> str:
+        """With ``tls=True``: the serving certificate (its own CA), base64 PEM as GKE's API gives it."""
+        if self._certificate is None:
+            raise RuntimeError("the emulator serves TLS only when started with tls=True")
+        return self._certificate.ca_certificate_b64
 
     @property
     def work_dir(self) -> Path:
@@ -257,13 +274,16 @@ class ClusterEmulator:
 
     def kubeconfig(self, *, context: str = DEFAULT_CONTEXT, namespace: str = "default") -> dict[str, Any]:
         """Kubeconfig document for this emulator."""
-        return kubeconfig_dict(self.url, context=context, namespace=namespace)
+        return kubeconfig_dict(self.url, context=context, namespace=namespace, ca_data=self._ca_data())
 
     def write_kubeconfig(
         self, path: str | os.PathLike[str], *, context: str = DEFAULT_CONTEXT, namespace: str = "default"
     ) -> Path:
         """Write a kubeconfig (context ``emulator``) pointing at this emulator; returns the path."""
-        return write_kubeconfig(path, self.url, context=context, namespace=namespace)
+        return write_kubeconfig(path, self.url, context=context, namespace=namespace, ca_data=self._ca_data())
+
+    def _ca_data(self) -> str | None:
+        return self._certificate.ca_certificate_b64 if self._certificate is not None else None
 
     def api_client(self) -> kubernetes.client.ApiClient:
         """A configured official ``kubernetes`` ApiClient (caller closes it)."""
@@ -271,6 +291,8 @@ class ClusterEmulator:
 
         config = kubernetes.client.Configuration()
         config.host = self.url
+        if self._certificate is not None:
+            config.ssl_ca_cert = str(self._certificate.cert_path)
         config.api_key = {"authorization": f"Bearer {DUMMY_TOKEN}"}
         return kubernetes.client.ApiClient(config)
 
@@ -364,6 +386,15 @@ class ClusterEmulator:
         faults = self.cluster.faults
         with faults.lock:
             faults.image_pull_patterns.append(image_or_pattern)
+
+    def deny_verb(self, verb: str = "watch", resource: str | None = None) -> None:
+        """Answer ``verb`` requests (on ``resource``, a plural like ``jobs``; None: every resource)
+        with RBAC's 403 Forbidden, as for an identity whose Role lacks that verb. ``list`` and the
+        other verbs stay allowed; ``clear_faults`` restores the verb. SelfSubjectAccessReviews
+        answer from the same set (``pods/log`` names the log subresource)."""
+        faults = self.cluster.faults
+        with faults.lock:
+            faults.denied_verbs.append((verb, resource))
 
     def clear_image_pull_failures(self) -> None:
         """Let every image be pulled again."""
@@ -465,6 +496,10 @@ class EmulatorAdminClient:
     def fail_image_pulls(self, pattern: str, regex: bool = False) -> None:
         """``POST /_emulator/faults/image-pull``."""
         self._request("POST", "faults/image-pull", {"pattern": pattern, "regex": regex})
+
+    def deny_verb(self, verb: str = "watch", resource: str | None = None) -> None:
+        """``POST /_emulator/faults/deny-verb``."""
+        self._request("POST", "faults/deny-verb", {"verb": verb, "resource": resource})
 
     def clear_image_pull_failures(self) -> None:
         """``DELETE /_emulator/faults/image-pull``."""

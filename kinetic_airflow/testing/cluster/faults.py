@@ -145,6 +145,8 @@ class FaultState:
     scale_up_until: float = 0.0  # time.monotonic() deadline
     scale_up_seconds: float = 0.0
     watch_drop: WatchDropRule | None = None
+    # (verb, resource plural or None for every resource) the client's identity may not use.
+    denied_verbs: list[tuple[str, str | None]] = field(default_factory=list)
 
     def take_api_fault(self, method: str, path: str) -> ApiFault | None:
         """Consume one matching API fault (decrementing its count)."""
@@ -170,6 +172,11 @@ class FaultState:
                 return True
         return False
 
+    def verb_denied(self, verb: str, plural: str) -> bool:
+        """Whether RBAC (as armed by ``deny_verb``) forbids ``verb`` on ``plural``."""
+        with self.lock:
+            return any(v == verb and r in (None, plural) for v, r in self.denied_verbs)
+
     def scheduling_delay_remaining(self) -> float:
         """Seconds until pretend node scale-up completes (0 when not delaying)."""
         return max(0.0, self.scale_up_until - time.monotonic())
@@ -194,3 +201,4 @@ class FaultState:
             self.scale_up_until = 0.0
             self.scale_up_seconds = 0.0
             self.watch_drop = None
+            self.denied_verbs.clear()

@@ -13,14 +13,18 @@ DUMMY_TOKEN = "kinetic-emulator-token"
 
 
 def kubeconfig_dict(
-    url: str, *, context: str = DEFAULT_CONTEXT, namespace: str = "default"
+    url: str, *, context: str = DEFAULT_CONTEXT, namespace: str = "default", ca_data: str | None = None
 ) -> dict[str, Any]:
-    """A kubeconfig document for ``url`` that kubectl, the Python clients and Airflow's hooks accept."""
+    """A kubeconfig document for ``url`` that kubectl, the Python clients and Airflow's hooks accept
+    (``ca_data``: base64 PEM of the CA of an HTTPS emulator)."""
+    cluster: dict[str, Any] = {"server": url}
+    if ca_data:
+        cluster["certificate-authority-data"] = ca_data
     return {
         "apiVersion": "v1",
         "kind": "Config",
         "preferences": {},
-        "clusters": [{"name": context, "cluster": {"server": url}}],
+        "clusters": [{"name": context, "cluster": cluster}],
         "users": [{"name": context, "user": {"token": DUMMY_TOKEN}}],
         "contexts": [
             {"name": context, "context": {"cluster": context, "user": context, "namespace": namespace}}
@@ -30,14 +34,21 @@ def kubeconfig_dict(
 
 
 def write_kubeconfig(
-    path: str | os.PathLike[str], url: str, *, context: str = DEFAULT_CONTEXT, namespace: str = "default"
+    path: str | os.PathLike[str],
+    url: str,
+    *,
+    context: str = DEFAULT_CONTEXT,
+    namespace: str = "default",
+    ca_data: str | None = None,
 ) -> Path:
     """Write the kubeconfig (parent directories created, mode 0600 like kubectl does)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
-        yaml.safe_dump(kubeconfig_dict(url, context=context, namespace=namespace), fh, sort_keys=False)
+        yaml.safe_dump(
+            kubeconfig_dict(url, context=context, namespace=namespace, ca_data=ca_data), fh, sort_keys=False
+        )
     os.chmod(tmp, 0o600)
     os.replace(tmp, target)
     return target

@@ -75,6 +75,16 @@ LWS = ResourceType(
     ("status",),
     builtin=False,
 )
+# Create-only and never stored: the API server answers it from the caller's RBAC (access.py).
+SELFSUBJECTACCESSREVIEWS = ResourceType(
+    "authorization.k8s.io",
+    "v1",
+    "selfsubjectaccessreviews",
+    "SelfSubjectAccessReview",
+    False,
+    "selfsubjectaccessreview",
+    verbs=("create",),
+)
 
 RESOURCE_TYPES: tuple[ResourceType, ...] = (
     NAMESPACES,
@@ -87,6 +97,7 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
     SERVICEACCOUNTS,
     JOBS,
     LWS,
+    SELFSUBJECTACCESSREVIEWS,
 )
 
 _BY_PATH = {(rt.group, rt.version, rt.plural): rt for rt in RESOURCE_TYPES}

@@ -16,6 +16,7 @@ import json
 import logging
 import re
 import socket
+import ssl
 import time
 from typing import Any
 
@@ -24,10 +25,12 @@ from aiohttp import web
 
 from . import errors
 from ._util import parse_time, utcnow, wait_event
+from .access import access_review
 from .cluster import Cluster
 from .faults import ApiFault, WatchDropRule
 from .resources import (
     PODS,
+    SELFSUBJECTACCESSREVIEWS,
     ResourceType,
     api_group_doc,
     api_group_list_doc,
@@ -105,10 +108,17 @@ class ApiServer:
 
     BOOKMARK_INTERVAL = 5.0
 
-    def __init__(self, cluster: Cluster, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self.cluster = cluster
         self.host = host
         self.port = port
+        self.ssl_context = ssl_context  # HTTPS, as a GKE control plane (tls.py)
         self.app = web.Application(middlewares=[self._middleware], client_max_size=64 * 1024 * 1024)
         self.app.router.add_route("*", "/{tail:.*}", self._dispatch)
         self._runner: web.AppRunner | None = None
@@ -119,7 +129,7 @@ class ApiServer:
     @property
     def url(self) -> str:
         """Base URL clients use."""
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.ssl_context else 'http'}://{self.host}:{self.port}"
 
     async def start(self) -> int:
         """Bind and serve; returns the port."""
@@ -134,7 +144,7 @@ class ApiServer:
             self.app, access_log=None, handler_cancellation=True, shutdown_timeout=2.0
         )
         await self._runner.setup()
-        site = web.SockSite(self._runner, sock)
+        site = web.SockSite(self._runner, sock, ssl_context=self.ssl_context)
         await site.start()
         return self.port
 
@@ -293,6 +303,8 @@ class ApiServer:
             raise errors.ApiError(404, "NotFound", "the server could not find the requested resource")
         method = request.method
         q = request.query
+        if rt is SELFSUBJECTACCESSREVIEWS and name is None and method == "POST":
+            return _json(access_review(self.cluster.faults, await self._body(request)), 201)
         if watch_path or (method == "GET" and _bool(q.get("watch"))):
             return await self._watch(request, rt, namespace, name)
         if name is None:
@@ -845,6 +857,10 @@ class ApiServer:
                 with faults.lock:
                     faults.image_pull_patterns.clear()
                 return _json({"status": "ok"})
+        if route == "faults/deny-verb" and method == "POST":
+            with faults.lock:
+                faults.denied_verbs.append((str(body.get("verb") or "watch"), body.get("resource")))
+            return _json({"status": "ok"})
         if route == "faults/scheduling-delay" and method == "POST":
             seconds = float(body.get("seconds", 0))
             with faults.lock:
