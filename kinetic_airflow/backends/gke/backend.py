@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +51,19 @@ def k8s_job_name(job: JobRef) -> str:
 
 def _owner_label(job: JobRef) -> str:
     return JobIdentity.from_dict(job["identity"]).labels()[TI_LABEL]
+
+
+def container_running(watch: ClusterWatch, pod_name: str) -> Callable[[], bool]:
+    """Whether the pod's runner container is running now, from the watch's memory."""
+
+    def running() -> bool:
+        pod = watch.pods.get(pod_name) or {}
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            if status.get("name") == CONTAINER_NAME:
+                return bool((status.get("state") or {}).get("running"))
+        return False
+
+    return running
 
 
 @dataclass
@@ -225,7 +239,11 @@ class GKEBackend(Backend):
                 return None
             pod = max(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "")
             stream = self._streams[name] = PodLogStream(
-                observed.api, job["namespace"], pod["metadata"]["name"], CONTAINER_NAME
+                observed.api,
+                job["namespace"],
+                pod["metadata"]["name"],
+                CONTAINER_NAME,
+                still_running=container_running(observed.watch, pod["metadata"]["name"]),
             )
             stream.listeners.add(observed.changed)
             stream.start()
@@ -260,7 +278,8 @@ class GKEBackend(Backend):
         stream = await self._stream(job)
         if stream is None:
             return "", offset
-        lines = stream.lines[offset:]
+        lines = stream.read_from(offset)
+        stream.release(offset + len(lines))  # shown (or shown by an earlier trigger): not kept
         if not lines:
             return "", offset
         return "\n".join(lines) + "\n", offset + len(lines)

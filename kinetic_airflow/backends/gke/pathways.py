@@ -15,7 +15,7 @@ from typing import Any
 
 from kinetic_airflow.accelerators import parse_accelerator
 from kinetic_airflow.backends.base import BackendStatus, JobRef
-from kinetic_airflow.backends.gke.backend import GKEBackend
+from kinetic_airflow.backends.gke.backend import GKEBackend, container_running
 from kinetic_airflow.backends.gke.client import ApiError, KubeApi, cluster_key
 from kinetic_airflow.backends.gke.group_status import HostMemory, classify_group, host_index
 from kinetic_airflow.backends.gke.logstream import PodLogStream
@@ -118,7 +118,12 @@ class PathwaysBackend(GKEBackend):
                 continue
             restarted = any(int(cs.get("restartCount") or 0) > 0 for cs in statuses)
             stream = streams[host] = PodLogStream(
-                observed.api, job["namespace"], pod["metadata"]["name"], CONTAINER_NAME, previous=restarted
+                observed.api,
+                job["namespace"],
+                pod["metadata"]["name"],
+                CONTAINER_NAME,
+                previous=restarted,
+                still_running=container_running(observed.watch, pod["metadata"]["name"]),
             )
             stream.listeners.add(observed.changed)
             stream.start()
@@ -130,7 +135,8 @@ class PathwaysBackend(GKEBackend):
         out: list[str] = []
         for host, stream in sorted((await self._streams_of(job)).items()):
             start = int(seen.get(str(host), 0))
-            lines = stream.lines[start:]
+            lines = stream.read_from(start)
+            stream.release(start + len(lines))  # shown: not kept
             if lines:
                 out.extend(f"[h{host}] {line}" for line in lines)
                 seen[str(host)] = start + len(lines)

@@ -727,6 +727,10 @@ class Cluster:
         pod = self.get(PODS, namespace, name)
         self.kubelet.oom_kill(pod, container)
 
+    def rotate_container_log(self, namespace: str, name: str, container: str | None = None) -> None:
+        """See :meth:`ClusterEmulator.rotate_container_log`."""
+        self.kubelet.rotate_log(self.get(PODS, namespace, name), container)
+
     def scheduling_changed(self) -> None:
         """Wake pods waiting for nodes (after a scale-up delay was changed)."""
         self.kubelet.nodes_changed.set()

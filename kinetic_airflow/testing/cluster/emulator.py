@@ -377,6 +377,25 @@ class ClusterEmulator:
         """SIGKILL the pod's container(s); they terminate with exit code 137, reason ``OOMKilled``."""
         self._call(self.cluster.oom_kill_pod, namespace, name, container)
 
+    def rotate_container_log(self, namespace: str, name: str, container: str | None = None) -> None:
+        """Rotate the pod's container log as the kubelet does: a stream already following it keeps
+        going, a new request (a reconnect) gets only what is written from now on."""
+        self._call(self.cluster.rotate_container_log, namespace, name, container)
+
+    def stall_log_streams(self) -> None:
+        """Make every log stream open now half-open: connected, silent, never closed by the server."""
+        server = self._server
+        if server is None:
+            raise RuntimeError("ClusterEmulator not started")
+        self._call(server.stall_log_streams)
+
+    def end_log_streams(self) -> None:
+        """End every log stream open now cleanly (EOF) although its container still runs."""
+        server = self._server
+        if server is None:
+            raise RuntimeError("ClusterEmulator not started")
+        self._call(server.end_log_streams)
+
     def fail_image_pulls(self, image_or_pattern: str | re.Pattern[str]) -> None:
         """Make pulls of matching images fail (exact name, glob like ``gcr.io/x/*``, or compiled regex).
 
@@ -492,6 +511,18 @@ class EmulatorAdminClient:
     def oom_kill_pod(self, namespace: str, name: str, container: str | None = None) -> None:
         """``POST /_emulator/pods/{ns}/{name}/oom``."""
         self._request("POST", f"pods/{namespace}/{name}/oom", {"container": container})
+
+    def rotate_container_log(self, namespace: str, name: str, container: str | None = None) -> None:
+        """``POST /_emulator/pods/{ns}/{name}/rotate-log``."""
+        self._request("POST", f"pods/{namespace}/{name}/rotate-log", {"container": container})
+
+    def stall_log_streams(self) -> None:
+        """``POST /_emulator/faults/log-stall``."""
+        self._request("POST", "faults/log-stall")
+
+    def end_log_streams(self) -> None:
+        """``POST /_emulator/faults/log-end``."""
+        self._request("POST", "faults/log-end")
 
     def fail_image_pulls(self, pattern: str, regex: bool = False) -> None:
         """``POST /_emulator/faults/image-pull``."""

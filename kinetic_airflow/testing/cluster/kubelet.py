@@ -85,6 +85,16 @@ class LogFile:
         self._open_streams = {"stdout", "stderr"}
         self.changed = asyncio.Event()
         self.done = False
+        # Where the current log file starts: the kubelet rotates a container's log
+        # (kubernetes pkg/kubelet/logs/container_log_manager.go, rotateLog) and serves a new
+        # request only the file the runtime writes now (pkg/kubelet/kuberuntime/logs/logs.go,
+        # ReadLogs opens the status' logPath); a reader already following keeps its place.
+        self.current_start = 0
+
+    def rotate(self) -> None:
+        """Rotate: what was written so far is in an older file, never served to a new request."""
+        with contextlib.suppress(OSError):
+            self.current_start = self.path.stat().st_size
 
     def _write(self, stream: str, payload: bytes, complete: bool, now: _dt.datetime) -> None:
         tag = b"F" if complete else b"P"
@@ -1198,6 +1208,17 @@ class Kubelet:
         runtime.set_disruption("TerminationByKubelet", PREEMPTION_MESSAGE)
         runtime.event("Normal", "Shutdown", "Node is shutting down, evicting pods", once=True)
         runtime.request_kill("preempt", grace)
+
+    def rotate_log(self, pod: dict[str, Any], container: str | None) -> None:
+        """Rotate the current log of the pod's container(s) (see ``LogFile.rotate``)."""
+        runtime = self.runtime_for(pod["metadata"]["uid"])
+        states = list(runtime.containers.values()) if runtime is not None else []
+        states = [s for s in states if container is None or s.name == container]
+        if not any(s.logs for s in states):
+            raise LookupError(f"pod {pod['metadata']['namespace']}/{pod['metadata']['name']} has no log yet")
+        for state in states:
+            if state.logs:
+                state.logs[-1].rotate()
 
     def oom_kill(self, pod: dict[str, Any], container: str | None) -> None:
         """Kill a container with exit code 137 / OOMKilled."""

@@ -125,6 +125,8 @@ class ApiServer:
         self._watches: set[_WatchStream] = set()
         self._streams: set[asyncio.Task[Any]] = set()
         self._closing = asyncio.Event()
+        self.log_stall_generation = 0  # bumped by stall_log_streams
+        self.log_end_generation = 0  # bumped by end_log_streams
 
     @property
     def url(self) -> str:
@@ -726,7 +728,10 @@ class ApiServer:
         since: Any = None
         if q.get("sinceTime"):
             try:
-                since = parse_time(q["sinceTime"])
+                # Whole seconds: the API server passes sinceTime on to the kubelet formatted as
+                # RFC 3339 without fractions (kubernetes pkg/registry/core/pod/strategy.go,
+                # LogLocation: opts.SinceTime.Format(time.RFC3339)).
+                since = parse_time(q["sinceTime"]).replace(microsecond=0)
             except ValueError:
                 raise errors.bad_request(f"invalid sinceTime {q['sinceTime']!r}")
         elif q.get("sinceSeconds"):
@@ -742,7 +747,7 @@ class ApiServer:
                 return record.time.timestamp() >= since
             return record.time >= since
 
-        records, offset = log_file.read(0)
+        records, offset = log_file.read(log_file.current_start)  # the current file only
         records = [r for r in records if keep(r)]
         if tail is not None:
             records = records[-tail:] if tail > 0 else []
@@ -758,11 +763,21 @@ class ApiServer:
         task = asyncio.current_task()
         if task is not None:
             self._streams.add(task)
+        stall_generation, end_generation = self.log_stall_generation, self.log_end_generation
         try:
             await response.prepare(request)
             if data:
                 await response.write(data)
             while not self._closing.is_set():
+                if self.log_end_generation != end_generation:
+                    break  # a clean end while the container runs (a proxy's or server's timeout)
+                if self.log_stall_generation != stall_generation:
+                    # Half-open: the connection stays up and nothing more arrives, as when a
+                    # NAT gateway forgets an idle connection (no FIN, no RST reaches the client).
+                    await asyncio.sleep(0.5)
+                    if request.transport is None or request.transport.is_closing():
+                        break
+                    continue
                 changed = log_file.changed
                 new, offset = log_file.read(offset)
                 chunk = b"".join(r.render(timestamps) for r in new if keep(r))
@@ -829,13 +844,15 @@ class ApiServer:
                     ]
                 }
             )
-        match = re.fullmatch(r"pods/([^/]+)/([^/]+)/(preempt|oom)", route)
+        match = re.fullmatch(r"pods/([^/]+)/([^/]+)/(preempt|oom|rotate-log)", route)
         if match and method == "POST":
             ns, pod, action = match.groups()
             try:
                 if action == "preempt":
                     grace = body.get("grace_seconds", body.get("graceSeconds"))
                     self.cluster.preempt_pod(ns, pod, None if grace is None else float(grace))
+                elif action == "rotate-log":
+                    self.cluster.rotate_container_log(ns, pod, body.get("container"))
                 else:
                     self.cluster.oom_kill_pod(ns, pod, body.get("container"))
             except LookupError as exc:
@@ -887,6 +904,12 @@ class ApiServer:
                 with faults.lock:
                     faults.api_faults.clear()
                 return _json({"status": "ok"})
+        if route == "faults/log-stall" and method == "POST":
+            self.stall_log_streams()
+            return _json({"status": "ok"})
+        if route == "faults/log-end" and method == "POST":
+            self.end_log_streams()
+            return _json({"status": "ok"})
         if route == "faults/watch-drop" and method == "POST":
             after = body.get("after_events", body.get("afterEvents"))
             streams = body.get("streams", 1)
@@ -895,6 +918,14 @@ class ApiServer:
             )
             return _json({"status": "ok"})
         raise errors.ApiError(404, "NotFound", f"unknown emulator admin endpoint {method} /_emulator/{route}")
+
+    def stall_log_streams(self) -> None:
+        """Every log stream open now goes silent without closing (see ``_log``); new ones work."""
+        self.log_stall_generation += 1
+
+    def end_log_streams(self) -> None:
+        """Every log stream open now ends cleanly, though its container runs; new ones work."""
+        self.log_end_generation += 1
 
     def drop_watches(self, after_events: int | None, streams: int | None = 1) -> None:
         """``None``: cut every open watch now; else cut the next ``streams`` watches after N events."""
