@@ -358,4 +358,4 @@ def test_remote_traceback_appears_once_with_the_dag_files_lines(base_uri, capfd)
     assert log.count(f'File "{dag_file}", line {line}, in check_loss') == 1
     assert log.count('raise ArithmeticError(f"loss is NaN after {loss!r}")') == 1
     assert log.count("ArithmeticError: loss is NaN after nan") == 2  # Airflow's error line + the remote one
-    assert "the traceback of this failure is shown with the task's error" in log
+    assert "[kinetic] (traceback left out here: it is logged at the end of the task, before its error)" in log

@@ -24,6 +24,7 @@ from typing import Any
 
 from kinetic_airflow.layout import STATE_KEY, JobIdentity, JobLayout, output_dir_uri
 from kinetic_airflow.lifecycle import recorded_jobs
+from kinetic_airflow.tracebacks import clean_remote_traceback, type_name, user_summary
 
 __all__ = ["job_details", "run_costs", "task_rows"]
 
@@ -87,12 +88,12 @@ def _job_files(job: dict[str, Any], gcp_conn_id: str | None) -> dict[str, Any]:
 
 
 def _type_name(name: str | None) -> str | None:
-    return name[len("builtins.") :] if name and name.startswith("builtins.") else name
+    return type_name(name)
 
 
 def _state(entry: dict[str, Any], files: dict[str, Any]) -> tuple[str, str]:
     """(state, what it is doing) of one job, for people."""
-    summary = files.get("summary") or {}
+    summary = user_summary(files.get("summary")) or {}
     progress = files.get("progress") or {}
     outcome = entry.get("outcome") or progress.get("outcome")
     if outcome == "preempted":
@@ -114,7 +115,7 @@ def _job_view(entry: dict[str, Any], files: dict[str, Any]) -> dict[str, Any]:
     state, doing = _state(entry, files)
     usage = entry.get("usage") or {}
     progress = files.get("progress") or {}
-    summary = files.get("summary") or {}
+    summary = user_summary(files.get("summary")) or {}
     timings = summary.get("timings") or {}
     return {
         "job_id": entry["job_id"],
@@ -141,6 +142,8 @@ def _job_view(entry: dict[str, Any], files: dict[str, Any]) -> dict[str, Any]:
             "error_type": _type_name(summary.get("error_type")),
             "error_message": (summary.get("error_message") or "")[:2000],
             "phase": summary.get("phase"),
+            # the user's frames, as the task log shows them before the task's error
+            "traceback": clean_remote_traceback(summary["traceback"]) if summary.get("traceback") else "",
         }
         if summary
         else None,
