@@ -25,7 +25,7 @@ import sys
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowTaskTimeout
@@ -582,10 +582,15 @@ class KineticRunOperator(BaseOperator):
         status = event.get("status")
         if status == "preempted":
             return self._resubmit_after_preemption(context, event, record)
+        if status != "success":
+            # Recorded (and its usage line logged) first: the job's traceback, which
+            # _raise_failure logs, is then the last thing above the task's error.
+            self._delivered(context, ref, "timeout" if status == "timeout" else "failed", record)
+            self._raise_failure(ref, event)
         try:
             value = self._outcome(ref, event)
         except BaseException:
-            self._delivered(context, ref, "failed" if status != "timeout" else "timeout", record)
+            self._delivered(context, ref, "failed", record)
             raise
         self._delivered(context, ref, "success", record)
         return value
@@ -646,21 +651,27 @@ class KineticRunOperator(BaseOperator):
 
     def _outcome(self, ref: JobRef, event: dict[str, Any]) -> Any:
         """The job's value as XCom, or the exception that says why there is none."""
+        if event.get("status") != "success":
+            self._raise_failure(ref, event)
+        storage = self._storage(ref["job_uri"])
+        result_uri = JobLayout(ref["job_uri"]).result()
+        identity = JobIdentity.from_dict(ref["identity"])
+        envelope = load_envelope(storage, result_uri)
+        # its timings are in the job's own "finished in" line, streamed above
+        log.info("kinetic job %s succeeded on attempt %d", ref["job_id"], identity.attempt)
+        return to_xcom(
+            envelope["value"],
+            result_uri,
+            multiple_outputs=bool(self.multiple_outputs),
+            max_bytes=int(resolve_setting("xcom_max_bytes")),
+        )
+
+    def _raise_failure(self, ref: JobRef, event: dict[str, Any]) -> NoReturn:
+        """The exception that says why a job has no value."""
         status = event.get("status")
         storage = self._storage(ref["job_uri"])
         # a multi-host job's failure is reported from the failing host's own envelope
         result_uri = JobLayout(ref["job_uri"]).result(int(event.get("host") or 0))
-        identity = JobIdentity.from_dict(ref["identity"])
-        if status == "success":
-            envelope = load_envelope(storage, result_uri)
-            # its timings are in the job's own "finished in" line, streamed above
-            log.info("kinetic job %s succeeded on attempt %d", ref["job_id"], identity.attempt)
-            return to_xcom(
-                envelope["value"],
-                result_uri,
-                multiple_outputs=bool(self.multiple_outputs),
-                max_bytes=int(resolve_setting("xcom_max_bytes")),
-            )
         # The job's log lines were streamed into this task log already: none is repeated here.
         try:
             full_log = get_backend(ref["backend"]).full_log_hint(ref)

@@ -1,6 +1,6 @@
 """Remote tracebacks that name the DAG file's lines and the user's names, shown once in the task log.
 
-Two things stood in the way:
+Three things stood in the way:
 
 * cloudpickle replaces the file name of every function it pickles by value with
   ``"<dynamic-code>"`` (to make payloads independent of where they were built). DAG files
@@ -13,6 +13,9 @@ Two things stood in the way:
   worker logs it once, as plain ERROR lines just before Airflow's exception line, with the
   source lines filled in from the worker's copy of the DAG files: Airflow's log viewer shows
   log lines, not exception notes, and its own frames of the error are Airflow's and kinetic's.
+* Airflow imports DAG files under generated module names, so a DAG file's exception class
+  read ``unusual_prefix_<sha1>_<file>.Name``; ``user_names`` turns that back into
+  ``<file>.Name`` wherever a name or a traceback is recorded or shown.
 
 Standard library + cloudpickle only: the runner imports this module.
 """
