@@ -465,11 +465,16 @@ def test_a_failure_shows_the_users_traceback_and_names(stack: UiStack, sweep: di
         every = worker + triggered
         text = _text(every)
         assert text.count(frame) == 1 and text.count(source) == 1, (number, text)
+        assert json.dumps(every).count(f"line {line}, in check_loss") == 1, number  # in no other field
         assert "unusual_prefix_" not in json.dumps(every), number
         assert "kn_ui.TrainingDiverged: loss 1e+09 at step 7" in text, text
         failed_at = next(i for i, r in enumerate(worker) if r.get("event") == "Task failed with exception")
         shown_at = next(i for i, r in enumerate(worker) if frame in str(r.get("event")))
         assert shown_at < failed_at and worker[shown_at].get("level") == "error", worker[shown_at]
+        # the traceback's lines are the last thing above Airflow's error line
+        between = worker[shown_at:failed_at]
+        assert all(r.get("level") == "error" for r in between), between
+        assert between[-1]["event"] == "kn_ui.TrainingDiverged: loss 1e+09 at step 7", between
         assert all(frame not in json.dumps(r) for r in worker[failed_at:]), "the error repeats it"
         assert text.count("diverges: training") == 1, text  # streamed once, not again at the end
         (fired,) = [r for r in triggered if r.get("event") == "Trigger fired event"]
