@@ -248,7 +248,7 @@ def task_rows(session: Any, *, all_jobs: bool = False, **filters: Any) -> list[d
             "chip_hours": round(sum(j["chip_hours"] or 0 for j in jobs), 6),
             "queue_seconds": current["queue_seconds"],
             "spot": current["spot"],
-            "result": current["result"],
+            "result": current["result"] if all_jobs else _brief(current["result"]),
             "output_dir": output_dir_uri(ref["base_uri"], JobIdentity.from_dict(ref["identity"])),
         }
         if all_jobs:
@@ -256,6 +256,11 @@ def task_rows(session: Any, *, all_jobs: bool = False, **filters: Any) -> list[d
             row["history"] = current["history"]
         out.append(row)
     return out
+
+
+def _brief(result: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A result for the jobs list: the traceback is for the task-instance tab only."""
+    return {k: v for k, v in result.items() if k != "traceback"} if result else result
 
 
 def run_costs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
