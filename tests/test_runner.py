@@ -46,7 +46,7 @@ def _big_result():
 
 
 def test_the_finished_line_counts_the_whole_job_and_says_how_it_splits(tmp_path):
-    """"finished in" (the job's log) and the usage line's run time (started to finished marker)
+    """The job log's "finished in" and the usage line's run time (started to finished marker)
     count the same span: a large result's upload is part of it, and the line names each step."""
     layout = make_job(f"file://{tmp_path}", _big_result)
     proc, summary = run_runner(layout, timeout=300)

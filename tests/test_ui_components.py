@@ -530,3 +530,16 @@ def test_a_failure_shows_the_users_traceback_and_names(stack: UiStack, sweep: di
         browser.goto(f"{base}/plugin/kinetic-jobs")
         jobs = browser.wait_for_text("kn_ui.TrainingDiverged", timeout=60)
         assert "unusual_prefix_" not in jobs, jobs
+
+        # A module the job does not have: the import's file and line, and the fix
+        line = next(i for i, t in enumerate(dag_file.read_text().splitlines(), 1) if "KN-UI-IMPORT" in t)
+        frame = f'File "{dag_file}", line {line}, in needs_missing'
+        browser.goto(f"{base}/dags/kn_ui_fail/runs/{run}/tasks/needs_missing?try_number=1")
+        browser.wait_for_text("Task failed with exception", timeout=90)
+        page = str(browser.evaluate(_SCROLL_TEXT_JS, timeout=120))
+        assert frame in page and page.index(frame) < page.index("Task failed with exception"), page
+        assert "ModuleNotFoundError: No module named 'kn_ui_not_installed'" in page, page
+        assert "requirements=['kn_ui_not_installed']" in page and "unusual_prefix_" not in page, page
+        browser.goto(f"{base}/dags/kn_ui_fail/runs/{run}/tasks/needs_missing/plugin/kinetic-job")
+        tab = browser.wait_for_text(frame, timeout=60)
+        assert "module 'kn_ui_not_installed' is not installed in the local job" in tab, tab

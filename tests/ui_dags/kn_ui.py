@@ -7,7 +7,8 @@ the test releases it (``KN_UI_RELEASE`` appears), so the view has a running, a
 finished and a failed kinetic task at once. ``kn_ui_gke`` runs on the cluster
 emulator, whose scheduling the test delays so the job waits for a node first.
 ``kn_ui_secret`` belongs to a DAG one test user may not see. ``kn_ui_fail`` raises an
-exception class of this file, from a helper, on each of its two tries.
+exception class of this file, from a helper, on each of its two tries, and imports a module
+the job does not have.
 """
 
 from __future__ import annotations
@@ -88,9 +89,15 @@ def diverges() -> None:
     check_loss(1e9)
 
 
+@task.kinetic(backend="local", retries=0)
+def needs_missing() -> None:
+    import kn_ui_not_installed  # noqa: F401  # KN-UI-IMPORT
+
+
 @dag(schedule=None, start_date=START, catchup=False, tags=["kinetic-ui-test"])
 def kn_ui_fail():
     diverges()
+    needs_missing()
 
 
 kn_ui_sweep()
