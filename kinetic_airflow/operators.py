@@ -55,7 +55,13 @@ from kinetic_airflow.payload import manifest_json, register_dag_modules_by_value
 from kinetic_airflow.pod_override import combined_override, validate_at_parse
 from kinetic_airflow.preflight import preflight
 from kinetic_airflow.requirements import resolve_requirements
-from kinetic_airflow.results import KineticJobError, load_envelope, raise_remote, to_xcom
+from kinetic_airflow.results import (
+    KineticJobError,
+    load_envelope,
+    log_remote_traceback,
+    raise_remote,
+    to_xcom,
+)
 from kinetic_airflow.storage import Storage, uri_to_local_path
 from kinetic_airflow.tracebacks import user_names
 from kinetic_airflow.triggers import KineticJobTrigger
@@ -682,6 +688,7 @@ class KineticRunOperator(BaseOperator):
         if event.get("summary") is not None:
             # The event names the failure briefly; message and traceback come from result.json.
             summary = self._summary(storage, ref, int(event.get("host") or 0), event)
+            self._log_other_hosts(storage, ref, event)
             try:
                 envelope = load_envelope(storage, result_uri)
             except Exception as exc:  # user classes missing on the worker: keep the text
@@ -689,6 +696,14 @@ class KineticRunOperator(BaseOperator):
                 envelope = None
             raise_remote(envelope, summary, ref["job_id"], where=event.get("where") or "", logger=self.log)
         raise KineticJobError(describe_failure(event, full_log))
+
+    def _log_other_hosts(self, storage: Storage, ref: JobRef, event: dict[str, Any]) -> None:
+        """The tracebacks of the other hosts that failed, before the reported one's (the streamed
+        log leaves every host's traceback out, saying it is logged here)."""
+        hosts = int(ref.get("hosts") or 1)
+        for host in event.get("other_failed_hosts") or []:
+            summary = self._summary(storage, ref, int(host), {"summary": {}, "message": ""})
+            log_remote_traceback(summary, ref["job_id"], f"host {host} of {hosts}", self.log)
 
     def _summary(self, storage: Storage, ref: JobRef, host: int, event: dict[str, Any]) -> dict[str, Any]:
         """The failing host's ``result.json``; the event's brief one if it cannot be read."""
