@@ -24,7 +24,7 @@ from kinetic_airflow.layout import JobLayout
 from kinetic_airflow.lifecycle import acancel_job, cancelled_marker
 from kinetic_airflow.progress import PROGRESS_NAME, Progress, ProgressTracker
 from kinetic_airflow.storage import Storage
-from kinetic_airflow.tracebacks import StreamedTracebackFilter, type_name
+from kinetic_airflow.tracebacks import StreamedTracebackFilter, type_name, user_names
 
 __all__ = ["EVENT_JOB_FIELDS", "JobWatcher", "describe_failure", "event_job", "final_progress"]
 
@@ -306,7 +306,7 @@ class JobWatcher:
     def _show(self, line: str) -> None:
         """The first half of the cap goes out live, the last half when the job has ended."""
         host = _host_of(line)
-        shown = self.traceback_filter(line, host)  # the task's error shows the traceback once
+        shown = self.traceback_filter(line, host)  # logged once, just before the task's error
         if shown is None:
             return
         line = shown
@@ -385,6 +385,8 @@ class JobWatcher:
         """``host``/``others``: on a multi-host job, the failing host reported and the other
         hosts that failed too (the lowest index is the one reported)."""
         brief = {k: summary.get(k) for k in _EVENT_SUMMARY_FIELDS if k in summary}
+        if brief.get("error_type"):
+            brief["error_type"] = user_names(brief["error_type"])  # a runner of an older image
         if summary.get("ok"):
             return self._event("success", summary=brief)
         phase = summary.get("phase")
