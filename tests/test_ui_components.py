@@ -489,7 +489,9 @@ def test_a_failure_shows_the_users_traceback_and_names(stack: UiStack, sweep: di
     assert status == 200, body
     assert body["result"]["error_type"] == "kn_ui.TrainingDiverged", body["result"]
     assert frame in body["result"]["traceback"] and "unusual_prefix_" not in json.dumps(body)
-    assert "unusual_prefix_" not in json.dumps(_jobs(stack, "dag_id=kn_ui_fail"))
+    listed = _jobs(stack, "dag_id=kn_ui_fail")["jobs"]
+    assert "unusual_prefix_" not in json.dumps(listed) and len(listed) == 2, listed
+    assert all("traceback" not in row["result"] for row in listed), listed  # the tab's, not the list's
     cli = [sys.executable, "-m", "kinetic_airflow.cli"]
     where = ["--base-uri", f"file://{stack.kinetic_root}"]
     shown = subprocess.run(
