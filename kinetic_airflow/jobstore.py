@@ -30,6 +30,7 @@ from typing import Any
 
 from kinetic_airflow.layout import JobIdentity, JobLayout
 from kinetic_airflow.storage import FileStorage, Storage, join_uri, uri_to_local_path
+from kinetic_airflow.tracebacks import user_summary
 
 __all__ = [
     "RECORD_NAME",
@@ -197,7 +198,7 @@ def load_job(storage: Storage, job_uri: str) -> JobInfo:
     info = JobInfo(job_id=job_uri.rsplit("/", 1)[-1], job_uri=job_uri)
     info.record = read_json_object(storage, record_uri(job_uri))
     info.manifest = read_json_object(storage, layout.manifest)
-    info.summary = read_json_object(storage, layout.result_summary())
+    info.summary = user_summary(read_json_object(storage, layout.result_summary()))
     for uri in storage.list(join_uri(job_uri, "status")):
         name = uri.rsplit("/", 1)[-1]
         if name.endswith(".json"):

@@ -25,7 +25,7 @@ import sys
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowTaskTimeout
@@ -56,9 +56,15 @@ from kinetic_airflow.payload import manifest_json, register_dag_modules_by_value
 from kinetic_airflow.pod_override import combined_override, validate_at_parse
 from kinetic_airflow.preflight import preflight
 from kinetic_airflow.requirements import resolve_requirements
-from kinetic_airflow.results import KineticJobError, load_envelope, raise_remote, to_xcom
+from kinetic_airflow.results import (
+    KineticJobError,
+    load_envelope,
+    log_remote_traceback,
+    raise_remote,
+    to_xcom,
+)
 from kinetic_airflow.storage import Storage, uri_to_local_path
-from kinetic_airflow.tracebacks import without_tracebacks
+from kinetic_airflow.tracebacks import user_names
 from kinetic_airflow.triggers import KineticJobTrigger
 from kinetic_airflow.usage import USAGE_XCOM_KEY, attempt_usage, emit_metrics, totals
 from kinetic_airflow.validation import (
@@ -525,7 +531,7 @@ class KineticRunOperator(BaseOperator):
         code = ship_code_bundle(storage, ref["base_uri"], *code_roots(_airflow_dags_folder(), dag_file))
         by_value = register_dag_modules_by_value(self.python_callable, roots)
         if by_value:
-            log.info("pickling DAG-folder modules by value: %s", ", ".join(by_value))
+            log.info("pickling DAG-folder modules by value: %s", ", ".join(map(user_names, by_value)))
         args, kwargs = self._resolve_args(storage, ref["base_uri"])
         volumes = {m: d.stage(storage, ref["base_uri"]) for m, d in self.volumes.items()}
         env = capture_env(self.capture_env_vars)
@@ -635,10 +641,15 @@ class KineticRunOperator(BaseOperator):
         status = event.get("status")
         if status == "preempted":
             return self._resubmit_after_preemption(context, event, record)
+        if status != "success":
+            # Recorded (and its usage line logged) first: the job's traceback, which
+            # _raise_failure logs, is then the last thing above the task's error.
+            self._delivered(context, ref, "timeout" if status == "timeout" else "failed", record)
+            self._raise_failure(ref, event)
         try:
             value = self._outcome(ref, event)
         except BaseException:
-            self._delivered(context, ref, "failed" if status != "timeout" else "timeout", record)
+            self._delivered(context, ref, "failed", record)
             raise
         self._delivered(context, ref, "success", record)
         return value
@@ -673,7 +684,9 @@ class KineticRunOperator(BaseOperator):
         usage = attempt_usage(self._storage(ref["job_uri"]), ref, outcome)
         queue = usage["queue_seconds"]
         log.info(
-            "[kinetic] attempt %d used %s: %.4f chip-hours (%d chips x %.1fs run; %s queue; %s)",
+            # run: the runner's start to its end, as its own "finished in" line counts it
+            "[kinetic] attempt %d used %s: %.4f chip-hours (%d chips x %.1fs run, from the runner's start "
+            "to its end; %s queue; %s)",
             usage["attempt"],
             usage["accelerator"],
             usage["chip_hours"],
@@ -697,42 +710,64 @@ class KineticRunOperator(BaseOperator):
 
     def _outcome(self, ref: JobRef, event: dict[str, Any]) -> Any:
         """The job's value as XCom, or the exception that says why there is none."""
+        if event.get("status") != "success":
+            self._raise_failure(ref, event)
+        storage = self._storage(ref["job_uri"])
+        result_uri = JobLayout(ref["job_uri"]).result()
+        identity = JobIdentity.from_dict(ref["identity"])
+        envelope = load_envelope(storage, result_uri)
+        # its timings are in the job's own "finished in" line, streamed above
+        log.info("kinetic job %s succeeded on attempt %d", ref["job_id"], identity.attempt)
+        return to_xcom(
+            envelope["value"],
+            result_uri,
+            multiple_outputs=bool(self.multiple_outputs),
+            max_bytes=int(resolve_setting("xcom_max_bytes")),
+        )
+
+    def _raise_failure(self, ref: JobRef, event: dict[str, Any]) -> NoReturn:
+        """The exception that says why a job has no value."""
         status = event.get("status")
         storage = self._storage(ref["job_uri"])
         # a multi-host job's failure is reported from the failing host's own envelope
         result_uri = JobLayout(ref["job_uri"]).result(int(event.get("host") or 0))
-        identity = JobIdentity.from_dict(ref["identity"])
-        if status == "success":
-            envelope = load_envelope(storage, result_uri)
-            timings = (event.get("summary") or {}).get("timings")
-            log.info(
-                "kinetic job %s succeeded on attempt %d (timings %s)",
-                ref["job_id"],
-                identity.attempt,
-                timings,
-            )
-            return to_xcom(
-                envelope["value"],
-                result_uri,
-                multiple_outputs=bool(self.multiple_outputs),
-                max_bytes=int(resolve_setting("xcom_max_bytes")),
-            )
-        tail = event.get("log_tail") or []
-        if event.get("summary") is not None:  # its exception carries the traceback (once)
-            tail = without_tracebacks(tail)
-        if tail:
-            log.error("last log lines of job %s:\n%s", ref["job_id"], "\n".join(tail))
+        # The job's log lines were streamed into this task log already: none is repeated here.
+        try:
+            full_log = get_backend(ref["backend"]).full_log_hint(ref)
+        except Exception:  # an event's brief reference (no job record) may not name enough
+            full_log = ""
         if status == "timeout":
-            raise AirflowTaskTimeout(describe_failure(event))
-        summary = event.get("summary")
-        if summary is not None:
+            raise AirflowTaskTimeout(describe_failure(event, full_log))
+        if event.get("summary") is not None:
+            # The event names the failure briefly; message and traceback come from result.json.
+            summary = self._summary(storage, ref, int(event.get("host") or 0), event)
+            self._log_other_hosts(storage, ref, event)
             try:
                 envelope = load_envelope(storage, result_uri)
             except Exception as exc:  # user classes missing on the worker: keep the text
                 log.warning("could not load the remote exception object: %s", exc)
                 envelope = None
-            raise_remote(envelope, summary, ref["job_id"], where=event.get("where") or "")
-        raise KineticJobError(describe_failure(event))
+            raise_remote(envelope, summary, ref["job_id"], where=event.get("where") or "", logger=self.log)
+        raise KineticJobError(describe_failure(event, full_log))
+
+    def _log_other_hosts(self, storage: Storage, ref: JobRef, event: dict[str, Any]) -> None:
+        """The tracebacks of the other hosts that failed, before the reported one's (the streamed
+        log leaves every host's traceback out, saying it is logged here)."""
+        hosts = int(ref.get("hosts") or 1)
+        for host in event.get("other_failed_hosts") or []:
+            summary = self._summary(storage, ref, int(host), {"summary": {}, "message": ""})
+            log_remote_traceback(summary, ref["job_id"], f"host {host} of {hosts}", self.log)
+
+    def _summary(self, storage: Storage, ref: JobRef, host: int, event: dict[str, Any]) -> dict[str, Any]:
+        """The failing host's ``result.json``; the event's brief one if it cannot be read."""
+        uri = JobLayout(ref["job_uri"]).result_summary(host)
+        try:
+            text = storage.read_text_or_none(uri)
+            if text:
+                return json.loads(text)
+        except Exception as exc:  # the error itself must still be raised
+            log.warning("could not read the result summary %s: %s", uri, exc)
+        return {**event["summary"], "error_message": event.get("message")}
 
     def _resubmit_after_preemption(
         self, context: Context, event: dict[str, Any], record: dict[str, Any] | None

@@ -12,9 +12,16 @@ import cloudpickle
 
 from kinetic_airflow.envelope import ResultRef
 from kinetic_airflow.storage import Storage
-from kinetic_airflow.tracebacks import clean_remote_traceback
+from kinetic_airflow.tracebacks import clean_remote_traceback, type_name, user_summary
 
-__all__ = ["KineticJobError", "KineticRemoteError", "load_envelope", "raise_remote", "to_xcom"]
+__all__ = [
+    "KineticJobError",
+    "KineticRemoteError",
+    "load_envelope",
+    "log_remote_traceback",
+    "raise_remote",
+    "to_xcom",
+]
 
 log = logging.getLogger(__name__)
 
@@ -96,28 +103,63 @@ def _note(exc: BaseException, text: str) -> None:
         add_note(text)
 
 
-def raise_remote(
-    envelope: dict[str, Any] | None, summary: dict[str, Any], job_id: str, where: str = ""
-) -> None:
-    """Re-raise the function's exception with its original type where it can be loaded.
+# A traceback longer than this (deep recursion) is logged by its end, nearest the raise.
+_TRACEBACK_LINES = 400
 
-    ``where``: on a multi-host job, which host raised it ("host 2 of 4 (also failed: ...)").
+
+def log_remote_traceback(summary: dict[str, Any], job_id: str, where: str = "", logger: Any = None) -> bool:
+    """Log the job's traceback as plain ERROR lines (to ``logger``: the task's); True if there was one.
+
+    Called just before the task's error is raised, so the user's own file and line are the
+    last thing above Airflow's exception line, whose frames are Airflow's and kinetic's. Plain
+    log lines, because Airflow's log viewer shows neither exception notes nor chained causes.
     """
-    # The traceback is shown once: as a note of the raised exception, which Airflow prints with
-    # the task's error (the streamed job log leaves it out; see kinetic_airflow.tracebacks).
-    tb = clean_remote_traceback(summary.get("traceback") or "") if summary.get("traceback") else ""
+    if not summary.get("traceback"):
+        return False
+    logger = logger or log
+    lines = clean_remote_traceback(summary["traceback"]).rstrip("\n").splitlines()
+    job = f"job {job_id}" + (f", {where}" if where else "")
+    logger.error("[kinetic] %s raised in phase %s; its traceback:", job, summary.get("phase"))
+    if len(lines) > _TRACEBACK_LINES:
+        logger.error(
+            "[kinetic] ... %d earlier lines left out (`kinetic-airflow jobs result %s` prints them all) ...",
+            len(lines) - _TRACEBACK_LINES,
+            job_id,
+        )
+        lines = lines[-_TRACEBACK_LINES:]
+    for line in lines:
+        logger.error("%s", line)
+    return True
+
+
+def raise_remote(
+    envelope: dict[str, Any] | None,
+    summary: dict[str, Any],
+    job_id: str,
+    where: str = "",
+    logger: Any = None,
+) -> None:
+    """Log the remote traceback, then re-raise the function's exception with its original
+    type where it can be loaded.
+
+    ``summary``: the job's ``result.json`` (``where`` failing host's); ``where``: on a
+    multi-host job, which host raised it ("host 2 of 4 (also failed: ...)"); ``logger``: the
+    task's (the module's logger is not shown by ``dag.test()``).
+    """
+    summary = user_summary(summary) or {}
+    logged = log_remote_traceback(summary, job_id, where, logger)
     phase = summary.get("phase")
     job = f"kinetic job {job_id}" + (f", {where}" if where else "")
-    note = f"Raised remotely in {job} (phase {phase}). Remote traceback:\n{tb}" if tb else ""
     exc = envelope.get("exception") if envelope else None
-    error_type = summary.get("error_type") or "Error"
+    error_type = type_name(summary.get("error_type")) or "Error"
     message = summary.get("error_message") or "unknown error"
+    tb = clean_remote_traceback(summary["traceback"]) if logged else ""
     if phase == "execute" and isinstance(exc, Exception):
         raised: BaseException = exc
     elif phase == "execute":
         raised = KineticRemoteError(error_type, (f"{where}: " if where else "") + message, tb)
     else:
         raised = KineticJobError(f"{job} failed in phase {phase!r}: {message}")
-    if note:
-        _note(raised, note)
+    if logged:  # a pointer, not the traceback again: the log shows it once
+        _note(raised, f"Raised remotely in {job} (phase {phase}); its traceback is logged just above.")
     raise raised

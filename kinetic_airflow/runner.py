@@ -31,7 +31,7 @@ from typing import Any
 from kinetic_airflow.envelope import ResultRef, dump_envelope, dumps_summary, is_result_ref, replace_refs
 from kinetic_airflow.layout import JobLayout
 from kinetic_airflow.storage import Storage, open_storage, uri_to_local_path
-from kinetic_airflow.tracebacks import mark_traceback
+from kinetic_airflow.tracebacks import mark_traceback, user_names
 
 __all__ = ["main"]
 
@@ -63,6 +63,12 @@ def _host_index(explicit: int | None) -> int:
 def _qualname(obj: Any) -> str:
     cls = obj if isinstance(obj, type) else type(obj)
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _timings_text(timings: dict[str, float]) -> str:
+    """``runner start to result stored: download 0.1s, execute 2.1s, upload 9.4s``."""
+    steps = [(k, v) for k, v in timings.items() if k != "total" and not k.startswith("install_")]
+    return "runner start to result stored: " + ", ".join(f"{k} {v:.1f}s" for k, v in steps)
 
 
 def _safe_repr(obj: Any, limit: int = 500) -> str:
@@ -109,6 +115,7 @@ class JobRunner:
         self.host = host
         self.heartbeat_seconds = heartbeat_seconds
         self.timings: dict[str, float] = {}
+        self.started = _now()  # reset by run()
         self.phase = "download"
         self.manifest: dict[str, Any] = {}
         self.workdir = tempfile.mkdtemp(prefix="kinetic-job-")
@@ -276,7 +283,7 @@ class JobRunner:
 
     # The whole job ------------------------------------------------------------------------
     def run(self) -> int:
-        started = _now()
+        started = self.started = _now()
         self.marker("started")
         heartbeat = None
         envelope: dict[str, Any] = {"ok": False, "host": self.host, "value": None, "exception": None}
@@ -322,7 +329,9 @@ class JobRunner:
             write_kinetic_result(self.storage, self.layout.job_uri, self.host, envelope)
         self.marker("finished", ok=envelope["ok"] and written)
         if envelope["ok"] and written:
-            log(f"finished in {envelope['timings']['total']:.1f}s")
+            # The same span as the usage line's run time (started to finished marker): the upload
+            # of a large result is part of it, so say how it splits.
+            log(f"finished in {envelope['timings']['total']:.1f}s ({_timings_text(envelope['timings'])})")
             return 0
         log(f"failed in phase {envelope.get('phase')}: {envelope.get('error_message')}")
         return 1
@@ -339,14 +348,15 @@ class JobRunner:
         else:
             message = _safe_repr(exc, 2000) if not str(exc) else str(exc)
             message = "\n".join([message, *getattr(exc, "__notes__", ())])
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        sys.stderr.write(mark_traceback(tb))  # the task log shows it once, with the task's error
+        # Names as the user wrote them, not Airflow's generated DAG-file module names.
+        tb = user_names("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+        sys.stderr.write(mark_traceback(tb))  # the task log shows it once, before the task's error
         return {
             "ok": False,
             "phase": phase,
             "exception": None if isinstance(exc, PhaseError) else exc,
-            "error_type": "kinetic.PhaseError" if isinstance(exc, PhaseError) else _qualname(exc),
-            "error_message": message,
+            "error_type": "kinetic.PhaseError" if isinstance(exc, PhaseError) else user_names(_qualname(exc)),
+            "error_message": user_names(message),
             "traceback": tb,
             "exit_code": exc.code if isinstance(exc, SystemExit) else None,
         }
@@ -391,6 +401,8 @@ class JobRunner:
             with _PhaseTimer(self.timings, "upload"):
                 self.storage.upload_file(local, self.layout.result(self.host))
             envelope["timings"]["upload"] = self.timings["upload"]
+            # result.json's total: from the runner's start to the result stored, upload included
+            envelope["timings"]["total"] = round(_now() - self.started, 3)
             self.storage.write_text(self.layout.result_summary(self.host), dumps_summary(envelope))
         except Exception as exc:
             log(f"could not upload the result envelope to {self.layout.result(self.host)}: {exc}")

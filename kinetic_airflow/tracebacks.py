@@ -1,16 +1,21 @@
-"""Remote tracebacks that name the DAG file's lines, shown once in the task log.
+"""Remote tracebacks that name the DAG file's lines and the user's names, shown once in the task log.
 
-Two things stood in the way:
+Three things stood in the way:
 
 * cloudpickle replaces the file name of every function it pickles by value with
   ``"<dynamic-code>"`` (to make payloads independent of where they were built). DAG files
   and their helper modules are pickled by value, so a remote traceback named no file.
   ``FilenamePickler`` keeps the real ``co_filename`` (line numbers always survived).
-* The traceback reached the task log four times: the job's log streamed live, its last
-  lines again at the end, a "Remote traceback" error line and the exception's note. The
-  runner now brackets the traceback it prints with marker lines; the watcher leaves that
-  block out of the streamed log (the job's own log keeps it) and the exception carries it
-  once, as a note, with the source lines filled in from the worker's copy of the DAG files.
+* The traceback reached the task log several times: the job's log streamed live, its last
+  lines again at the end, the exception's note, and the triggerer's log of the event. The
+  runner brackets the traceback it prints with marker lines; the watcher leaves that block
+  out of the streamed log (the job's own log keeps it) and events carry no traceback. The
+  worker logs it once, as plain ERROR lines just before Airflow's exception line, with the
+  source lines filled in from the worker's copy of the DAG files: Airflow's log viewer shows
+  log lines, not exception notes, and its own frames of the error are Airflow's and kinetic's.
+* Airflow imports DAG files under generated module names, so a DAG file's exception class
+  read ``unusual_prefix_<sha1>_<file>.Name``; ``user_names`` turns that back into
+  ``<file>.Name`` wherever a name or a traceback is recorded or shown.
 
 Standard library + cloudpickle only: the runner imports this module.
 """
@@ -32,13 +37,45 @@ __all__ = [
     "StreamedTracebackFilter",
     "clean_remote_traceback",
     "mark_traceback",
-    "without_tracebacks",
+    "type_name",
+    "user_names",
+    "user_summary",
 ]
 
 TRACEBACK_BEGIN = "[kinetic] ---- traceback of the failure (the task's error shows it too) ----"
 TRACEBACK_END = "[kinetic] ---- end of traceback ----"
-_SHOWN_INSTEAD = "[kinetic] (the traceback of this failure is shown with the task's error)"
+# The marker lines above stay as they are: runners in older images print them.
+_SHOWN_INSTEAD = "[kinetic] (traceback left out here: it is logged at the end of the task, before its error)"
 _DYNAMIC = "<dynamic-code>"
+# Airflow imports a DAG file as module ``unusual_prefix_<sha1 of its path>_<file name>``
+# (airflow/serialization/stringify.py strips the same pattern for the same reason).
+_AIRFLOW_MODULE_PREFIX = re.compile(r"\bunusual_prefix_[0-9a-f]{40}_")
+
+
+def user_names(text: str) -> str:
+    """``text`` with the module names the user wrote (``nt_fail.TrainingDiverged``) in place of
+    the ones Airflow generated for DAG files (``unusual_prefix_<sha1>_nt_fail...``).
+
+    The one place such names are cleaned: the runner applies it to what it records, and every
+    place that shows a name or a traceback applies it again (records of older runners).
+    """
+    return _AIRFLOW_MODULE_PREFIX.sub("", text)
+
+
+def user_summary(summary: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A result summary (``result.json``) whose names, message and traceback read as the user's."""
+    if not summary:
+        return summary
+    keys = ("error_type", "error_message", "traceback", "value_type", "value_repr")
+    return {k: user_names(v) if k in keys and isinstance(v, str) else v for k, v in summary.items()}
+
+
+def type_name(name: str | None) -> str | None:
+    """A recorded type's name as a person reads it: ``ValueError``, ``nt_fail.TrainingDiverged``."""
+    if not name:
+        return name
+    name = user_names(name)
+    return name[len("builtins.") :] if name.startswith("builtins.") else name
 
 
 def _code_reduce_keeping_filename(code: types.CodeType) -> Any:
@@ -79,22 +116,12 @@ class StreamedTracebackFilter:
         return line
 
 
-def without_tracebacks(lines: list[str]) -> list[str]:
-    keep = StreamedTracebackFilter()
-    out = []
-    for line in lines:
-        host = line[2 : line.find("]")] if line.startswith("[h") and "] " in line else ""
-        shown = keep(line, host)
-        if shown is not None:
-            out.append(shown)
-    return out
-
-
 _FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>.+)$')
 
 
 def clean_remote_traceback(text: str) -> str:
-    """Drop the runner's own frames; add source lines the job could not show (files not in the image)."""
+    """Drop the runner's own frames; add source lines the job could not show (files not in the
+    image); the user's module names (``user_names``)."""
     lines = text.rstrip("\n").splitlines()
     out: list[str] = []
     i = 0
@@ -120,4 +147,4 @@ def clean_remote_traceback(text: str) -> str:
                 body = [f"    {source}"]
         out.extend(body)
         i = j
-    return "\n".join(out) + "\n"
+    return user_names("\n".join(out) + "\n")

@@ -24,7 +24,7 @@ from kinetic_airflow.layout import JobLayout
 from kinetic_airflow.lifecycle import acancel_job, cancelled_marker
 from kinetic_airflow.progress import PROGRESS_NAME, Progress, ProgressTracker
 from kinetic_airflow.storage import Storage
-from kinetic_airflow.tracebacks import StreamedTracebackFilter
+from kinetic_airflow.tracebacks import StreamedTracebackFilter, type_name, user_names
 
 __all__ = ["EVENT_JOB_FIELDS", "JobWatcher", "describe_failure", "event_job", "final_progress"]
 
@@ -34,7 +34,6 @@ _NOT_FOUND_GRACE_SECONDS = 60.0
 _QUIET_LOOK_SECONDS = 300.0
 _SHARED_CURSOR_SECONDS = 60.0
 _DRAIN_SECONDS = 5.0
-_TAIL_LINES = 20
 
 
 def _progress(offset: Any) -> int:
@@ -89,18 +88,34 @@ def final_progress(event: dict[str, Any]) -> Progress:
     return Progress("finished", f"finished: {status} ({cause}: {event.get('message')})", outcome=status)
 
 
-def describe_failure(event: dict[str, Any]) -> str:
-    """The task's error text: cause, job, hint and the last log lines."""
+def describe_failure(event: dict[str, Any], full_log: str = "") -> str:
+    """The task's error text: cause, job, hint, and where its log is.
+
+    The job's last log lines are not repeated here: the watcher streamed them into this same
+    task log just above the error (the triggerer's part is merged into the task's log view).
+    """
     job = event.get("job") or {}
     lines = [f"kinetic job {job.get('job_id')} ({job.get('backend')}) failed: {event.get('message')}"]
     if event.get("hint"):
         lines.append(f"Hint: {event['hint']}")
-    tail = event.get("log_tail") or []
-    if tail:
-        lines.append("Last log lines:")
-        lines.extend(f"  | {line}" for line in tail)
+    where = f"; the whole log: {full_log}" if full_log else ""
+    lines.append(f"The job's last log lines are just above in this task log{where}.")
     lines.append(f"Job files: {job.get('job_uri')}")
     return "\n".join(lines)
+
+
+# What an event says of a result summary: whether there is one and what kind of failure it
+# records. Its message, traceback and value's repr stay in storage (``result.json``), where
+# ``execute_complete`` reads them: the triggerer logs every event whole.
+_EVENT_SUMMARY_FIELDS = ("ok", "phase", "error_type", "host", "attempt")
+_EVENT_MESSAGE_CHARS = 300
+
+
+def _short(text: str) -> str:
+    """The first line of a message, at most ``_EVENT_MESSAGE_CHARS`` long."""
+    first = text.splitlines()[0] if text else ""
+    cut = len(first) > _EVENT_MESSAGE_CHARS or first != text.rstrip("\n")
+    return (first[: _EVENT_MESSAGE_CHARS - 1] + "…") if cut else first
 
 
 def _classify_exit(status: BackendStatus) -> tuple[str, str, str]:
@@ -209,7 +224,6 @@ class JobWatcher:
         # Lines shown so far and the end of a capped log held back, per host ("" for one host):
         # the cap is per host, so one chatty host cannot hide the others.
         self.lines_emitted: dict[str, int] = {}
-        self.tail: deque[str] = deque(maxlen=_TAIL_LINES)
         self.traceback_filter = StreamedTracebackFilter()
         self.held: dict[str, deque[str]] = {}
         self.hosts = int(job.get("hosts") or 1)
@@ -291,9 +305,8 @@ class JobWatcher:
 
     def _show(self, line: str) -> None:
         """The first half of the cap goes out live, the last half when the job has ended."""
-        self.tail.append(line)
         host = _host_of(line)
-        shown = self.traceback_filter(line, host)  # the task's error shows the traceback once
+        shown = self.traceback_filter(line, host)  # logged once, just before the task's error
         if shown is None:
             return
         line = shown
@@ -362,20 +375,20 @@ class JobWatcher:
         return json.loads(text) if text else None
 
     def _event(self, status: str, **fields: Any) -> dict[str, Any]:
-        """The one event; the triggerer logs it whole, so a success carries no log lines
-        (they were streamed already) and a failure only the last few, for its error message."""
-        event = {"status": status, "job": event_job(self.job), **fields}
-        if status != "success":
-            event["log_tail"] = list(self.tail)
-        return event
+        """The one event; the triggerer logs it whole and the metadata DB keeps it, so it is
+        small: no log lines (they were streamed already) and no traceback (in ``result.json``)."""
+        return {"status": status, "job": event_job(self.job), **fields}
 
     def _result_event(
         self, summary: dict[str, Any], host: int | None = None, others: list[int] | None = None
     ) -> dict[str, Any]:
         """``host``/``others``: on a multi-host job, the failing host reported and the other
         hosts that failed too (the lowest index is the one reported)."""
+        brief = {k: summary.get(k) for k in _EVENT_SUMMARY_FIELDS if k in summary}
+        if brief.get("error_type"):
+            brief["error_type"] = user_names(brief["error_type"])  # a runner of an older image
         if summary.get("ok"):
-            return self._event("success", summary=summary)
+            return self._event("success", summary=brief)
         phase = summary.get("phase")
         user = phase == "execute"
         where = ""
@@ -385,15 +398,16 @@ class JobWatcher:
             if others:
                 where += f" (also failed: hosts {', '.join(map(str, others))})"
             extra = {"host": host, "other_failed_hosts": list(others or []), "where": where}
+        error = _short(str(summary.get("error_message") or ""))
         return self._event(
             "failed",
-            summary=summary,
+            summary=brief,
             cause="user_error" if user else f"{phase}_error",
             message=(f"{where}: " if where else "")
             + (
-                f"{summary.get('error_type')}: {summary.get('error_message')}"
+                f"{type_name(summary.get('error_type'))}: {error}"
                 if user
-                else f"the job failed in phase {phase!r}: {summary.get('error_message')}"
+                else f"the job failed in phase {phase!r}: {error}"
             ),
             hint="" if user else "This is a failure of the job's setup, not of your function.",
             **extra,

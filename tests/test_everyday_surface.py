@@ -358,4 +358,14 @@ def test_remote_traceback_appears_once_with_the_dag_files_lines(base_uri, capfd)
     assert log.count(f'File "{dag_file}", line {line}, in check_loss') == 1
     assert log.count('raise ArithmeticError(f"loss is NaN after {loss!r}")') == 1
     assert log.count("ArithmeticError: loss is NaN after nan") == 2  # Airflow's error line + the remote one
-    assert "the traceback of this failure is shown with the task's error" in log
+    assert "[kinetic] (traceback left out here: it is logged at the end of the task, before its error)" in log
+
+
+def test_a_job_that_dies_has_its_last_lines_once_and_an_error_that_points_at_them(file_base_uri, capfd):
+    dr = _dag("kn_dies").test()
+    assert ti_states(dr) == {"dies": "failed"}
+    out, err = capfd.readouterr()
+    log = out + err
+    assert log.count("kn-dies: last words") == 1, log  # streamed, and not printed again
+    assert "without writing a result envelope" in log, log
+    assert "The job's last log lines are just above in this task log; the whole log: " in log, log

@@ -41,6 +41,27 @@ def test_success_writes_markers_and_envelope(tmp_path):
         assert cloudpickle.load(fh)["value"] == "hello world"
 
 
+def _big_result():
+    return b"x" * (200 * 1024 * 1024)  # its upload takes a measurable share of the job
+
+
+def test_the_finished_line_counts_the_whole_job_and_says_how_it_splits(tmp_path):
+    """The job log's "finished in" and the usage line's run time (started to finished marker)
+    count the same span: a large result's upload is part of it, and the line names each step."""
+    layout = make_job(f"file://{tmp_path}", _big_result)
+    proc, summary = run_runner(layout, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    timings = summary["timings"]
+    steps = {k: v for k, v in timings.items() if k != "total" and not k.startswith("install_")}
+    assert timings["total"] + 0.005 * len(steps) >= sum(steps.values()), timings  # upload included
+    (line,) = [text for text in proc.stderr.splitlines() if "finished in" in text]
+    assert f"finished in {timings['total']:.1f}s (runner start to result stored: " in line, line
+    assert f"execute {steps['execute']:.1f}s" in line and f"upload {steps['upload']:.1f}s" in line, line
+    storage = open_storage(layout.job_uri)
+    marks = {m: json.loads(storage.read_text(layout.status(m)))["time"] for m in ("started", "finished")}
+    assert marks["finished"] - marks["started"] >= timings["total"] - 0.005  # the usage line's span
+
+
 def test_lingering_non_daemon_thread_does_not_hang_the_job(tmp_path):
     layout = make_job(f"file://{tmp_path}", _leaves_a_thread)
     # subprocess.run's timeout only guards against a hang; without os._exit the job never ends

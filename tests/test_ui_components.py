@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.parse
@@ -108,7 +111,7 @@ class UiStack(ComponentStack):
             database_url=self.pg.create_database("airflow"),
         )
         self.airflow.start()
-        for dag_id in ("kn_ui_sweep", "kn_ui_gke", "kn_ui_secret"):
+        for dag_id in ("kn_ui_sweep", "kn_ui_gke", "kn_ui_secret", "kn_ui_fail"):
             poll(
                 lambda d=dag_id: parsed(self.api, d),
                 timeout=120,
@@ -193,6 +196,7 @@ def sweep(stack: UiStack) -> dict[str, Any]:
     gke_run = trigger(stack.api, "kn_ui_gke")
     run_id = trigger(stack.api, "kn_ui_sweep")
     secret_run = trigger(stack.api, "kn_ui_secret")
+    fail_run = trigger(stack.api, "kn_ui_fail")  # runs alongside; test_a_failure_... follows it
 
     def mid_state() -> dict[str, Any] | None:
         rows = _by_task(_jobs(stack, f"dag_id=kn_ui_sweep&run_id={urllib.parse.quote(run_id)}"))
@@ -216,7 +220,7 @@ def sweep(stack: UiStack) -> dict[str, Any]:
         what="kn_ui_secret to finish",
         diagnostics=stack.api.diagnostics,
     )
-    return {"run_id": run_id, "gke_run": gke_run, "secret_run": secret_run, **snapshot}
+    return {"run_id": run_id, "gke_run": gke_run, "secret_run": secret_run, "fail_run": fail_run, **snapshot}
 
 
 def test_the_view_lists_running_finished_and_failed_jobs_of_a_run(sweep: dict[str, Any]) -> None:
@@ -388,3 +392,156 @@ def test_a_person_follows_the_sweep_in_the_browser(stack: UiStack, sweep: dict[s
     waiting = [line for line in log.splitlines() if "[kinetic] waiting for a node matching" in line]
     assert len(waiting) == 1, log  # one line per change, not one per look
     assert "[kinetic] running on node" in log and "[kinetic] finished: succeeded" in log, log
+
+
+# A failure, as its user reads it -------------------------------------------------------------
+_SCROLL_TEXT_JS = """(async () => {
+  // Airflow's log viewer renders only the rows in view: scroll every scrolling box through
+  // its whole height and keep each line of text seen, in order.
+  const seen = [], known = new Set();
+  const take = () => { for (const line of document.body.innerText.split("\\n"))
+    if (!known.has(line)) { known.add(line); seen.push(line); } };
+  take();
+  const boxes = [...document.querySelectorAll("*")].filter((e) =>
+    e.scrollHeight > e.clientHeight + 10 && /auto|scroll/.test(getComputedStyle(e).overflowY));
+  for (const box of boxes) {
+    for (let y = 0; y <= box.scrollHeight; y += Math.max(40, box.clientHeight / 3)) {
+      box.scrollTop = y;
+      await new Promise((r) => setTimeout(r, 120));
+      take();
+    }
+  }
+  return seen.join("\\n");
+})()"""
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    """A task log file's records (JSON lines; anything else as a plain event)."""
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        out.append(record if isinstance(record, dict) else {"event": line})
+    return out
+
+
+def _try_logs(stack: UiStack, dag_id: str, task_id: str) -> dict[int, dict[str, list[dict[str, Any]]]]:
+    """Per try: the worker's records and the triggerer's (the UI merges them into one log)."""
+    tries: dict[int, dict[str, list[dict[str, Any]]]] = {}
+    for path in stack.api.task_log_files(dag_id):
+        found = re.match(r"attempt=(\d+)\.log(\.trigger\.\d+\.log)?$", path.name)
+        if f"task_id={task_id}" in str(path) and found:
+            part = "trigger" if found.group(2) else "worker"
+            tries.setdefault(int(found.group(1)), {}).setdefault(part, []).extend(_records(path))
+    return tries
+
+
+def _text(records: list[dict[str, Any]]) -> str:
+    return "\n".join(str(r.get("event", "")) for r in records)
+
+
+def test_a_failure_shows_the_users_traceback_and_names(stack: UiStack, sweep: dict[str, Any]) -> None:
+    run_id = sweep["fail_run"]
+    ti_path = f"{run_path('kn_ui_fail', run_id)}/taskInstances/diverges"
+    poll(
+        lambda: stack.api.api("GET", ti_path)["state"] == "failed",
+        timeout=300,
+        what="kn_ui_fail's two tries to fail",
+        diagnostics=lambda: stack.api.diagnostics("kn_ui_fail"),
+    )
+    assert stack.api.api("GET", ti_path)["try_number"] == 2
+    dag_file = stack.dags / DAG_FILE.name
+    line = next(i for i, t in enumerate(dag_file.read_text().splitlines(), 1) if "KN-UI-RAISE" in t)
+    frame = f'File "{dag_file}", line {line}, in check_loss'  # the user's file and line
+    source = 'raise TrainingDiverged(f"loss {loss:g} at step 7")'
+
+    # Each try's log: the traceback once, before Airflow's exception line; a small event.
+    tries = _try_logs(stack, "kn_ui_fail", "diverges")
+    assert set(tries) == {1, 2}, sorted(tries)
+    for number, parts in tries.items():
+        worker, triggered = parts["worker"], parts.get("trigger", [])
+        every = worker + triggered
+        text = _text(every)
+        assert text.count(frame) == 1 and text.count(source) == 1, (number, text)
+        assert json.dumps(every).count(f"line {line}, in check_loss") == 1, number  # in no other field
+        assert "unusual_prefix_" not in json.dumps(every), number
+        assert "kn_ui.TrainingDiverged: loss 1e+09 at step 7" in text, text
+        failed_at = next(i for i, r in enumerate(worker) if r.get("event") == "Task failed with exception")
+        shown_at = next(i for i, r in enumerate(worker) if frame in str(r.get("event")))
+        assert shown_at < failed_at and worker[shown_at].get("level") == "error", worker[shown_at]
+        # the traceback's lines are the last thing above Airflow's error line
+        between = worker[shown_at:failed_at]
+        assert all(r.get("level") == "error" for r in between), between
+        assert between[-1]["event"] == "kn_ui.TrainingDiverged: loss 1e+09 at step 7", between
+        assert all(frame not in json.dumps(r) for r in worker[failed_at:]), "the error repeats it"
+        assert text.count("diverges: training") == 1, text  # streamed once, not again at the end
+        (fired,) = [r for r in triggered if r.get("event") == "Trigger fired event"]
+        event = json.dumps(fired)
+        for absent in ("Traceback", "check_loss", "log_tail", "diverges: training", "traceback"):
+            assert absent not in event, (absent, event)
+        assert len(event) < 3000, event
+        assert "traceback left out here: it is logged at the end of the task, before its error" in text
+
+    # The view's data, the CLI and reproduce: the user's names and frames
+    status, body = stack.get(f"/kinetic/api/task/kn_ui_fail/{urllib.parse.quote(run_id)}/diverges/-1")
+    assert status == 200, body
+    assert body["result"]["error_type"] == "kn_ui.TrainingDiverged", body["result"]
+    assert frame in body["result"]["traceback"] and "unusual_prefix_" not in json.dumps(body)
+    listed = _jobs(stack, "dag_id=kn_ui_fail")["jobs"]
+    assert "unusual_prefix_" not in json.dumps(listed) and len(listed) == 2, listed
+    assert all("traceback" not in row["result"] for row in listed), listed  # the tab's, not the list's
+    cli = [sys.executable, "-m", "kinetic_airflow.cli"]
+    where = ["--base-uri", f"file://{stack.kinetic_root}"]
+    shown = subprocess.run(
+        [*cli, "jobs", "result", body["job_id"], *where], capture_output=True, text=True, timeout=120
+    )
+    assert shown.returncode == 1, shown.stderr
+    assert "error_type: kn_ui.TrainingDiverged" in shown.stdout and frame in shown.stdout, shown.stdout
+    redo = subprocess.run(
+        [*cli, "reproduce", body["job_id"], *where, "--workdir", str(stack.root / "redo")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "the job failed: kn_ui.TrainingDiverged" in redo.stdout, redo.stdout + redo.stderr
+    assert "reproduced: kn_ui.TrainingDiverged: loss 1e+09 at step 7" in redo.stdout, redo.stdout
+    for out in (shown.stdout + shown.stderr, redo.stdout + redo.stderr):
+        assert "unusual_prefix_" not in out, out
+
+    # On screen: Airflow's log page, the Kinetic tab and the jobs page
+    base = stack.api.base_url
+    run = urllib.parse.quote(run_id, safe="")
+    with Browser() as browser:
+        browser.set_cookie("_token", stack.token("admin"), base)
+        browser.goto(f"{base}/dags/kn_ui_fail/runs/{run}/tasks/diverges?try_number=2")
+        browser.wait_for_text("Task failed with exception", timeout=90)
+        page = str(browser.evaluate(_SCROLL_TEXT_JS, timeout=120))
+        _shot(browser, "airflow-log-of-a-failure.png")
+        assert frame in page and source in page, page
+        assert page.index(frame) < page.index("Task failed with exception"), page
+        assert "kn_ui.TrainingDiverged: loss 1e+09 at step 7" in page and "unusual_prefix_" not in page
+
+        browser.goto(f"{base}/dags/kn_ui_fail/runs/{run}/tasks/diverges/plugin/kinetic-job")
+        tab = browser.wait_for_text(frame, timeout=60)
+        assert source in tab and "kn_ui.TrainingDiverged: loss 1e+09 at step 7" in tab, tab
+        assert "kinetic_airflow/runner.py" not in tab and "unusual_prefix_" not in tab, tab
+        _shot(browser, "kinetic-task-tab-traceback.png")
+
+        browser.goto(f"{base}/plugin/kinetic-jobs")
+        jobs = browser.wait_for_text("kn_ui.TrainingDiverged", timeout=60)
+        assert "unusual_prefix_" not in jobs, jobs
+
+        # A module the job does not have: the import's file and line, and the fix
+        line = next(i for i, t in enumerate(dag_file.read_text().splitlines(), 1) if "KN-UI-IMPORT" in t)
+        frame = f'File "{dag_file}", line {line}, in needs_missing'
+        browser.goto(f"{base}/dags/kn_ui_fail/runs/{run}/tasks/needs_missing?try_number=1")
+        browser.wait_for_text("Task failed with exception", timeout=90)
+        page = str(browser.evaluate(_SCROLL_TEXT_JS, timeout=120))
+        assert frame in page and page.index(frame) < page.index("Task failed with exception"), page
+        assert "ModuleNotFoundError: No module named 'kn_ui_not_installed'" in page, page
+        assert "requirements=['kn_ui_not_installed']" in page and "unusual_prefix_" not in page, page
+        browser.goto(f"{base}/dags/kn_ui_fail/runs/{run}/tasks/needs_missing/plugin/kinetic-job")
+        tab = browser.wait_for_text(frame, timeout=60)
+        assert "module 'kn_ui_not_installed' is not installed in the local job" in tab, tab

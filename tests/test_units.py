@@ -158,3 +158,17 @@ def test_log_lines_are_not_repeated_by_a_rebuilt_watcher(tmp_path):
     first = watch()
     assert [line for line in first if line.startswith("line ")] == [f"line {i}" for i in range(5)]
     assert watch() == []  # the rebuilt watcher resumes after what was already shown
+
+
+def test_names_read_as_the_user_wrote_them():
+    """Airflow imports a DAG file as ``unusual_prefix_<sha1>_<file>``: shown as ``<file>``."""
+    from kinetic_airflow.tracebacks import type_name, user_names, user_summary
+
+    generated = "unusual_prefix_" + "f8d32b84" * 5 + "_nt_fail"
+    assert type_name(f"{generated}.TrainingDiverged") == "nt_fail.TrainingDiverged"
+    assert type_name("builtins.ValueError") == "ValueError" and type_name(None) is None
+    text = f'Traceback ...\n  File "/dags/nt_fail.py", line 3, in f\n{generated}.TrainingDiverged: nan\n'
+    assert user_names(text) == text.replace(f"{generated}.", "nt_fail.")
+    assert user_names("unusual_prefix_not_a_hash_x.Y") == "unusual_prefix_not_a_hash_x.Y"  # only Airflow's
+    summary = user_summary({"ok": False, "error_type": f"{generated}.E", "traceback": generated, "host": 0})
+    assert summary == {"ok": False, "error_type": "nt_fail.E", "traceback": "nt_fail", "host": 0}

@@ -24,6 +24,7 @@ from typing import Any
 
 from kinetic_airflow.layout import STATE_KEY, JobIdentity, JobLayout, output_dir_uri
 from kinetic_airflow.lifecycle import recorded_jobs
+from kinetic_airflow.tracebacks import clean_remote_traceback, type_name, user_summary
 
 __all__ = ["job_details", "run_costs", "task_rows"]
 
@@ -87,12 +88,12 @@ def _job_files(job: dict[str, Any], gcp_conn_id: str | None) -> dict[str, Any]:
 
 
 def _type_name(name: str | None) -> str | None:
-    return name[len("builtins.") :] if name and name.startswith("builtins.") else name
+    return type_name(name)
 
 
 def _state(entry: dict[str, Any], files: dict[str, Any]) -> tuple[str, str]:
     """(state, what it is doing) of one job, for people."""
-    summary = files.get("summary") or {}
+    summary = user_summary(files.get("summary")) or {}
     progress = files.get("progress") or {}
     outcome = entry.get("outcome") or progress.get("outcome")
     if outcome == "preempted":
@@ -114,7 +115,7 @@ def _job_view(entry: dict[str, Any], files: dict[str, Any]) -> dict[str, Any]:
     state, doing = _state(entry, files)
     usage = entry.get("usage") or {}
     progress = files.get("progress") or {}
-    summary = files.get("summary") or {}
+    summary = user_summary(files.get("summary")) or {}
     timings = summary.get("timings") or {}
     return {
         "job_id": entry["job_id"],
@@ -141,6 +142,8 @@ def _job_view(entry: dict[str, Any], files: dict[str, Any]) -> dict[str, Any]:
             "error_type": _type_name(summary.get("error_type")),
             "error_message": (summary.get("error_message") or "")[:2000],
             "phase": summary.get("phase"),
+            # the user's frames, as the task log shows them before the task's error
+            "traceback": clean_remote_traceback(summary["traceback"]) if summary.get("traceback") else "",
         }
         if summary
         else None,
@@ -245,7 +248,7 @@ def task_rows(session: Any, *, all_jobs: bool = False, **filters: Any) -> list[d
             "chip_hours": round(sum(j["chip_hours"] or 0 for j in jobs), 6),
             "queue_seconds": current["queue_seconds"],
             "spot": current["spot"],
-            "result": current["result"],
+            "result": current["result"] if all_jobs else _brief(current["result"]),
             "output_dir": output_dir_uri(ref["base_uri"], JobIdentity.from_dict(ref["identity"])),
         }
         if all_jobs:
@@ -253,6 +256,11 @@ def task_rows(session: Any, *, all_jobs: bool = False, **filters: Any) -> list[d
             row["history"] = current["history"]
         out.append(row)
     return out
+
+
+def _brief(result: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A result for the jobs list: the traceback is for the task-instance tab only."""
+    return {k: v for k, v in result.items() if k != "traceback"} if result else result
 
 
 def run_costs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -123,6 +123,17 @@ def kn_traceback():
     diverges()
 
 
+@task.kinetic
+def dies() -> None:
+    print("kn-dies: last words", flush=True)
+    os._exit(3)  # no result: the task's error is kinetic's, from the event
+
+
+@dag(schedule=None, start_date=START, catchup=False)
+def kn_dies():
+    dies()
+
+
 # Created here, so that each DAG's fileloc is this file (relative Data paths resolve against it).
 DAGS = {
     d.dag_id: d
@@ -134,5 +145,6 @@ DAGS = {
         kn_relative_data(),
         kn_killed_hard(),
         kn_traceback(),
+        kn_dies(),
     )
 }

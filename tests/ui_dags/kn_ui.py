@@ -6,13 +6,16 @@ CPU but counts the chips the string names), one that fails, and one that runs un
 the test releases it (``KN_UI_RELEASE`` appears), so the view has a running, a
 finished and a failed kinetic task at once. ``kn_ui_gke`` runs on the cluster
 emulator, whose scheduling the test delays so the job waits for a node first.
-``kn_ui_secret`` belongs to a DAG one test user may not see.
+``kn_ui_secret`` belongs to a DAG one test user may not see. ``kn_ui_fail`` raises an
+exception class of this file, from a helper, on each of its two tries, and imports a module
+the job does not have.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pendulum
@@ -69,6 +72,35 @@ def kn_ui_secret():
     secret_sauce()
 
 
+class TrainingDiverged(RuntimeError):
+    """A DAG file's own exception: Airflow imports this file as ``unusual_prefix_<sha1>_kn_ui``."""
+
+
+def check_loss(loss: float) -> None:
+    if loss > 10:
+        raise TrainingDiverged(f"loss {loss:g} at step 7")  # KN-UI-RAISE
+
+
+@task.kinetic(backend="local", retries=1, retry_delay=timedelta(seconds=1))
+def diverges() -> None:
+    # Longer than [kinetic] wait_before_defer (5 s): each try defers, so the triggerer fires an event.
+    print("diverges: training", flush=True)
+    time.sleep(7)
+    check_loss(1e9)
+
+
+@task.kinetic(backend="local", retries=0)
+def needs_missing() -> None:
+    import kn_ui_not_installed  # noqa: F401  # KN-UI-IMPORT
+
+
+@dag(schedule=None, start_date=START, catchup=False, tags=["kinetic-ui-test"])
+def kn_ui_fail():
+    diverges()
+    needs_missing()
+
+
 kn_ui_sweep()
 kn_ui_gke()
 kn_ui_secret()
+kn_ui_fail()

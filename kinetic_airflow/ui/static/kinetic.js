@@ -43,6 +43,11 @@ function resultText(result) {
   if (result.ok) return `${esc(result.value_type)} <span class="muted">${esc(result.value_repr)}</span>`;
   return `<span class="error">${esc(result.error_type)}: ${esc(result.error_message)}</span>`;
 }
+// The remote traceback (the user's frames, the runner's left out), as the task log shows it.
+function tracebackBlock(result) {
+  if (!result || !result.traceback) return "";
+  return `<h2>Traceback (phase ${esc(result.phase)})</h2><pre class="traceback">${esc(result.traceback)}</pre>`;
+}
 async function getJSON(path) {
   const response = await fetch(`${BASE}/kinetic/api/${path}`, { credentials: "same-origin" });
   if (!response.ok) {
@@ -126,7 +131,8 @@ function taskPage() {
       <table><tr><th>job</th><td><code>${esc(row.job_id)}</code></td><th>accelerator</th><td>${esc(row.accelerator)}${row.spot ? " (spot)" : ""} on ${esc(row.backend)}</td></tr>
       <tr><th>node</th><td>${esc(row.node)}</td><th>attempts</th><td>${row.attempts}${row.preemptions ? ` (${row.preemptions} preempted)` : ""}</td></tr>
       <tr><th>chip-hours</th><td>${chipHours(row.chip_hours)}</td><th>output</th><td>${outputLink(row.output_dir)}</td></tr>
-      <tr><th>result</th><td colspan="3">${resultText(row.result)}</td></tr></table>`;
+      <tr><th>result</th><td colspan="3">${resultText(row.result)}</td></tr></table>
+      ${tracebackBlock(row.result)}`;
     document.getElementById("attempts").innerHTML = row.jobs.slice().reverse().map((job) => `<tr>
         <td class="num">${job.try_number ?? ""}</td><td class="num">${job.attempt ?? ""}</td>
         <td><code>${esc(job.job_id)}</code></td><td>${badge(job.state)}<div class="small muted">${esc(job.doing)}</div></td>
