@@ -35,9 +35,9 @@ from typing import Any
 
 import pytest
 from components.airflow_services import AirflowServices, ServiceError, poll
-from components.dag_runs import parsed, run_path, trigger
+from components.dag_runs import parsed, run_path, task_instances, trigger
 from components.emulator_process import DEFAULT_CONN_ID, EmulatorProcess
-from components.stack import ComponentStack
+from components.stack import ComponentStack, started
 
 DAG_FILE = Path(__file__).resolve().parent / "concurrency_dags" / "kn_concurrency.py"
 DAG_IDS = ("kn_concurrent_gke", "kn_concurrent_pathways")
@@ -101,22 +101,12 @@ class Stack(ComponentStack):
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory):
-    stack = Stack(tmp_path_factory.mktemp("concurrency"))
-    try:
-        stack.start()
-        yield stack
-    finally:
-        stack.stop()
-
-
-def _tis(services: AirflowServices, dag_id: str, run_id: str) -> list[dict[str, Any]]:
-    return services.api("GET", f"{run_path(dag_id, run_id)}/taskInstances?limit=1000")["task_instances"]
+    with started(Stack(tmp_path_factory.mktemp("concurrency"))) as running:
+        yield running
 
 
 def _states(services: AirflowServices, runs: dict[str, str]) -> dict[str, list[str | None]]:
-    return {
-        dag_id: sorted(str(ti["state"]) for ti in _tis(services, dag_id, r)) for dag_id, r in runs.items()
-    }
+    return {d: sorted(str(ti["state"]) for ti in task_instances(services, d, r)) for d, r in runs.items()}
 
 
 def _triggerer_log(stack: Stack) -> str:
@@ -192,7 +182,7 @@ def test_forty_deferred_cluster_tasks_share_one_triggerer_loop(stack: Stack) -> 
     )
     assert ended == dict.fromkeys(DAG_IDS, "success"), _why(stack, runs)
     for dag_id, run_id in runs.items():
-        for ti in _tis(stack.api, dag_id, run_id):
+        for ti in task_instances(stack.api, dag_id, run_id):
             path = (
                 f"{run_path(dag_id, run_id)}/taskInstances/{ti['task_id']}/xcomEntries/return_value"
                 f"?deserialize=true&map_index={ti['map_index']}"

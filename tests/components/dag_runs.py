@@ -11,7 +11,7 @@ from urllib.parse import quote
 
 from components.airflow_services import AirflowServices, ServiceError, process_alive
 
-__all__ = ["kill_leftover_jobs", "parsed", "run_path", "trigger"]
+__all__ = ["kill_leftover_jobs", "parsed", "run_path", "task_instances", "trigger"]
 
 
 def parsed(services: AirflowServices, dag_id: str) -> bool:
@@ -33,6 +33,11 @@ def kill_leftover_jobs(kinetic_root: Path) -> None:
 
 def run_path(dag_id: str, run_id: str) -> str:
     return f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}"
+
+
+def task_instances(services: AirflowServices, dag_id: str, run_id: str) -> list[dict]:
+    """Every task instance of a run (mapped ones too) as the REST API lists them."""
+    return services.api("GET", f"{run_path(dag_id, run_id)}/taskInstances?limit=1000")["task_instances"]
 
 
 def trigger(services: AirflowServices, dag_id: str) -> str:

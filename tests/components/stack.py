@@ -3,6 +3,8 @@ job storage on local disk, and (once ``start`` has made it) one Airflow deployme
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from components.airflow_services import AirflowServices
@@ -10,7 +12,7 @@ from components.dag_runs import kill_leftover_jobs
 from components.emulator_process import EmulatorProcess
 from components.postgres import PostgresServer
 
-__all__ = ["ComponentStack"]
+__all__ = ["ComponentStack", "started"]
 
 
 class ComponentStack:
@@ -36,3 +38,13 @@ class ComponentStack:
     def api(self) -> AirflowServices:
         assert self.airflow is not None
         return self.airflow
+
+
+@contextmanager
+def started(stack: ComponentStack) -> Iterator[ComponentStack]:
+    """``stack`` started for the ``with`` body and stopped after it, however it ends (fixtures)."""
+    try:
+        stack.start()  # type: ignore[attr-defined]
+        yield stack
+    finally:
+        stack.stop()
