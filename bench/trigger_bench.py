@@ -17,6 +17,14 @@ printed, so a peer that cannot keep up with its interval on this machine is visi
 
     .venv/bin/python bench/trigger_bench.py --jobs 20 200 500 --window 300
 
+Memory over a long run (issue 18: a followed pod must not keep every line it printed):
+
+    .venv/bin/python bench/trigger_bench.py --jobs 200 --sides kinetic --window 1800 \
+        --line-every 1 --rss-every 60
+
+prints the triggerer's RSS once a minute; flat means the log streams hold only the lines
+not yet shown.
+
 N = 20 is there so the peer is measured where it keeps up with its interval on 2 cores.
 
 Targets (README): <= 2 storage requests per job per minute for kinetic in steady state;
@@ -60,7 +68,18 @@ def _access_lines(path: str) -> int:
 
 
 # The triggerer side (a child process) --------------------------------------------------------------
-async def _run_triggers(triggers: list[Any], warmup: float, window: float, counters: Any) -> dict:
+def _rss_mib() -> float:
+    """This process's resident memory now (ru_maxrss is only the peak)."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def _run_triggers(
+    triggers: list[Any], warmup: float, window: float, counters: Any, rss_every: float = 0.0
+) -> dict:
     async def consume(trigger: Any) -> None:
         async for _ in trigger.run():
             return
@@ -72,7 +91,16 @@ async def _run_triggers(triggers: list[Any], warmup: float, window: float, count
     tasks = [asyncio.create_task(consume(t)) for t in triggers]
     await asyncio.sleep(warmup)
     steady = mark()
-    await asyncio.sleep(window)
+    rss_series: list[tuple[float, float]] = []
+    if rss_every > 0:
+        left = window
+        while left > 0:
+            rss_series.append((round(time.monotonic() - steady["time"]), round(_rss_mib(), 1)))
+            await asyncio.sleep(min(rss_every, left))
+            left -= rss_every
+        rss_series.append((round(time.monotonic() - steady["time"]), round(_rss_mib(), 1)))
+    else:
+        await asyncio.sleep(window)
     end = mark()
     threads = threading.active_count()
     finished = sum(t.done() for t in tasks)
@@ -85,12 +113,19 @@ async def _run_triggers(triggers: list[Any], warmup: float, window: float, count
         "end": end,
         "threads": threads,
         "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "rss_series": rss_series,
         "finished_early": finished,
     }
 
 
 def triggerer(
-    mode: str, refs: list[dict], poll: float, warmup: float, window: float, access_log: str
+    mode: str,
+    refs: list[dict],
+    poll: float,
+    warmup: float,
+    window: float,
+    access_log: str,
+    rss_every: float = 0.0,
 ) -> dict:
     import logging
 
@@ -122,7 +157,7 @@ def triggerer(
             )
             for ref in refs
         ]
-    return asyncio.run(_run_triggers(triggers, warmup, window, counters))
+    return asyncio.run(_run_triggers(triggers, warmup, window, counters, rss_every))
 
 
 # The parent: stand-ins, jobs, runs, table ------------------------------------------------------------
@@ -147,12 +182,12 @@ def _job_refs(count: int, env: dict[str, str]) -> list[dict]:
         os.environ.update(saved)
 
 
-def _create_jobs(emulator: Any, refs: list[dict]) -> None:
+def _create_jobs(emulator: Any, refs: list[dict], line_every: float = LINE_EVERY_SECONDS) -> None:
     import kubernetes
 
     batch = kubernetes.client.BatchV1Api(emulator.api_client())
     core = kubernetes.client.CoreV1Api(emulator.api_client())
-    script = f"while true; do echo tick $(date +%s); sleep {LINE_EVERY_SECONDS}; done"
+    script = f"while true; do echo tick $(date +%s); sleep {line_every:g}; done"
     for ref in refs:
         from kinetic_airflow.layout import JobIdentity
 
@@ -250,11 +285,20 @@ def main() -> None:
     parser.add_argument("--child", default=None)
     parser.add_argument("--poll", type=float, default=2.0)
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--sides", nargs="+", default=["kinetic", "cncf"], choices=["kinetic", "cncf"])
+    parser.add_argument("--line-every", type=float, default=LINE_EVERY_SECONDS, help="seconds a line")
+    parser.add_argument("--rss-every", type=float, default=0.0, help="sample the triggerer's RSS this often")
     args = parser.parse_args()
     if args.child:
         refs = json.loads(Path(os.environ["BENCH_REFS"]).read_text())
         result = triggerer(
-            args.child, refs, args.poll, args.warmup, args.window, os.environ["BENCH_ACCESS_LOG"]
+            args.child,
+            refs,
+            args.poll,
+            args.warmup,
+            args.window,
+            os.environ["BENCH_ACCESS_LOG"],
+            args.rss_every,
         )
         print(json.dumps(result))
         return
@@ -283,11 +327,12 @@ def main() -> None:
         }
         os.environ.update(gcs.environ())
         gcs.create_bucket(BUCKET)
-        runs = [("kinetic", args.kinetic_poll)] + [("cncf", p) for p in args.peer_polls]
+        runs = [("kinetic", args.kinetic_poll)] if "kinetic" in args.sides else []
+        runs += [("cncf", p) for p in args.peer_polls] if "cncf" in args.sides else []
         for count in args.jobs:
             refs = _job_refs(count, env)
             (work / "refs.json").write_text(json.dumps(refs))
-            _create_jobs(emulator, refs)
+            _create_jobs(emulator, refs, args.line_every)
             beats = _Heartbeats(refs)
             beats.beat()
             beats.start()
@@ -295,7 +340,8 @@ def main() -> None:
                 for mode, poll in runs:
                     out = subprocess.run(
                         [sys.executable, __file__, "--child", mode, "--poll", str(poll),
-                         "--warmup", str(args.warmup), "--window", str(args.window)],
+                         "--warmup", str(args.warmup), "--window", str(args.window),
+                         "--rss-every", str(args.rss_every)],
                         env={**env, "BENCH_REFS": str(work / "refs.json")}, capture_output=True, text=True,
                     )  # fmt: skip
                     if out.returncode != 0:
@@ -313,6 +359,7 @@ def main() -> None:
                         "total": _per_job_minute(result, "total", count, job_writes),
                         "threads": result["threads"],
                         "rss_mib": round(result["rss_mib"]),
+                        "rss_series": result["rss_series"],
                         "finished_early": result["finished_early"],
                         "job_side_storage_per_job_min": job_writes / count / ((end - start) / 60),
                     }
@@ -327,6 +374,10 @@ def main() -> None:
 
 
 def _print_table(table: list[dict], args: argparse.Namespace) -> None:
+    for row in table:
+        if row["rss_series"]:
+            series = ", ".join(f"{t}s {mib:.0f}" for t, mib in row["rss_series"])
+            print(f"N={row['jobs']} {row['side']}: triggerer RSS MiB over the window: {series}")
     print()
     print(
         f"per job per minute, window {args.window:.0f}s after a {args.warmup:.0f}s warm-up; "
