@@ -88,17 +88,26 @@ class AirflowFacts:
         return self.ti_states.get((dag_id, run_id, task_id, int(map_index)))
 
 
-def _refs_in(value: Any) -> list[str]:
-    if isinstance(value, str) and REF_KEY in value:
-        try:
-            value = json.loads(value)
-        except ValueError:
+_RESULT_URI = re.compile(r"(?:gs|file)://[^\s'\"\\]+?/result\.pkl")
+
+
+def _refs_in(value: Any, depth: int = 0) -> list[str]:
+    """Result URIs a stored XCom value references, in any form it was stored in: the JSON
+    object, the JSON text of it (``XComModel.set`` encodes it again), nested in other values,
+    or inside text that is not JSON at all (a repr): there, anything that names a result."""
+    if isinstance(value, str):
+        if REF_KEY not in value:
             return []
+        try:
+            decoded = json.loads(value)
+        except ValueError:
+            return _RESULT_URI.findall(value)
+        return _refs_in(decoded, depth + 1) if depth < 4 else _RESULT_URI.findall(value)
     if isinstance(value, dict):
         found = [value[REF_KEY]] if isinstance(value.get(REF_KEY), str) else []
-        return found + [u for v in value.values() for u in _refs_in(v)]
+        return found + [u for v in value.values() for u in _refs_in(v, depth)]
     if isinstance(value, list):
-        return [u for v in value for u in _refs_in(v)]
+        return [u for v in value for u in _refs_in(v, depth)]
     return []
 
 
