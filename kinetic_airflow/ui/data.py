@@ -13,7 +13,6 @@ Files of a job that has ended do not change, so they are cached in this process.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -23,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kinetic_airflow.layout import STATE_KEY, JobIdentity, JobLayout, output_dir_uri
-from kinetic_airflow.lifecycle import recorded_jobs
+from kinetic_airflow.lifecycle import decode_record, recorded_jobs
 
 __all__ = ["job_details", "run_costs", "task_rows"]
 
@@ -188,14 +187,12 @@ def _records(
     return list(session.execute(query).all())
 
 
-def _decode(value: str) -> dict[str, Any] | None:
+def _record_of(store: Any) -> dict[str, Any] | None:
     try:
-        record = json.loads(value)
-        if isinstance(record, str):  # a store that double-encodes
-            record = json.loads(record)
-    except ValueError:
+        return decode_record(store.value)
+    except ValueError as exc:  # one damaged record must not blank the page
+        log.warning("kinetic view: %s/%s/%s: %s", store.dag_id, store.run_id, store.task_id, exc)
         return None
-    return record if isinstance(record, dict) and record.get("job") else None
 
 
 def _ti_fields(ti: Any, logical_date: Any, run_after: Any) -> dict[str, Any]:
@@ -223,7 +220,7 @@ def task_rows(session: Any, *, all_jobs: bool = False, **filters: Any) -> list[d
     decoded = [
         (ti, logical_date, run_after, record, recorded_jobs(record))
         for store, ti, logical_date, run_after in _records(session, **filters)
-        if (record := _decode(store.value)) is not None
+        if (record := _record_of(store)) is not None
     ]
     futures = {  # every job's files at once: a page of jobs costs one round trip, not one a job
         job["job_id"]: _READERS.submit(_job_files, job, record["job"].get("gcp_conn_id"))
