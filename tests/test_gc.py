@@ -193,6 +193,30 @@ def test_a_metastore_with_hundreds_of_runs_keeps_every_referenced_result(local_e
     assert report["deleted"]["jobs"] == 1 + 300 + 300 - len(retrying)  # with the template job
 
 
+def test_an_xcom_backend_that_stores_values_elsewhere_keeps_every_succeeded_job(
+    local_env, tmp_path, monkeypatch
+):
+    """With common.io's object-storage XCom backend, a reference may sit in object storage, not
+    in the metadata DB: gc cannot see it, so it keeps every succeeded job (and says why)."""
+    base = f"file://{tmp_path}/kinetic"
+    monkeypatch.setenv("KINETIC_BASE_URI", base)
+    layout = make_job(base, lambda: b"x" * 1000, job_id="done")
+    proc, summary = run_runner(layout)
+    assert summary and summary["ok"], proc.stderr
+    (plain,) = cli_run_json("gc", "--older-than", "0s", "--dry-run")
+    assert [r["action"] for r in plain["files"]] == ["would delete"]  # the control: DB-only XCom
+
+    backend = "airflow.providers.common.io.xcom.backend.XComObjectStorageBackend"
+    monkeypatch.setenv("AIRFLOW__CORE__XCOM_BACKEND", backend)
+    monkeypatch.setenv("AIRFLOW__COMMON_IO__XCOM_OBJECTSTORAGE_PATH", f"file://{tmp_path}/xcom")
+    monkeypatch.setenv("AIRFLOW__COMMON_IO__XCOM_OBJECTSTORAGE_THRESHOLD", "0")
+    (report,) = cli_run_json("gc", "--older-than", "0s")
+    (row,) = report["files"]
+    assert row["action"] == "keep" and f"XCom values are stored by {backend}" in row["reason"], row
+    assert any("every succeeded job is kept" in note for note in report["notes"]), report
+    assert open_storage(base).exists(f"{layout.job_uri}/result.pkl")
+
+
 def test_references_are_found_in_every_stored_form():
     from kinetic_airflow.retention import _refs_in
 
