@@ -50,7 +50,7 @@ function outputLink(uri) {
     return `<a href="${esc(href)}" target="_blank" rel="noopener">output</a>`;
   }
   const path = uri.replace(/^file:\/\//, "");
-  return `<code title="KINETIC_OUTPUT_DIR: ${esc(path)}">…/${esc(path.split("/").slice(-3).join("/"))}</code>`;
+  return `<code title="KINETIC_OUTPUT_DIR: ${esc(path)}">output</code>`;
 }
 function resultText(result, whole = false) {
   if (!result) return "";
@@ -112,7 +112,7 @@ function jobsPage() {
         <td>${clip(row.dag_id)}</td><td class="small">${clip(row.run_id)}</td>
         <td>${clip(row.task_id)} ${clip(row.label, "muted")}</td>
         <td>${device(row)}</td><td>${esc(row.backend)}</td>
-        <td>${badge(row.state)}<div class="small muted wrap">${esc(row.doing)}</div></td>
+        <td>${badge(row.state)}<div class="small muted clip lines4" title="${esc(row.doing)}">${esc(row.doing)}</div></td>
         <td class="num">${row.attempts}${row.preemptions ? ` <span class="muted">(${row.preemptions} preempted)</span>` : ""}</td>
         <td class="small">${when(row.started_at)}</td><td class="num">${dur(row.duration_seconds)}</td>
         <td class="num">${chipHours(row.chip_hours)}</td>
