@@ -100,6 +100,26 @@ def _type_name(name: str | None) -> str | None:
     return name[len("builtins.") :] if name and name.startswith("builtins.") else name
 
 
+def _state(entry: dict[str, Any], files: dict[str, Any]) -> tuple[str, str]:
+    """(state, what it is doing) of one job, for people."""
+    summary = files.get("summary") or {}
+    progress = files.get("progress") or {}
+    outcome = entry.get("outcome") or progress.get("outcome")
+    if outcome == "preempted":
+        return "preempted", progress.get("text") or "preempted"
+    if summary.get("ok") is True:
+        return "succeeded", f"returned {_type_name(summary.get('value_type')) or 'a value'}"
+    if summary.get("ok") is False:
+        return "failed", f"{_type_name(summary.get('error_type'))}: {summary.get('error_message')}"
+    if entry.get("phase") == "cancelled":
+        return "cancelled", "stopped on purpose"
+    if outcome:
+        return ("succeeded" if outcome == "success" else "failed"), progress.get("text") or outcome
+    if progress.get("state"):
+        return progress["state"], progress.get("text", "")
+    return "submitted", "submitted; not observed yet"
+
+
 # Task-instance states in which a try may still watch its job (or start watching it).
 ACTIVE_TI_STATES = frozenset(
     {
@@ -122,12 +142,6 @@ _WORKER = "worker"
 _PACKAGING = ("its payload could not be built or uploaded", "(while shipping the payload)")
 
 
-def _result_words(summary: dict[str, Any]) -> str:
-    if summary.get("ok"):
-        return f"returned {_type_name(summary.get('value_type')) or 'a value'}"
-    return f"{_type_name(summary.get('error_type'))}: {summary.get('error_message')}"
-
-
 def _cancel_state(cancel: dict[str, Any]) -> tuple[str, str, str]:
     """(state, words, ending) of a job stopped on purpose, from who stopped it and why."""
     by = str(cancel.get("by") or "someone unknown")
@@ -139,50 +153,47 @@ def _cancel_state(cancel: dict[str, Any]) -> tuple[str, str, str]:
     return "failed", f"failed before its job started: {reason}", "failed_before_start"
 
 
-def _state(
+def _ending(
     entry: dict[str, Any], files: dict[str, Any], watched: bool, ti_state: str | None
 ) -> tuple[str, str, str]:
     """(state, what it is doing or how it ended, ending) of one job, for people.
 
-    ``ending`` is "" while the job is live, else one of succeeded, failed, preempted,
-    cancelled, failed_while_packaging, failed_before_start and orphaned (a job whose task
-    ended, or moved on to another job, without its outcome: nobody watches it).
+    ``_state`` reads what the job's files and its record say; this adds what only the task
+    instance can tell: whether anything still watches the job (``watched``), and so whether an
+    undelivered job failed before it started, or is orphaned. ``ending`` is "" while the job is
+    live, else one of succeeded, failed, preempted, cancelled, failed_while_packaging,
+    failed_before_start and orphaned (a job whose task ended, or moved on to another job,
+    without its outcome: nobody watches it).
     """
+    state, doing = _state(entry, files)
     summary = files.get("summary") or {}
     progress = files.get("progress") or {}
     outcome = entry.get("outcome") or progress.get("outcome")
-    if outcome == "preempted":
-        return "preempted", progress.get("text") or "preempted", "preempted"
+    if state == "preempted":
+        return state, doing, state
     delivered = "usage" in entry or entry.get("phase") == "delivered"
     ended = f"its task instance is {ti_state or 'gone'}"
     if summary.get("ok") is not None:  # the job's own ending beats any later cancel
         if delivered or watched:
-            state = "succeeded" if summary["ok"] else "failed"
-            return state, _result_words(summary), state
-        return "orphaned", f"{_result_words(summary)}, but {ended} and never received it", "orphaned"
+            return state, doing, state
+        return "orphaned", f"{doing}, but {ended} and never received it", "orphaned"
     cancel = entry.get("cancelled") or files.get("cancelled")
     if isinstance(cancel, dict) and not cancel.get("unreadable"):
         return _cancel_state(cancel)
     if entry.get("phase") == "cancelled":
         return "cancelled", "cancelled (no record of who stopped it or why)", "cancelled"
     if delivered and outcome:
-        state = "succeeded" if outcome == "success" else "failed"
-        return state, progress.get("text") or outcome, state
+        return state, doing, state
     if watched:
-        if progress.get("state"):
-            return progress["state"], progress.get("text", ""), ""
-        return "submitted", "submitted; not observed yet", ""
+        return state, doing, ""
     # Nobody watches it: its task instance ended (or runs another job) without its outcome.
     if entry.get("phase") in ("recorded", "created"):
         why = f"failed before its job started: {ended}, and the job never got its payload"
         return "failed", why, "failed_before_start"
     stop = f"stop it: kinetic-airflow jobs cancel {entry['job_id']}"
     if files.get("started") or progress.get("running_since"):
-        return (
-            "orphaned",
-            f"{ended} without its outcome; the job started and may still run ({stop})",
-            "orphaned",
-        )
+        why = f"{ended} without its outcome; the job started and may still run ({stop})"
+        return "orphaned", why, "orphaned"
     why = f"{ended}, and its job had not started; nobody watches it, and it may still start ({stop})"
     return "orphaned", why, "orphaned"
 
@@ -196,7 +207,7 @@ def device_of(backend: str | None, accelerator: str) -> str:
 def _job_view(
     entry: dict[str, Any], files: dict[str, Any], watched: bool = True, ti_state: str | None = None
 ) -> dict[str, Any]:
-    state, doing, ending = _state(entry, files, watched, ti_state)
+    state, doing, ending = _ending(entry, files, watched, ti_state)
     usage = entry.get("usage") or {}
     accelerator = entry.get("accelerator") or "cpu"
     local = entry.get("backend") == "local"

@@ -52,11 +52,10 @@ function outputLink(uri) {
   const path = uri.replace(/^file:\/\//, "");
   return `<code title="KINETIC_OUTPUT_DIR: ${esc(path)}">output</code>`;
 }
-function resultText(result, whole = false) {
+function resultText(result) {
   if (!result) return "";
-  if (result.ok) return `${esc(result.value_type)} ${whole ? `<span class="muted wrap">${esc(result.value_repr)}</span>` : clip(result.value_repr, "muted")}`;
+  if (result.ok) return `${esc(result.value_type)} ${clip(result.value_repr, "muted")}`;
   const text = `${result.error_type}: ${result.error_message}`;
-  if (whole) return `<span class="error wrap">${esc(text)}</span>`; // the task tab has the room
   return `<span class="error clip" title="${esc(text)}">${esc(text)}</span>`;
 }
 async function getJSON(path) {
@@ -143,7 +142,7 @@ function taskPage() {
       <table><tr><th>job</th><td><code>${esc(row.job_id)}</code></td><th>accelerator</th><td>${device(row)}${row.backend === "local" ? "" : " on " + esc(row.backend)}</td></tr>
       <tr><th>node</th><td>${esc(row.node)}</td><th>attempts</th><td>${row.attempts}${row.preemptions ? ` (${row.preemptions} preempted)` : ""}</td></tr>
       <tr><th>chip-hours</th><td>${chipHours(row.chip_hours)}</td><th>output</th><td>${outputLink(row.output_dir)}</td></tr>
-      <tr><th>result</th><td colspan="3">${resultText(row.result, true)}</td></tr></table>`;
+      <tr><th>result</th><td colspan="3">${resultText(row.result)}</td></tr></table>`;
     document.getElementById("attempts").innerHTML = row.jobs.slice().reverse().map((job) => `<tr>
         <td class="num">${job.try_number ?? ""}</td><td class="num">${job.attempt ?? ""}</td>
         <td><code>${esc(job.job_id)}</code></td><td>${badge(job.state)}<div class="small muted wrap">${esc(job.doing)}</div></td>
