@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kinetic_airflow.layout import STATE_KEY, JobIdentity, JobLayout, output_dir_uri
-from kinetic_airflow.lifecycle import decode_record, recorded_jobs
+from kinetic_airflow.lifecycle import recorded_jobs
 
 __all__ = ["device_of", "job_details", "run_costs", "task_rows"]
 
@@ -291,6 +291,8 @@ def _records(
 
 
 def _record_of(store: Any) -> dict[str, Any] | None:
+    from kinetic_airflow.lifecycle import decode_record  # the record's one decoder
+
     try:
         return decode_record(store.value)
     except ValueError as exc:  # one damaged record must not blank the page
