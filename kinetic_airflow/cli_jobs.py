@@ -302,6 +302,19 @@ def cmd_result(args: argparse.Namespace) -> int:
 
 
 # jobs cancel ----------------------------------------------------------------------------------
+def who_runs_this() -> str:
+    """``user@host`` of this process, for the cancelled marker: whoever reads why a job stopped
+    (its task's error, the Kinetic view) can tell which person, on which machine, stopped it."""
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except Exception:  # no login name and no passwd entry (some containers)
+        user = f"uid {os.getuid()}"
+    return f"{user}@{socket.gethostname() or 'unknown host'}"
+
+
 def cmd_cancel(args: argparse.Namespace) -> int:
     from kinetic_airflow import lifecycle
     from kinetic_airflow.backends import get_backend
@@ -316,12 +329,11 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     if info.summary is not None or info.cancelled is not None:
         print(f"job {info.job_id} has already ended ({info.state}); nothing to cancel")
         return 0
-    user = os.environ.get("USER") or os.environ.get("LOGNAME") or "someone"
     lifecycle.cancel_job(
         info.ref,
         storage,
         get_backend(info.ref["backend"]),
-        by=f"kinetic-airflow jobs cancel ({user})",
+        by=f"kinetic-airflow jobs cancel ({who_runs_this()})",
         reason=args.reason,
     )
     print(

@@ -61,6 +61,7 @@ __all__ = [
     "cancel_job",
     "cancelled_marker",
     "decide",
+    "decode_record",
     "job_history",
     "load_record",
     "recorded_jobs",
@@ -130,13 +131,35 @@ class Decision:
 
 
 # The record ----------------------------------------------------------------------------------
+def decode_record(value: Any) -> dict[str, Any] | None:
+    """The job record from whatever form it was read in; None when there is no job record.
+
+    The one decoder of the record, for every reader (operator, listener, Kinetic view): the
+    ``task_state_store`` client hands back the object, the ``task_state_store`` table holds
+    JSON text, and some stores encode the JSON text once more (a JSON string of the JSON
+    object). A reader that missed one of these forms would see no job, and a mark-failed
+    would leave it running. Text that is not JSON raises ``ValueError``: a damaged record
+    must not pass for "no job yet" (the operator would start a second job).
+    """
+    for _ in range(3):  # object, JSON text, JSON text of JSON text
+        if isinstance(value, (bytes, bytearray)):
+            value = value.decode("utf-8", errors="replace")
+        if not isinstance(value, str):
+            break
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ValueError(
+                f"the kinetic job record ({STATE_KEY!r} in task_state_store) is not JSON: {value[:200]!r}"
+            ) from None
+    return value if isinstance(value, dict) and isinstance(value.get("job"), dict) else None
+
+
 def load_record(store: Any) -> dict[str, Any] | None:
+    """The record in a task instance's ``task_state_store`` (None without a store or a record)."""
     if store is None:
         return None
-    record = store.get(STATE_KEY)
-    if isinstance(record, str):  # some stores hand back the JSON text
-        record = json.loads(record)
-    return record if isinstance(record, dict) and record.get("job") else None
+    return decode_record(store.get(STATE_KEY))
 
 
 def save_record(

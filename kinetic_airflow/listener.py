@@ -12,7 +12,6 @@ no-op, so both paths may run.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 from airflow.listeners import hookimpl
 
 from kinetic_airflow.layout import STATE_KEY
+from kinetic_airflow.lifecycle import decode_record
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +41,8 @@ def _recorded_job(task_instance: Any) -> dict[str, Any] | None:
                 TaskStateStoreModel.key == STATE_KEY,
             )
         )
-    if not value:
-        return None
-    record = json.loads(value)
-    return record.get("job") if isinstance(record, dict) else None
+    record = decode_record(value)
+    return record["job"] if record else None
 
 
 def _cancel(job: dict[str, Any]) -> None:

@@ -81,6 +81,9 @@ class AirflowFacts:
     ti_states: dict[tuple[str, str, str, int], tuple[str | None, int]] = field(default_factory=dict)
     referenced: dict[str, str] = field(default_factory=dict)  # result URI -> which XCom
     available: bool = True
+    # A custom XCom backend that serializes values itself may keep them outside the metadata
+    # DB (object storage), where a reference cannot be seen: then no succeeded job may go.
+    xcom_elsewhere: str | None = None
 
     def ti(self, ti_key: str) -> tuple[str | None, int] | None:
         dag_id, run_id, rest = ti_key.split("/", 2)
@@ -88,18 +91,41 @@ class AirflowFacts:
         return self.ti_states.get((dag_id, run_id, task_id, int(map_index)))
 
 
-def _refs_in(value: Any) -> list[str]:
-    if isinstance(value, str) and REF_KEY in value:
-        try:
-            value = json.loads(value)
-        except ValueError:
+_RESULT_URI = re.compile(r"(?:gs|file)://[^\s'\"\\]+?/result\.pkl")
+
+
+def _refs_in(value: Any, depth: int = 0) -> list[str]:
+    """Result URIs a stored XCom value references, in any form it was stored in: the JSON
+    object, the JSON text of it (``XComModel.set`` encodes it again), nested in other values,
+    or inside text that is not JSON at all (a repr): there, anything that names a result."""
+    if isinstance(value, str):
+        if REF_KEY not in value:
             return []
+        try:
+            decoded = json.loads(value)
+        except ValueError:
+            return _RESULT_URI.findall(value)
+        return _refs_in(decoded, depth + 1) if depth < 4 else _RESULT_URI.findall(value)
     if isinstance(value, dict):
         found = [value[REF_KEY]] if isinstance(value.get(REF_KEY), str) else []
-        return found + [u for v in value.values() for u in _refs_in(v)]
+        return found + [u for v in value.values() for u in _refs_in(v, depth)]
     if isinstance(value, list):
-        return [u for v in value for u in _refs_in(v)]
+        return [u for v in value for u in _refs_in(v, depth)]
     return []
+
+
+def _xcom_stored_elsewhere() -> str | None:
+    """The configured XCom backend, if it serializes values itself (and so may store them
+    outside the ``xcom`` table, as common.io's object-storage backend does past its threshold)."""
+    from airflow.configuration import conf
+    from airflow.sdk.bases.xcom import BaseXCom
+
+    backend = conf.getimport("core", "xcom_backend", fallback=None)
+    if backend is None or backend is BaseXCom:
+        return None
+    if getattr(backend, "serialize_value", None) is getattr(BaseXCom, "serialize_value", None):
+        return None  # a subclass that stores what BaseXCom stores: in the table gc reads
+    return f"{backend.__module__}.{backend.__qualname__}"
 
 
 def airflow_facts(dag_ids: set[str]) -> AirflowFacts:
@@ -108,7 +134,7 @@ def airflow_facts(dag_ids: set[str]) -> AirflowFacts:
     from airflow.utils.session import create_session
     from sqlalchemy import String, cast, select
 
-    facts = AirflowFacts()
+    facts = AirflowFacts(xcom_elsewhere=_xcom_stored_elsewhere())
     with create_session() as session:
         if dag_ids:
             rows = session.execute(
@@ -178,6 +204,13 @@ def _decide(info: JobInfo, facts: AirflowFacts | None, cutoff: float) -> Decisio
     layout_results = [u for u in facts.referenced if u.startswith(info.job_uri + "/")] if facts else []
     if layout_results:
         return Decision(info, False, f"its result is referenced by {facts.referenced[layout_results[0]]}")
+    if facts is not None and facts.xcom_elsewhere and info.state == "succeeded":
+        return Decision(
+            info,
+            False,
+            f"succeeded, and XCom values are stored by {facts.xcom_elsewhere}, where gc cannot look "
+            "for references to its result",
+        )
     identity = info.identity
     if facts is None:
         if info.state == "succeeded":
@@ -215,6 +248,11 @@ def make_plan(
         facts.ti_states = airflow_facts(dag_ids).ti_states if dag_ids else {}
     cutoff = now - older_than
     plan.jobs = [_decide(info, facts, cutoff) for info in infos]
+    if facts is not None and facts.xcom_elsewhere:
+        plan.notes.append(
+            f"[core] xcom_backend is {facts.xcom_elsewhere}: XCom values may live outside the metadata "
+            "DB, so every succeeded job is kept (its result may be referenced)"
+        )
     if include_outputs:
         plan.outputs = _outputs_to_delete(storage, base_uri, plan, facts)
     plan.orphans = find_orphans(infos, facts, clusters or [], orphan_grace, now, plan.notes)

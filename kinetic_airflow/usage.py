@@ -5,7 +5,9 @@ when its outcome reaches Airflow::
 
     queue_seconds  submitted -> the runner started (scheduling, node scale-up, image pull)
     run_seconds    the runner started -> it ended (the chips are held by the function)
-    chips          TPU chips (hosts x chips per host) or GPUs; 0 for a CPU job
+    chips          TPU chips (hosts x chips per host) or GPUs; 0 for a CPU job and for any
+                   local job (it runs on this machine's CPU, whatever its accelerator string)
+    device         where it ran: the accelerator, or "local CPU" on the local backend
     chip_hours     chips x run_seconds / 3600
     spot           Spot / preemptible capacity, or on-demand
 
@@ -38,9 +40,13 @@ USAGE_NAME = "usage.json"
 
 
 def chips_of(ref: dict[str, Any]) -> tuple[int, bool]:
-    """(chips, spot) of a job's accelerator; a CPU job holds no chips."""
+    """(chips, spot) of a job's accelerator; a CPU job holds no chips, and neither does a local
+    one: the local backend runs any accelerator string as a process on this machine's CPU, so
+    billing its ``tpu-v6e-8t`` as 8 TPU chips would report an accelerator bill nobody paid."""
     from kinetic_airflow.accelerators import parse_accelerator
 
+    if ref.get("backend") == "local":
+        return 0, False
     text = ref.get("accelerator") or "cpu"
     try:
         spec = parse_accelerator(text)
@@ -81,6 +87,7 @@ def attempt_usage(storage: Storage, ref: dict[str, Any], outcome: str, *, ended:
         "attempt": identity.attempt,
         "backend": ref.get("backend"),
         "accelerator": ref.get("accelerator") or "cpu",
+        "device": "local CPU" if ref.get("backend") == "local" else ref.get("accelerator") or "cpu",
         "chips": chips,
         "spot": spot,
         "submitted_at": submitted,

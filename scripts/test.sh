@@ -10,17 +10,11 @@ bash scripts/setup-browser.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 set +e
-# tests/test_gc.py runs in a pytest process of its own: after other modules have filled the
-# session's Airflow DB it misreads which results are still referenced (an open bug, see the
-# closing note of issue 12); on a fresh DB it passes.
-.venv/bin/python -m pytest tests --ignore=tests/test_gc.py "$@"
+.venv/bin/python -m pytest tests "$@"
 code=$?
-.venv/bin/python -m pytest tests/test_gc.py "$@"
-gc_code=$?
 set -e
-if [ "$code" -eq 5 ] || [ "$gc_code" -eq 5 ]; then
+if [ "$code" -eq 5 ]; then
   echo "no tests were collected: failing" >&2
   exit 1
 fi
-if [ "$code" -ne 0 ]; then exit "$code"; fi
-exit "$gc_code"
+exit "$code"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import cloudpickle
 import pytest
-from helpers import ti_states
+from helpers import dag_runs_in_metastore, ti_states
 from jobkit import gke_job, make_job, run_runner
 from ops_support import (
     cli,
@@ -106,6 +106,132 @@ def test_gc_keeps_live_and_needed(backend, base_uri, tmp_path, monkeypatch):
     assert greet_output not in out  # its job is gone already: nothing names it any more
     code, out, _ = cli("gc", "--older-than", "30d", "--dry-run")
     assert code == 0 and "would delete 0 job(s)" in out
+
+
+def test_a_metastore_with_hundreds_of_runs_keeps_every_referenced_result(local_env, tmp_path, monkeypatch):
+    """300 real DAG runs in the metadata DB: gc, as its own process, keeps every job whose result
+    an XCom references (as a task's return value, inside a multiple_outputs dict, passed on in a
+    list by another task) and every job of a task instance still due to retry; it deletes the rest.
+    """
+    import shutil
+
+    import kn_ops
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import update
+
+    from kinetic_airflow.layout import JobIdentity
+
+    base = f"file://{tmp_path}/kinetic"
+    monkeypatch.setenv("KINETIC_BASE_URI", base)
+    template = make_job(base, lambda: b"x" * 1000, job_id="template")  # a real job's files
+    proc, summary = run_runner(template)
+    assert summary and summary["ok"], proc.stderr
+    template_dir = tmp_path / "kinetic" / "jobs" / "template"
+    failed_summary = json.dumps({**summary, "ok": False, "error_type": "ValueError", "error_message": "x"})
+
+    dag = kn_ops.DAGS["kn_ops_local"]
+    runs = [f"gc_many__{i:03d}" for i in range(300)]
+    retrying = set(runs[::10])  # their ``diverges`` is up for retry: its job stays
+    dag_runs_in_metastore(dag, runs, {"greet": "success", "big": "success", "diverges": "failed"})
+
+    def job(run_id: str, task_id: str, ok: bool = True) -> str:
+        identity = JobIdentity(dag.dag_id, run_id, task_id)
+        job_uri = f"{base}/jobs/{identity.job_id}"
+        target = tmp_path / "kinetic" / "jobs" / identity.job_id
+        shutil.copytree(template_dir, target)
+        ref = {"backend": "local", "job_id": identity.job_id, "job_uri": job_uri}
+        record = {"version": 1, "job": {**ref, "identity": identity.to_dict()}, "created": time.time() - 3600}
+        (target / "job.json").write_text(json.dumps(record))
+        if not ok:
+            (target / "result.json").write_text(failed_summary)
+        return job_uri
+
+    jobs: dict[str, dict[str, str]] = {}
+    with create_session() as session:
+        for i, run_id in enumerate(runs):
+            jobs[run_id] = {t: job(run_id, t, ok=t != "diverges") for t in ("greet", "big", "diverges")}
+            ref = {"__kinetic_result_ref__": f"{jobs[run_id]['big']}/result.pkl", "key": None,
+                   "type": "builtins.bytes", "summary": ""}  # fmt: skip
+            # as the execution API stores a worker's XCom (JSON), and every 4th run as
+            # XComModel.set() does (the JSON text, encoded again)
+            ti = {"dag_id": dag.dag_id, "run_id": run_id, "session": session, "serialize": i % 4 == 0}
+            XComModel.set("return_value", {"greeting": f"hello {i}"}, task_id="greet", **ti)
+            if i % 3 == 0:  # what the operator pushes for a result XCom cannot carry
+                XComModel.set("return_value", ref, task_id="big", **ti)
+            elif i % 3 == 1:  # multiple_outputs: one key's value stayed in storage
+                keyed = {**ref, "key": "model"}
+                XComModel.set("return_value", {"model": keyed, "loss": 0.1}, task_id="big", **ti)
+                XComModel.set("model", keyed, task_id="big", **ti)
+            else:  # a plain task handed the reference on
+                XComModel.set("forwarded", {"refs": [ref]}, task_id="greet", **ti)
+        session.execute(
+            update(TaskInstance)
+            .where(TaskInstance.dag_id == dag.dag_id, TaskInstance.run_id.in_(sorted(retrying)))
+            .where(TaskInstance.task_id == "diverges")
+            .values(state="up_for_retry")
+        )
+
+    code, out, err = cli_run("gc", "--older-than", "0s", "--json", timeout=600)
+    assert code == 0, err
+    report = json.loads(out)[0]
+    decisions = {row["job_id"]: row for row in report["files"]}
+    storage = open_storage(base)
+    for run_id in runs:
+        big = jobs[run_id]["big"].rsplit("/", 1)[1]
+        assert decisions[big]["action"] == "keep", decisions[big]
+        assert "referenced by XCom" in decisions[big]["reason"], decisions[big]
+        assert storage.exists(f"{jobs[run_id]['big']}/result.pkl")
+        assert not storage.list(jobs[run_id]["greet"])
+        diverges = jobs[run_id]["diverges"]
+        if run_id in retrying:
+            assert "its task instance is up_for_retry" in decisions[diverges.rsplit("/", 1)[1]]["reason"]
+            assert storage.exists(f"{diverges}/result.json")
+        else:
+            assert not storage.list(diverges)
+    assert report["deleted"]["jobs"] == 1 + 300 + 300 - len(retrying)  # with the template job
+
+
+def test_an_xcom_backend_that_stores_values_elsewhere_keeps_every_succeeded_job(
+    local_env, tmp_path, monkeypatch
+):
+    """With common.io's object-storage XCom backend, a reference may sit in object storage, not
+    in the metadata DB: gc cannot see it, so it keeps every succeeded job (and says why)."""
+    base = f"file://{tmp_path}/kinetic"
+    monkeypatch.setenv("KINETIC_BASE_URI", base)
+    layout = make_job(base, lambda: b"x" * 1000, job_id="done")
+    proc, summary = run_runner(layout)
+    assert summary and summary["ok"], proc.stderr
+    (plain,) = cli_run_json("gc", "--older-than", "0s", "--dry-run")
+    assert [r["action"] for r in plain["files"]] == ["would delete"]  # the control: DB-only XCom
+
+    backend = "airflow.providers.common.io.xcom.backend.XComObjectStorageBackend"
+    monkeypatch.setenv("AIRFLOW__CORE__XCOM_BACKEND", backend)
+    monkeypatch.setenv("AIRFLOW__COMMON_IO__XCOM_OBJECTSTORAGE_PATH", f"file://{tmp_path}/xcom")
+    monkeypatch.setenv("AIRFLOW__COMMON_IO__XCOM_OBJECTSTORAGE_THRESHOLD", "0")
+    (report,) = cli_run_json("gc", "--older-than", "0s")
+    (row,) = report["files"]
+    assert row["action"] == "keep" and f"XCom values are stored by {backend}" in row["reason"], row
+    assert any("every succeeded job is kept" in note for note in report["notes"]), report
+    assert open_storage(base).exists(f"{layout.job_uri}/result.pkl")
+
+
+def test_references_are_found_in_every_stored_form():
+    from kinetic_airflow.retention import _refs_in
+
+    uri = "gs://b/kinetic/jobs/j-1/result.pkl"
+    ref = {"__kinetic_result_ref__": uri, "key": None, "type": "builtins.bytes", "summary": ""}
+    forms = [
+        ref,  # the JSON the execution API stores
+        json.dumps(ref),  # XComModel.set(): the JSON text, encoded again
+        json.dumps(json.dumps({"out": [ref]})),  # nested, and encoded once more
+        {"model": {**ref, "key": "model"}, "loss": 0.1},  # multiple_outputs
+        repr(ref),  # a plain task returned str(ref): not JSON
+    ]
+    for form in forms:
+        assert _refs_in(form) == [uri], form
+    assert _refs_in({"greeting": "hello"}) == [] and _refs_in("__kinetic_result_ref__ only") == []
 
 
 def test_include_outputs_deletes_the_output_dir_with_the_last_job(local_env, base_uri):

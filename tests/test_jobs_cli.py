@@ -146,12 +146,49 @@ def test_cancel_a_running_job_and_follow_its_log(backend, base_uri, tmp_path, mo
     assert f"cancelled job {job['job_id']}" in out
     assert ti_states(dr) == {"waits": "failed"}
     message = (tmp_path / "failures" / "waits.txt").read_text()
-    assert "cancelled by kinetic-airflow jobs cancel" in message and "testing cancel" in message
+    assert f"cancelled by kinetic-airflow jobs cancel ({_me()})" in message and "testing cancel" in message
     assert job_of("waits", dag_id=dag_id, run_id=dr.run_id)["state"] == "cancelled"
     assert follow_code == 0 and "started waiting" in followed and "done waiting" not in followed
     # cancelling an ended job does nothing, and says so
     code, out, _ = cli("jobs", "cancel", job["job_id"])
     assert code == 0 and "already ended (cancelled)" in out
+
+
+def _me() -> str:
+    import getpass
+    import socket
+
+    return f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+def test_a_cancel_from_the_cli_names_the_user_and_the_host(local_env, base_uri, tmp_path):
+    """The cancelled marker (what the task's error, the view and ``jobs show`` quote) says who."""
+    import sys
+    import time
+
+    from jobkit import make_job
+
+    from kinetic_airflow.backends.local import LocalBackend
+    from kinetic_airflow.jobstore import publish_job
+    from kinetic_airflow.layout import JobIdentity
+    from kinetic_airflow.storage import open_storage
+
+    identity = JobIdentity("d", "r", "sleeps")
+    layout = make_job(base_uri, time.sleep, (600,), job_id=identity.job_id)
+    ref = {"backend": "local", "job_id": identity.job_id, "job_uri": layout.job_uri, "python": sys.executable,
+           "identity": identity.to_dict(), "local_dir": str(tmp_path / "state")}  # fmt: skip
+    storage = open_storage(base_uri)
+    publish_job(storage, ref, "sleep")
+    backend = LocalBackend()
+    backend.submit(ref)
+    try:
+        code, out, err = cli("jobs", "cancel", identity.job_id, "--reason", "wrong data")
+        assert code == 0 and f"cancelled job {identity.job_id}" in out, err
+        marker = json.loads(storage.read_text(f"{layout.job_uri}/status/cancelled.json"))
+        assert marker["by"] == f"kinetic-airflow jobs cancel ({_me()})" and marker["reason"] == "wrong data"
+        assert "someone" not in marker["by"]
+    finally:
+        backend.cancel(ref)
 
 
 def test_follow_until_the_job_ends(backend, base_uri, tmp_path, monkeypatch):

@@ -31,6 +31,7 @@ _STATES = (
     "succeeded",
     "failed",
     "cancelled",
+    "orphaned",
 )
 
 
@@ -114,9 +115,9 @@ def create_app() -> FastAPI:
         with create_session() as session:
             visible = _visible_dag_ids(user, session, dag_id)
             rows = task_rows(session, dag_ids=visible, dag_id=dag_id, run_id=run_id, limit=limit)
-        runs = run_costs(rows)  # sums over every job of the run, whatever the state filter
-        if state is not None:
+        if state is not None:  # one filter for every table: the costs are those of the rows shown
             rows = [r for r in rows if r["state"] == state]
+        runs = run_costs(rows)
         return {"jobs": rows, "runs": runs, "dag_ids": sorted(visible), "states": list(_STATES)}
 
     @app.get("/api/task/{dag_id}/{run_id}/{task_id}/{map_index}")

@@ -13,7 +13,6 @@ Files of a job that has ended do not change, so they are cached in this process.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -26,7 +25,7 @@ from kinetic_airflow.layout import STATE_KEY, JobIdentity, JobLayout, output_dir
 from kinetic_airflow.lifecycle import recorded_jobs
 from kinetic_airflow.tracebacks import clean_remote_traceback, type_name, user_summary
 
-__all__ = ["job_details", "run_costs", "task_rows"]
+__all__ = ["device_of", "job_details", "run_costs", "task_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -48,19 +47,23 @@ def _read_json(storage: Any, uri: str) -> dict[str, Any] | None:
         return {"unreadable": str(exc)}
 
 
-def _job_files(job: dict[str, Any], gcp_conn_id: str | None) -> dict[str, Any]:
-    """progress / summary of one job.
+def _job_files(job: dict[str, Any], gcp_conn_id: str | None, watched: bool) -> dict[str, Any]:
+    """progress / summary (and, for a job nobody watches any more, its start and cancel markers).
 
     A live job costs one read (its progress); the result summary is read once the progress
-    or the record says it ended, and a job whose outcome is recorded is cached for good.
-    Reads are shared for a few seconds between viewers, so many open pages cost no more.
+    or the record says it ended, and a job whose outcome is recorded is cached for good. A job
+    that no task watches (``watched`` False: its task instance ended, or moved on to another
+    job) without having delivered its outcome costs two reads more: whether it started, and
+    who cancelled it and why. Reads are shared for a few seconds between viewers, so many open
+    pages cost no more.
     """
     job_id = job["job_id"]
     now = time.monotonic()
+    key = f"{job_id}|{watched}"
     with _CACHE_LOCK:
         cached = _FINAL_CACHE.get(job_id)
         if cached is None:
-            fresh = _LIVE_CACHE.get(job_id)
+            fresh = _LIVE_CACHE.get(key)
             if fresh is not None and now - fresh[0] < _LIVE_SECONDS:
                 cached = fresh[1]
     if cached is not None:
@@ -72,16 +75,23 @@ def _job_files(job: dict[str, Any], gcp_conn_id: str | None) -> dict[str, Any]:
     layout = JobLayout(uri)
     files: dict[str, Any] = {"progress": _read_json(storage, layout.status("progress"))}
     recorded = "usage" in job  # the outcome reached Airflow: nothing about the job changes now
-    ended = recorded or (files["progress"] or {}).get("outcome") or job.get("phase") == "cancelled"
+    cancelled = job.get("phase") == "cancelled"
+    ended = recorded or (files["progress"] or {}).get("outcome") or cancelled or not watched
     files["summary"] = _read_json(storage, layout.result_summary()) if ended else None
+    failed = recorded and job.get("outcome") not in ("success", "preempted")
+    if (cancelled or failed or not (recorded or watched)) and not job.get("cancelled"):
+        # who stopped it and why (newer workers put it in the record's history themselves)
+        files["cancelled"] = _read_json(storage, layout.status("cancelled"))
+    if not (recorded or watched) and files["summary"] is None:
+        files["started"] = _read_json(storage, layout.status("started"))
     with _CACHE_LOCK:
         if recorded:
             _FINAL_CACHE[job_id] = files
-            _LIVE_CACHE.pop(job_id, None)
+            _LIVE_CACHE.pop(key, None)
             while len(_FINAL_CACHE) > _CACHE_SIZE:
                 _FINAL_CACHE.popitem(last=False)
         else:
-            _LIVE_CACHE[job_id] = (now, files)
+            _LIVE_CACHE[key] = (now, files)
             for stale in [k for k, (t, _) in _LIVE_CACHE.items() if now - t >= _LIVE_SECONDS]:
                 del _LIVE_CACHE[stale]
     return files
@@ -111,9 +121,97 @@ def _state(entry: dict[str, Any], files: dict[str, Any]) -> tuple[str, str]:
     return "submitted", "submitted; not observed yet"
 
 
-def _job_view(entry: dict[str, Any], files: dict[str, Any]) -> dict[str, Any]:
+# Task-instance states in which a try may still watch its job (or start watching it).
+ACTIVE_TI_STATES = frozenset(
+    {
+        None,
+        "scheduled",
+        "queued",
+        "running",
+        "restarting",
+        "deferred",
+        "up_for_retry",  # after a worker crash the next try reattaches to the job
+        "up_for_reschedule",
+        "awaiting_input",
+    }
+)
+# Who stops a job when the worker itself failed before a watcher held it (its payload could
+# not be built or uploaded, a setting was wrong, a record could not be written).
+_WORKER = "worker"
+# How the worker says the failure was in building or uploading the payload (older workers, then
+# the lifecycle's guard, which names the step it was at).
+_PACKAGING = ("its payload could not be built or uploaded", "(while shipping the payload)")
+
+
+def _cancel_state(cancel: dict[str, Any]) -> tuple[str, str, str]:
+    """(state, words, ending) of a job stopped on purpose, from who stopped it and why."""
+    by = str(cancel.get("by") or "someone unknown")
+    reason = str(cancel.get("reason") or "no reason recorded")
+    if by != _WORKER:
+        return "cancelled", f"cancelled by {by}: {reason}", "cancelled"
+    if any(words in reason for words in _PACKAGING):
+        return "failed", f"failed while packaging: {reason}", "failed_while_packaging"
+    return "failed", f"failed before its job started: {reason}", "failed_before_start"
+
+
+def _ending(
+    entry: dict[str, Any], files: dict[str, Any], watched: bool, ti_state: str | None
+) -> tuple[str, str, str]:
+    """(state, what it is doing or how it ended, ending) of one job, for people.
+
+    ``_state`` reads what the job's files and its record say; this adds what only the task
+    instance can tell: whether anything still watches the job (``watched``), and so whether an
+    undelivered job failed before it started, or is orphaned. ``ending`` is "" while the job is
+    live, else one of succeeded, failed, preempted, cancelled, failed_while_packaging,
+    failed_before_start and orphaned (a job whose task ended, or moved on to another job,
+    without its outcome: nobody watches it).
+    """
     state, doing = _state(entry, files)
+    summary = files.get("summary") or {}
+    progress = files.get("progress") or {}
+    outcome = entry.get("outcome") or progress.get("outcome")
+    if state == "preempted":
+        return state, doing, state
+    delivered = "usage" in entry or entry.get("phase") == "delivered"
+    ended = f"its task instance is {ti_state or 'gone'}"
+    if summary.get("ok") is not None:  # the job's own ending beats any later cancel
+        if delivered or watched:
+            return state, doing, state
+        return "orphaned", f"{doing}, but {ended} and never received it", "orphaned"
+    cancel = entry.get("cancelled") or files.get("cancelled")
+    if isinstance(cancel, dict) and not cancel.get("unreadable"):
+        return _cancel_state(cancel)
+    if entry.get("phase") == "cancelled":
+        return "cancelled", "cancelled (no record of who stopped it or why)", "cancelled"
+    if delivered and outcome:
+        return state, doing, state
+    if watched:
+        return state, doing, ""
+    # Nobody watches it: its task instance ended (or runs another job) without its outcome.
+    if entry.get("phase") in ("recorded", "created"):
+        why = f"failed before its job started: {ended}, and the job never got its payload"
+        return "failed", why, "failed_before_start"
+    stop = f"stop it: kinetic-airflow jobs cancel {entry['job_id']}"
+    if files.get("started") or progress.get("running_since"):
+        why = f"{ended} without its outcome; the job started and may still run ({stop})"
+        return "orphaned", why, "orphaned"
+    why = f"{ended}, and its job had not started; nobody watches it, and it may still start ({stop})"
+    return "orphaned", why, "orphaned"
+
+
+def device_of(backend: str | None, accelerator: str) -> str:
+    """Where the job really ran: the local backend runs any accelerator string on this
+    machine's CPU (a ``tpu-v6e-8t`` sweep on a laptop holds no TPU chip)."""
+    return "local CPU" if backend == "local" else accelerator
+
+
+def _job_view(
+    entry: dict[str, Any], files: dict[str, Any], watched: bool = True, ti_state: str | None = None
+) -> dict[str, Any]:
+    state, doing, ending = _ending(entry, files, watched, ti_state)
     usage = entry.get("usage") or {}
+    accelerator = entry.get("accelerator") or "cpu"
+    local = entry.get("backend") == "local"
     progress = files.get("progress") or {}
     summary = user_summary(files.get("summary")) or {}
     timings = summary.get("timings") or {}
@@ -121,20 +219,24 @@ def _job_view(entry: dict[str, Any], files: dict[str, Any]) -> dict[str, Any]:
         "job_id": entry["job_id"],
         "job_uri": entry.get("job_uri"),
         "backend": entry.get("backend"),
-        "accelerator": entry.get("accelerator") or "cpu",
+        "accelerator": accelerator,
+        "device": device_of(entry.get("backend"), accelerator),
         "try_number": entry.get("try_number"),
         "attempt": entry.get("attempt"),
         "state": state,
         "doing": doing,
+        "ending": ending,
         "node": progress.get("node") or "",
         "submitted_at": entry.get("submitted_at"),
         "started_at": usage.get("started_at") or progress.get("running_since"),
         "finished_at": usage.get("finished_at"),
         "duration_seconds": usage.get("run_seconds", timings.get("total")),
         "queue_seconds": usage.get("queue_seconds"),
-        "chips": usage.get("chips"),
-        "spot": usage.get("spot"),
-        "chip_hours": usage.get("chip_hours"),
+        # a local run holds no accelerator, whatever string it was given (records written
+        # before usage knew that say otherwise): no chips, no chip-hours; its wall time stays
+        "chips": 0 if local else usage.get("chips"),
+        "spot": False if local else usage.get("spot"),
+        "chip_hours": (0.0 if usage else None) if local else usage.get("chip_hours"),
         "result": {
             "ok": summary.get("ok"),
             "value_type": _type_name(summary.get("value_type")),
@@ -191,14 +293,19 @@ def _records(
     return list(session.execute(query).all())
 
 
-def _decode(value: str) -> dict[str, Any] | None:
+def _record_of(store: Any) -> dict[str, Any] | None:
+    from kinetic_airflow.lifecycle import decode_record  # the record's one decoder
+
     try:
-        record = json.loads(value)
-        if isinstance(record, str):  # a store that double-encodes
-            record = json.loads(record)
-    except ValueError:
+        return decode_record(store.value)
+    except ValueError as exc:  # one damaged record must not blank the page
+        log.warning("kinetic view: %s/%s/%s: %s", store.dag_id, store.run_id, store.task_id, exc)
         return None
-    return record if isinstance(record, dict) and record.get("job") else None
+
+
+def _ti_state(ti: Any) -> str | None:
+    state = getattr(ti.state, "value", ti.state)
+    return str(state) if state is not None else None
 
 
 def _ti_fields(ti: Any, logical_date: Any, run_after: Any) -> dict[str, Any]:
@@ -211,7 +318,7 @@ def _ti_fields(ti: Any, logical_date: Any, run_after: Any) -> dict[str, Any]:
         "task_id": ti.task_id,
         "map_index": ti.map_index,
         "label": ti.rendered_map_index or (f"[{ti.map_index}]" if ti.map_index >= 0 else ""),
-        "ti_state": ti.state,
+        "ti_state": _ti_state(ti),
         "try_number": ti.try_number,
         "ti_start": iso(ti.start_date),
         "ti_end": iso(ti.end_date),
@@ -226,26 +333,41 @@ def task_rows(session: Any, *, all_jobs: bool = False, **filters: Any) -> list[d
     decoded = [
         (ti, logical_date, run_after, record, recorded_jobs(record))
         for store, ti, logical_date, run_after in _records(session, **filters)
-        if (record := _decode(store.value)) is not None
+        if (record := _record_of(store)) is not None
     ]
+
+    def watched(ti: Any, entries: list[dict[str, Any]], index: int) -> bool:
+        """Whether a try may still watch this job: the task instance's current job, while the
+        task instance has not ended (an earlier job, or any job of an ended one, has no watcher)."""
+        return index == len(entries) - 1 and _ti_state(ti) in ACTIVE_TI_STATES
+
     futures = {  # every job's files at once: a page of jobs costs one round trip, not one a job
-        job["job_id"]: _READERS.submit(_job_files, job, record["job"].get("gcp_conn_id"))
-        for _ti, _ld, _ra, record, entries in decoded
-        for job in entries
+        job["job_id"]: _READERS.submit(
+            _job_files, job, record["job"].get("gcp_conn_id"), watched(ti, entries, i)
+        )
+        for ti, _ld, _ra, record, entries in decoded
+        for i, job in enumerate(entries)
     }
     out = []
     for ti, logical_date, run_after, record, entries in decoded:
-        jobs = [_job_view(e, futures[e["job_id"]].result()) for e in entries]
+        jobs = [
+            _job_view(e, futures[e["job_id"]].result(), watched(ti, entries, i), _ti_state(ti))
+            for i, e in enumerate(entries)
+        ]
         current = jobs[-1]
         ref = record["job"]  # every try and attempt shares KINETIC_OUTPUT_DIR (unless set by hand)
         row = {
             **_ti_fields(ti, logical_date, run_after),
-            **{k: current[k] for k in ("job_id", "backend", "accelerator", "state", "doing", "node")},
+            **{
+                k: current[k]
+                for k in ("job_id", "backend", "accelerator", "device", "state", "doing", "ending", "node")
+            },
             "attempts": len(jobs),
             "preemptions": sum(1 for j in jobs if j["state"] == "preempted"),
             "started_at": current["started_at"],
             "duration_seconds": current["duration_seconds"],
             "chip_hours": round(sum(j["chip_hours"] or 0 for j in jobs), 6),
+            "run_seconds": round(sum(j["duration_seconds"] or 0 for j in jobs), 3),
             "queue_seconds": current["queue_seconds"],
             "spot": current["spot"],
             "result": current["result"] if all_jobs else _brief(current["result"]),
@@ -264,7 +386,8 @@ def _brief(result: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def run_costs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Chip-hours and states summed per DAG run (what did last night's sweep cost)."""
+    """Chip-hours, wall time and states summed per DAG run (what did last night's sweep cost),
+    over the rows given: the rows the page shows, so every filter applies to both tables."""
     runs: dict[tuple[str, str], dict[str, Any]] = {}
     for row in rows:
         run = runs.setdefault(
@@ -275,12 +398,14 @@ def run_costs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "run_after": row["run_after"],
                 "tasks": 0,
                 "chip_hours": 0.0,
+                "run_seconds": 0.0,  # wall time, on an accelerator or not
                 "preemptions": 0,
                 "states": {},
             },
         )
         run["tasks"] += 1
         run["chip_hours"] = round(run["chip_hours"] + (row["chip_hours"] or 0), 6)
+        run["run_seconds"] = round(run["run_seconds"] + (row["run_seconds"] or 0), 3)
         run["preemptions"] += row["preemptions"]
         run["states"][row["state"]] = run["states"].get(row["state"], 0) + 1
     return list(runs.values())

@@ -1,10 +1,11 @@
 """DAGs that tests/test_ui_components.py follows from Airflow's UI (api-server + the Kinetic view).
 
 ``kn_ui_sweep`` is a small nightly sweep on the local backend: two mapped training
-jobs on a TPU slice's worth of chips (the local backend runs them on this machine's
-CPU but counts the chips the string names), one that fails, and one that runs until
+jobs asking for a TPU slice (the local backend runs them on this machine's CPU, and the
+view bills no chips for them), one that fails, one that fails with a long exception name,
+one whose payload cannot be built (it fails while packaging), and one that runs until
 the test releases it (``KN_UI_RELEASE`` appears), so the view has a running, a
-finished and a failed kinetic task at once. ``kn_ui_gke`` runs on the cluster
+finished and failed kinetic tasks at once. ``kn_ui_gke`` runs on the cluster
 emulator, whose scheduling the test delays so the job waits for a node first.
 ``kn_ui_secret`` belongs to a DAG one test user may not see. ``kn_ui_fail`` raises an
 exception class of this file, from a helper, on each of its two tries, and imports a module
@@ -14,6 +15,7 @@ the job does not have.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -35,6 +37,24 @@ def broken() -> None:
     raise ValueError("loss diverged at step 3")
 
 
+class TrainingDivergedBecauseTheLearningRateWasFarTooHighForThisModelAndDataset(Exception):
+    """A long exception name: the jobs table must keep its links column on screen."""
+
+
+@task.kinetic(backend="local", retries=0)
+def diverges_badly() -> None:
+    raise TrainingDivergedBecauseTheLearningRateWasFarTooHighForThisModelAndDataset("lr=10")
+
+
+_LOCK = threading.Lock()  # a global the next function uses: no payload can carry it
+
+
+@task.kinetic(backend="local", retries=0)
+def packs_a_lock() -> str:
+    with _LOCK:
+        return "never"
+
+
 @task.kinetic(backend="local")
 def slow() -> str:
     release = Path(os.environ["KN_UI_RELEASE"])
@@ -48,6 +68,8 @@ def slow() -> str:
 def kn_ui_sweep():
     train.partial(epochs=2).expand(lr=[0.01, 0.1])
     broken()
+    diverges_badly()
+    packs_a_lock()
     slow()
 
 

@@ -24,6 +24,20 @@ function chipHours(value) {
 function badge(state) {
   return `<span class="state ${esc(state)}">${esc(String(state).replace(/_/g, " "))}</span>`;
 }
+// A long value (an exception name, a map label, a run id) is cut to its column with the whole
+// value in a tooltip, so the links column stays on screen.
+function clip(value, cls = "") {
+  return `<span class="clip ${cls}" title="${esc(value)}">${esc(value)}</span>`;
+}
+// Where a job ran: a local run shows "local CPU" (the accelerator string it was given is only
+// what it asked for), and bills no chip-hours.
+function device(row) {
+  if (row.device && row.device !== row.accelerator) {
+    if (row.accelerator === "cpu") return esc(row.device);
+    return `${esc(row.device)} <span class="muted small" title="the local backend runs on this machine's CPU">for ${esc(row.accelerator)}</span>`;
+  }
+  return esc(row.accelerator) + (row.spot ? " (spot)" : "");
+}
 function tiPath(row) {
   const parts = [row.dag_id, row.run_id, row.task_id].map(encodeURIComponent);
   const mapped = row.map_index >= 0 ? `/mapped/${row.map_index}` : "";
@@ -36,12 +50,13 @@ function outputLink(uri) {
     return `<a href="${esc(href)}" target="_blank" rel="noopener">output</a>`;
   }
   const path = uri.replace(/^file:\/\//, "");
-  return `<code title="KINETIC_OUTPUT_DIR: ${esc(path)}">…/${esc(path.split("/").slice(-3).join("/"))}</code>`;
+  return `<code title="KINETIC_OUTPUT_DIR: ${esc(path)}">output</code>`;
 }
 function resultText(result) {
   if (!result) return "";
-  if (result.ok) return `${esc(result.value_type)} <span class="muted">${esc(result.value_repr)}</span>`;
-  return `<span class="error">${esc(result.error_type)}: ${esc(result.error_message)}</span>`;
+  if (result.ok) return `${esc(result.value_type)} ${clip(result.value_repr, "muted")}`;
+  const text = `${result.error_type}: ${result.error_message}`;
+  return `<span class="error clip" title="${esc(text)}">${esc(text)}</span>`;
 }
 // The remote traceback (the user's frames, the runner's left out), as the task log shows it.
 function tracebackBlock(result) {
@@ -94,18 +109,19 @@ function jobsPage() {
     document.getElementById("runs").innerHTML = data.runs.map((run) => `<tr>
         <td>${esc(run.dag_id)}</td><td>${esc(run.run_id)}</td><td class="num">${run.tasks}</td>
         <td>${Object.entries(run.states).map(([s, n]) => `${badge(s)} ${n}`).join(" ")}</td>
-        <td class="num">${run.preemptions}</td><td class="num">${chipHours(run.chip_hours)}</td></tr>`).join("")
-      || `<tr><td colspan="6" class="muted">no kinetic jobs</td></tr>`;
+        <td class="num">${run.preemptions}</td><td class="num">${dur(run.run_seconds)}</td>
+        <td class="num">${chipHours(run.chip_hours)}</td></tr>`).join("")
+      || `<tr><td colspan="7" class="muted">no kinetic jobs match</td></tr>`;
     document.getElementById("jobs").innerHTML = data.jobs.map((row) => `<tr>
-        <td>${esc(row.dag_id)}</td><td class="small">${esc(row.run_id)}</td>
-        <td>${esc(row.task_id)} <span class="muted">${esc(row.label)}</span></td>
-        <td>${esc(row.accelerator)}${row.spot ? " (spot)" : ""}</td><td>${esc(row.backend)}</td>
-        <td>${badge(row.state)}<div class="small muted">${esc(row.doing)}</div></td>
+        <td>${clip(row.dag_id)}</td><td class="small">${clip(row.run_id)}</td>
+        <td>${clip(row.task_id)} ${clip(row.label, "muted")}</td>
+        <td>${device(row)}</td><td>${esc(row.backend)}</td>
+        <td>${badge(row.state)}<div class="small muted clip lines4" title="${esc(row.doing)}">${esc(row.doing)}</div></td>
         <td class="num">${row.attempts}${row.preemptions ? ` <span class="muted">(${row.preemptions} preempted)</span>` : ""}</td>
         <td class="small">${when(row.started_at)}</td><td class="num">${dur(row.duration_seconds)}</td>
         <td class="num">${chipHours(row.chip_hours)}</td>
         <td class="small">${resultText(row.result)}</td>
-        <td class="small"><a href="${tiPath(row)}" target="_top">log</a> ·
+        <td class="small links"><a href="${tiPath(row)}" target="_top">log</a> ·
           <a href="${tiPath(row)}/plugin/kinetic-job" target="_top">job</a> · ${outputLink(row.output_dir)}</td></tr>`).join("")
       || `<tr><td colspan="12" class="muted">no kinetic jobs match</td></tr>`;
   }
@@ -127,15 +143,15 @@ function taskPage() {
       return;
     }
     document.getElementById("summary").innerHTML = `
-      <p>${badge(row.state)} <b>${esc(row.doing)}</b></p>
-      <table><tr><th>job</th><td><code>${esc(row.job_id)}</code></td><th>accelerator</th><td>${esc(row.accelerator)}${row.spot ? " (spot)" : ""} on ${esc(row.backend)}</td></tr>
+      <p>${badge(row.state)} <b class="wrap">${esc(row.doing)}</b></p>
+      <table><tr><th>job</th><td><code>${esc(row.job_id)}</code></td><th>accelerator</th><td>${device(row)}${row.backend === "local" ? "" : " on " + esc(row.backend)}</td></tr>
       <tr><th>node</th><td>${esc(row.node)}</td><th>attempts</th><td>${row.attempts}${row.preemptions ? ` (${row.preemptions} preempted)` : ""}</td></tr>
       <tr><th>chip-hours</th><td>${chipHours(row.chip_hours)}</td><th>output</th><td>${outputLink(row.output_dir)}</td></tr>
       <tr><th>result</th><td colspan="3">${resultText(row.result)}</td></tr></table>
       ${tracebackBlock(row.result)}`;
     document.getElementById("attempts").innerHTML = row.jobs.slice().reverse().map((job) => `<tr>
         <td class="num">${job.try_number ?? ""}</td><td class="num">${job.attempt ?? ""}</td>
-        <td><code>${esc(job.job_id)}</code></td><td>${badge(job.state)}<div class="small muted">${esc(job.doing)}</div></td>
+        <td><code>${esc(job.job_id)}</code></td><td>${badge(job.state)}<div class="small muted wrap">${esc(job.doing)}</div></td>
         <td class="small">${when(job.submitted_at)}</td><td class="num">${dur(job.queue_seconds)}</td>
         <td class="num">${dur(job.duration_seconds)}</td><td class="num">${job.chips ?? ""}</td>
         <td class="num">${chipHours(job.chip_hours)}</td></tr>`).join("");
