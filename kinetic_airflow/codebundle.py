@@ -36,7 +36,11 @@ DEFAULT_EXCLUDED_DIRS = frozenset(
     {".venv", "venv", "env", "node_modules", ".tox", ".nox", ".mypy_cache", ".ruff_cache",
      ".pytest_cache", ".ipynb_checkpoints", ".idea", ".vscode", "build", "dist", "logs"}
 )  # fmt: skip
-DEFAULT_EXCLUDED_FILES = frozenset({".DS_Store", "airflow.cfg", "airflow.db", "webserver_config.py"})
+DEFAULT_EXCLUDED_FILES = frozenset(
+    # airflow.db-wal and -shm too: reading them from a process that holds the DB open drops its
+    # SQLite locks (POSIX locks go with any closed descriptor of the file).
+    {".DS_Store", "airflow.cfg", "airflow.db", "airflow.db-wal", "airflow.db-shm", "webserver_config.py"}
+)
 SECRET_PATTERNS = (".env", ".env.*", "*.pem", "*.key", "id_rsa*", "id_ed25519*", "*credentials*.json",
                    "*service-account*.json", "*.p12", ".netrc", ".pgpass")  # fmt: skip
 IGNORE_FILE = ".kineticignore"

@@ -185,7 +185,8 @@ def test_the_archive_leaves_out_what_it_should(tmp_path, caplog):
     root = tmp_path / "dags"
     for rel in ("dag.py", "lib/__init__.py", "lib/util.py", ".git/config", "lib/__pycache__/util.pyc",
                 ".venv/pyvenv.cfg", "venv2/pyvenv.cfg", "venv2/lib.py", "node_modules/x.js",
-                ".env", "keys/server.pem", "big/blob.bin", "notes.tmp", ".kineticignore"):  # fmt: skip
+                ".env", "keys/server.pem", "big/blob.bin", "notes.tmp", ".kineticignore",
+                "airflow.db", "airflow.db-wal", "airflow.db-shm", "airflow.cfg"):  # fmt: skip
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text("x")
     (root / ".kineticignore").write_text("# comments are fine\nbig/\n*.tmp\n")
