@@ -22,6 +22,7 @@ import yaml
 
 from . import errors
 from ._util import JsonPatchError, fmt_time, json_patch, merge_patch, parse_time, rand_suffix, utcnow
+from .admission import PodAdmission
 from .controllers import ControllerManager
 from .faults import FaultState, RequestLog
 from .kubelet import Kubelet
@@ -129,6 +130,7 @@ class Cluster:
             image_pull_backoff=image_pull_backoff,
         )
         self.controllers = ControllerManager(self, job_backoff=job_backoff)
+        self.admission = PodAdmission(self)
         self._event_index: dict[tuple[str, str, str, str, str], tuple[str, str]] = {}
         self.store.add_listener(lambda event: None if event.rt is EVENTS else self.controllers.wake())
 
@@ -268,6 +270,7 @@ class Cluster:
         else:
             md.pop("namespace", None)
             ns = ""
+        sent_name = md.get("name") or md.get("generateName") or ""
         if not md.get("name") and md.get("generateName"):
             for _ in range(10):
                 candidate = f"{md['generateName']}{rand_suffix()}"
@@ -290,6 +293,8 @@ class Cluster:
                 raise errors.invalid(rt, name, str(exc), exc.causes)
         if self.store.get(rt, ns, name) is not None:
             raise errors.already_exists(rt, name)
+        if rt is PODS:
+            self.admission.admit(obj, sent_name)  # also for controllers' pods (validate=False)
         self._stamp(rt, obj)
         uid = md["uid"]
         if rt is PODS:

@@ -355,15 +355,28 @@ class ClusterEmulator:
         """SIGKILL the pod's container(s); they terminate with exit code 137, reason ``OOMKilled``."""
         self._call(self.cluster.oom_kill_pod, namespace, name, container)
 
-    def fail_image_pulls(self, image_or_pattern: str | re.Pattern[str]) -> None:
+    def fail_image_pulls(self, image_or_pattern: str | re.Pattern[str], times: int | None = None) -> None:
         """Make pulls of matching images fail (exact name, glob like ``gcr.io/x/*``, or compiled regex).
 
         Affected containers wait with ``ErrImagePull`` then ``ImagePullBackOff`` (message names the
         image) and Events ``Failed``/``BackOff`` are recorded; they start once the fault is cleared.
+        ``times=N``: a transient registry error, only the next N pulls of a matching image fail
+        (the kubelet backs off between them) and the one after succeeds.
         """
         faults = self.cluster.faults
         with faults.lock:
-            faults.image_pull_patterns.append(image_or_pattern)
+            if times is None:
+                faults.image_pull_patterns.append(image_or_pattern)
+            else:
+                faults.image_pull_transient.append([image_or_pattern, int(times)])
+
+    def deny_verb(self, verb: str = "watch", resource: str | None = None) -> None:
+        """Answer ``verb`` requests (on ``resource``, a plural like ``jobs``; None: every resource)
+        with RBAC's 403 Forbidden, as for an identity whose Role lacks that verb. ``list`` and the
+        other verbs stay allowed; ``clear_faults`` restores the verb."""
+        faults = self.cluster.faults
+        with faults.lock:
+            faults.denied_verbs.append((verb, resource))
 
     def clear_image_pull_failures(self) -> None:
         """Let every image be pulled again."""
@@ -462,9 +475,13 @@ class EmulatorAdminClient:
         """``POST /_emulator/pods/{ns}/{name}/oom``."""
         self._request("POST", f"pods/{namespace}/{name}/oom", {"container": container})
 
-    def fail_image_pulls(self, pattern: str, regex: bool = False) -> None:
+    def fail_image_pulls(self, pattern: str, regex: bool = False, times: int | None = None) -> None:
         """``POST /_emulator/faults/image-pull``."""
-        self._request("POST", "faults/image-pull", {"pattern": pattern, "regex": regex})
+        self._request("POST", "faults/image-pull", {"pattern": pattern, "regex": regex, "times": times})
+
+    def deny_verb(self, verb: str = "watch", resource: str | None = None) -> None:
+        """``POST /_emulator/faults/deny-verb``."""
+        self._request("POST", "faults/deny-verb", {"verb": verb, "resource": resource})
 
     def clear_image_pull_failures(self) -> None:
         """``DELETE /_emulator/faults/image-pull``."""
