@@ -50,6 +50,10 @@ from .validation import (
 )
 
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+# Service accounts besides each namespace's "default", as ``namespace/name``: a cluster as
+# keras-kinetic's ``kinetic up`` leaves it has ``kinetic`` in ``default`` (only there). Pods
+# naming any other account are refused by ServiceAccount admission (admission.py).
+DEFAULT_SERVICE_ACCOUNTS = ("default/kinetic",)
 
 # Resources whose main endpoint ignores status changes (status is a subresource).
 _STATUS_SUBRESOURCE = {PODS, JOBS, LWS, NAMESPACES, NODES, SERVICES}
@@ -107,8 +111,10 @@ class Cluster:
         job_backoff: float = 0.2,
         image_pull_backoff: float = 0.5,
         event_ttl_seconds: float = 3600.0,
+        service_accounts: Sequence[str] = DEFAULT_SERVICE_ACCOUNTS,
     ) -> None:
         self.store = Store()
+        self.service_accounts = list(service_accounts)
         self.event_ttl_seconds = event_ttl_seconds
         self._next_event_gc = 0.0
         self.faults = FaultState()
@@ -140,6 +146,13 @@ class Cluster:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         for name in self.namespaces:
             self.create(NAMESPACES, {"metadata": {"name": name}}, validate=False)
+        for account in self.service_accounts:
+            ns, _, name = account.rpartition("/")
+            if self.store.get(NAMESPACES, None, ns or "default") is None:
+                self.create(NAMESPACES, {"metadata": {"name": ns}}, validate=False)
+            if self.store.get(SERVICEACCOUNTS, ns or "default", name) is None:
+                sa = {"metadata": {"name": name, "namespace": ns or "default"}}
+                self.create(SERVICEACCOUNTS, sa, validate=False)
         created = fmt_time()
         kubelet_version = f"v{self.kubernetes_version}.0-emulator"
         for node in self.nodes:

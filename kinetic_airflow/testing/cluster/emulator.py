@@ -29,7 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .cluster import DEFAULT_NAMESPACES, Cluster
+from .cluster import DEFAULT_NAMESPACES, DEFAULT_SERVICE_ACCOUNTS, Cluster
 from .faults import ApiFault, RequestLog
 from .kubeconfig import DEFAULT_CONTEXT, DUMMY_TOKEN, kubeconfig_dict, write_kubeconfig
 from .nodes import NodePool
@@ -71,6 +71,9 @@ class ClusterEmulator:
         restart_backoff_seconds: first CrashLoopBackOff delay (doubles, capped at 5 s).
         job_backoff_seconds: first delay before the Job controller replaces a failed pod (doubles, 10x cap).
         image_pull_backoff_seconds: first ImagePullBackOff delay (doubles, capped at 10 s).
+        service_accounts: ``namespace/name`` service accounts made at start besides every
+            namespace's ``default`` (default: ``default/kinetic``, as ``kinetic up`` leaves a
+            cluster); a pod naming an account that does not exist is refused (FailedCreate).
     """
 
     def __init__(
@@ -88,8 +91,10 @@ class ClusterEmulator:
         restart_backoff_seconds: float = 0.5,
         job_backoff_seconds: float = 0.2,
         image_pull_backoff_seconds: float = 0.5,
+        service_accounts: Sequence[str] = DEFAULT_SERVICE_ACCOUNTS,
     ) -> None:
         self._options = {
+            "service_accounts": list(service_accounts),
             "node_pools": list(node_pools) if node_pools is not None else None,
             "namespaces": list(namespaces),
             "max_grace_seconds": max_grace_seconds,
