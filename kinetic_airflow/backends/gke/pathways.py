@@ -85,6 +85,11 @@ class PathwaysBackend(GKEBackend):
     def _cached_object(self, watch: Any, name: str) -> dict[str, Any] | None:
         return watch.group(name)
 
+    def refusal_names(self, job: JobRef) -> set[str]:
+        """The LWS and its StatefulSets: the leader's ``<lws>`` and the group's ``<lws>-0``."""
+        name = self.object_name(job)
+        return {name, f"{name}-0"}
+
     def _group_watch(self, job: JobRef) -> ClusterWatch:
         """The namespace's watch, watching LeaderWorkerSets too (discovery: may do I/O)."""
         watch = shared_watch(job["cluster"], job["namespace"])
