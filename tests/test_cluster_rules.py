@@ -187,7 +187,9 @@ def test_a_pod_security_refusal_fails_the_task_naming_it(env):
 # Image pulls and watches ---------------------------------------------------------------------
 def test_a_transient_image_pull_failure_runs_the_job(env):
     emulator, _ = env
-    emulator.fail_image_pulls("kinetic-runner:test", times=2)
+    # four failed pulls: ~10 s of ErrImagePull / ImagePullBackOff (0.5 s, doubling), which the
+    # watcher surely sees (a watcher that failed on the first ErrImagePull fails here)
+    emulator.fail_image_pulls("kinetic-runner:test", times=4)
     dr = _dag("kn_rules_transient_pull").test()
     assert ti_states(dr) == {"pulled_after_retries": "success"}
     assert xcom(dr, "pulled_after_retries") == "pulled"
@@ -196,7 +198,7 @@ def test_a_transient_image_pull_failure_runs_the_job(env):
         for e in _core(emulator).list_namespaced_event("default").items
         if e.reason == "Failed" and e.message.startswith('Failed to pull image "kinetic-runner:test"')
     ]
-    assert sum(e.count for e in pulls) == 2  # the fault fired: two failed pulls, then it ran
+    assert sum(e.count for e in pulls) == 4  # the fault fired: four failed pulls, then it ran
 
 
 def test_a_watch_rbac_forbids_fails_the_task_naming_the_verb(env):
