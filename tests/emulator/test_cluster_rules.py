@@ -206,3 +206,22 @@ def test_an_identity_without_watch_gets_403_on_watch_only(apis, k8s_cluster: Clu
     core.list_namespaced_pod(NS, watch=True, timeout_seconds=1, _preload_content=False).release_conn()
     k8s_cluster.clear_faults()
     batch.list_namespaced_job(NS, watch=True, timeout_seconds=1, _preload_content=False).release_conn()
+
+
+def test_the_new_faults_over_http(apis, k8s_cluster: ClusterEmulator):
+    """The same faults for an emulator in another process (``EmulatorAdminClient``)."""
+    from kinetic_airflow.testing.cluster import EmulatorAdminClient
+
+    core, _, _, _ = apis
+    admin = EmulatorAdminClient(k8s_cluster.url)
+    admin.deny_verb("watch", "pods")
+    with pytest.raises(ApiException) as caught:
+        core.list_namespaced_pod(NS, watch=True, timeout_seconds=1, _preload_content=False)
+    assert caught.value.status == 403 and 'cannot watch resource "pods"' in api_error(caught.value)["message"]
+    admin.fail_image_pulls("python:3.11-slim", times=1)
+    core.create_namespaced_pod(NS, pod_manifest("one-failed-pull"))
+    wait_pod(core, "one-failed-pull", "Succeeded", timeout=60)
+    pulls = [e for e in _events(core, "one-failed-pull", "Failed") if e.message.startswith("Failed to pull")]
+    assert sum(e.count for e in pulls) == 1
+    admin.clear_faults()
+    core.list_namespaced_pod(NS, watch=True, timeout_seconds=1, _preload_content=False).release_conn()
