@@ -154,6 +154,20 @@ def test_a_missing_service_account_fails_the_task_naming_it(env):
     _nothing_left_behind(emulator, "no-sa", "needs_service_account")
 
 
+def test_startup_timeout_counts_whatever_the_pending_reason(env):
+    """Without RBAC on events the cause of the missing pod is unknown: the job still fails at
+    startup_timeout (counted from submission), saying what it waited for, and is deleted."""
+    emulator, out = env
+    denied = 'events is forbidden: User "airflow" cannot list resource "events" in API group ""'
+    emulator.inject_api_fault("GET", r"/namespaces/no-sa/events$", status=403, count=None, message=denied)
+    dr = _dag("kn_rules_missing_service_account").test()
+    assert ti_states(dr) == {"needs_service_account": "failed"}
+    message = _failure(out, "needs_service_account")
+    assert "the job did not start within startup_timeout=3s (still pending: NoPod:" in message
+    assert "Raise startup_timeout=" in message
+    _nothing_left_behind(emulator, "no-sa", "needs_service_account")
+
+
 def test_a_missing_service_account_fails_a_pathways_task_naming_it(env):
     emulator, out = env
     dr = _dag("kn_rules_group_missing_service_account").test()
