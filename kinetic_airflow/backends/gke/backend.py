@@ -18,7 +18,7 @@ from typing import Any
 
 from kinetic_airflow.accelerators import parse_accelerator
 from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobState
-from kinetic_airflow.backends.gke.classify import MISSING_POD_REASONS, classify, with_refusal
+from kinetic_airflow.backends.gke.classify import classify, with_refusal
 from kinetic_airflow.backends.gke.client import ApiError, KubeApi, kube_api
 from kinetic_airflow.backends.gke.logstream import PodLogStream
 from kinetic_airflow.backends.gke.manifest import (
@@ -91,6 +91,10 @@ class GKEBackend(Backend):
     ) -> BackendStatus:
         return classify(found, pods)
 
+    def missing_pods(self, job: JobRef, pods: list[dict[str, Any]]) -> bool:
+        """Whether some of the job's pods do not exist (a Job has one)."""
+        return not pods
+
     def refusal_names(self, job: JobRef) -> set[str]:
         """The objects whose controller reports pods it could not create (FailedCreate)."""
         return {self.object_name(job)}
@@ -160,7 +164,7 @@ class GKEBackend(Backend):
             "GET", KubeApi.pods_path(job["namespace"]), query={"labelSelector": f"job-name={name}"}
         ).get("items", [])
         status = self._classify(job, found, pods)
-        if status.state is JobState.PENDING and status.reason in MISSING_POD_REASONS:
+        if status.state is JobState.PENDING and self.missing_pods(job, pods):
             status = self._with_refusal(found, status, self._listed_refusals(api, job))
         return status
 
@@ -185,9 +189,9 @@ class GKEBackend(Backend):
         return BackendStatus(JobState.FAILED, reason="Forbidden", message=reason)
 
     def _from_watch(self, job: JobRef, watch: ClusterWatch, found: dict[str, Any]) -> BackendStatus:
-        name = self.object_name(job)
-        status = self._classify(job, found, watch.pods_of(name))
-        if status.state is JobState.PENDING and status.reason in MISSING_POD_REASONS:
+        pods = watch.pods_of(self.object_name(job))
+        status = self._classify(job, found, pods)
+        if status.state is JobState.PENDING and self.missing_pods(job, pods):
             status = self._with_refusal(found, status, watch.failed_creates(self.refusal_names(job)))
         return status
 

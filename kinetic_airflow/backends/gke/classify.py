@@ -12,7 +12,6 @@ from kinetic_airflow.backends.base import BackendStatus, JobState
 
 __all__ = [
     "IMAGE_PULL_REASONS",
-    "MISSING_POD_REASONS",
     "classify",
     "pod_status",
     "refusal_kind",
@@ -24,8 +23,6 @@ IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "E
 # job waits, and fails only if the back-off lasts past startup_timeout (watch.py). The others
 # cannot get better by waiting.
 RETRIED_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff"}
-# Statuses of a job some of whose pods do not exist (yet): a FailedCreate event may say why.
-MISSING_POD_REASONS = {"NoPod", "GroupStarting"}
 
 
 def refusal_kind(message: str) -> str:
