@@ -516,6 +516,9 @@ class JobWatcher:
             if self.started
             else startup_failure(self.job, status, self.startup_timeout, self.submitted_at)
         )
+        if stuck is not None and await self.storage.aread_text_or_none(self.layout.status("started")):
+            self.started = True  # it ran before this watcher (a rebuilt trigger): not a startup problem
+            stuck = None
         if stuck is not None:
             await self.backend.acancel(self.job)
             return self._event("failed", cause=stuck[0], message=stuck[1], hint=stuck[2])
