@@ -1,4 +1,4 @@
-"""The product against the real cluster rules the emulator holds (tests/emulator/test_cluster_rules.py):
+"""The product against the real cluster rules the emulator holds (tests/emulator/test_control_plane_rules.py):
 names that fit every object the controllers derive, pods that admission refuses failing the task
 within startup_timeout with the controller's own words (and no job left behind), a transient image
 pull failure that the kubelet's back-off rides out, and a watch that RBAC forbids."""
