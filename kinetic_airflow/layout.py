@@ -27,15 +27,81 @@ from typing import Any
 
 from kinetic_airflow.storage import join_uri
 
-__all__ = ["MAX_JOB_ID", "STATE_KEY", "JobIdentity", "JobLayout", "dns_label", "output_dir_uri"]
+__all__ = [
+    "JOB_PREFIX",
+    "LWS_PREFIX",
+    "MAX_JOB_ID",
+    "STATE_KEY",
+    "JobIdentity",
+    "JobLayout",
+    "NameTooLongError",
+    "check_derived_names",
+    "derived_names",
+    "dns_label",
+    "output_dir_uri",
+]
 
 # The task_state_store key under which a task instance's current job reference is kept.
 STATE_KEY = "kinetic_job"
 
-# Leaves room within 63-char DNS labels for "kinetic-{id}-xxxxx" (Job pods) and for
-# "keras-pathways-{id}-0-999" (kinetic's LeaderWorkerSet name, and its pods' hostnames).
-_MAX_JOB_ID = 42
+# The name budget, in one place. Every object a real cluster derives from a job's name must
+# fit the 63 characters of a DNS label / label value:
+#
+# * batch/v1 Job "kinetic-{id}": its pods "kinetic-{id}-xxxxx" and the Job controller's
+#   ``job-name`` / ``batch.kubernetes.io/job-name`` pod labels (a label value: <= 63).
+# * LeaderWorkerSet "keras-pathways-{id}" (kinetic's names, so its tools find the jobs): the LWS
+#   controller (kubernetes-sigs/lws) makes a leader StatefulSet named like the LWS and a worker
+#   StatefulSet "<lws>-<group>" per group; the StatefulSet controller labels each pod
+#   ``controller-revision-hash=<statefulset>-<hash>`` with a hash of up to 10 characters. So the
+#   tightest value is "<lws>-0-<hash10>" (one group: index 0), which leaves 35 for the job id. A
+#   longer name is not refused when submitted: its pods are just never created.
+LABEL_VALUE_MAX = 63
+JOB_PREFIX = "kinetic-"
+LWS_PREFIX = "keras-pathways-"
+JOB_POD_SUFFIX = "-xxxxx"  # the Job controller's generateName suffix (5 random characters)
+REVISION_HASH = "h" * 10  # StatefulSet controller-revision-hash suffix, longest form
+LWS_GROUPS = 1  # one group (one slice) per LeaderWorkerSet: group index "0"
+_MAX_JOB_ID = LABEL_VALUE_MAX - len(LWS_PREFIX) - len(f"-{LWS_GROUPS - 1}-{REVISION_HASH}")
 MAX_JOB_ID = _MAX_JOB_ID
+
+
+class NameTooLongError(ValueError):
+    """A name a cluster would derive from a job is longer than Kubernetes allows."""
+
+
+def derived_names(job_id: str, hosts: int = 1) -> dict[str, str]:
+    """Every name and label value a real cluster derives from ``job_id``, on every backend, each
+    held to 63 characters. Backends build their names from the same prefixes."""
+    job = f"{JOB_PREFIX}{job_id}"
+    lws = f"{LWS_PREFIX}{job_id}"
+    group = LWS_GROUPS - 1
+    last_worker = max(hosts, 2) - 1
+    return {
+        "job-id label": job_id,
+        "Job name": job,
+        "Job pod name (generateName + 5)": f"{job}{JOB_POD_SUFFIX}",
+        "Job pod label job-name": job,
+        "LeaderWorkerSet name / headless Service / pod subdomain": lws,
+        "leader StatefulSet pods' controller-revision-hash": f"{lws}-{REVISION_HASH}",
+        "leader pod name / hostname": f"{lws}-{group}",
+        "worker StatefulSet name": f"{lws}-{group}",
+        "worker StatefulSet pods' controller-revision-hash": f"{lws}-{group}-{REVISION_HASH}",
+        "worker pod name / hostname": f"{lws}-{group}-{last_worker}",
+        "LWS group-key source (leader name)": f"{lws}-{group}",
+    }
+
+
+def check_derived_names(job_id: str, hosts: int = 1) -> None:
+    """Raise ``NameTooLongError`` naming each derived object whose name would not fit."""
+    too_long = {
+        what: name for what, name in derived_names(job_id, hosts).items() if len(name) > LABEL_VALUE_MAX
+    }
+    if too_long:
+        listed = "; ".join(f"{what} {name!r} ({len(name)} characters)" for what, name in too_long.items())
+        raise NameTooLongError(
+            f"job id {job_id!r} gives Kubernetes names over {LABEL_VALUE_MAX} characters: {listed}. "
+            f"Job ids are at most {MAX_JOB_ID} characters (kinetic_airflow.layout.MAX_JOB_ID)."
+        )
 
 
 def dns_label(text: str, limit: int) -> str:
@@ -75,6 +141,8 @@ class JobIdentity:
             parts.append(self.try_id)
         digest = hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:10]
         suffix = f"-{digest}-t{self.try_number}a{self.attempt}"
+        if len(suffix) > _MAX_JOB_ID - 2:  # absurd try/attempt numbers: the digest still has them
+            suffix = f"-{digest}"
         head = dns_label(f"{self.dag_id}-{self.task_id}", _MAX_JOB_ID - len(suffix))
         return f"{head}{suffix}"
 

@@ -23,6 +23,7 @@ from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobSta
 from kinetic_airflow.layout import JobLayout
 from kinetic_airflow.lifecycle import acancel_job, cancelled_marker
 from kinetic_airflow.progress import PROGRESS_NAME, Progress, ProgressTracker
+from kinetic_airflow.startup import startup_failure
 from kinetic_airflow.storage import Storage
 from kinetic_airflow.tracebacks import StreamedTracebackFilter, type_name, user_names
 
@@ -152,6 +153,13 @@ def _classify_exit(status: BackendStatus) -> tuple[str, str, str]:
         )
     if status.reason == "Lost":
         return "lost", status.message, "The machine or node running the job went away."
+    if status.reason == "Forbidden":
+        return (
+            "forbidden",
+            status.message,
+            "Grant the identity Airflow uses (its Kubernetes connection or GCP service account) "
+            "get, list and watch on jobs, pods, pods/log and leaderworkersets in the job's namespace.",
+        )
     return (
         "exit",
         f"{status.message or 'the job process failed'} without writing a result envelope",
@@ -202,6 +210,7 @@ class JobWatcher:
         watcher's one line per state change (``kinetic_airflow.progress``)."""
         self.job = job
         self.startup_timeout = job.get("startup_timeout")
+        self.started = False  # seen running: startup_timeout no longer applies
         self.heartbeat_timeout = job.get("heartbeat_timeout")
         self.submitted_at = float(job.get("submitted_at") or time.time())
         self.last_heartbeat_check = 0.0
@@ -501,6 +510,8 @@ class JobWatcher:
             cancelled = await self._cancelled()
             if cancelled is not None:
                 return self._cancelled_event(cancelled)
+            if status.reason == "Forbidden":  # the task fails: its job must not run on unseen
+                await self.backend.acancel(self.job)
             cause, message, hint = _classify_exit(status)
             return self._event(
                 "preempted" if cause == "preempted" else "failed",
@@ -512,26 +523,19 @@ class JobWatcher:
         if status.state is JobState.NOT_FOUND:
             return await self._settle_not_found()
         self.not_found_since = None
-        if (
-            status.state is JobState.PENDING
-            and status.reason == "Unschedulable"
-            and self.startup_timeout is not None
-            and time.time() - self.submitted_at > self.startup_timeout
-        ):
+        self.started = self.started or status.state is JobState.RUNNING
+        # whatever keeps it pending, a job not started startup_timeout after submission is given up
+        stuck = (
+            None
+            if self.started
+            else startup_failure(self.job, status, self.startup_timeout, self.submitted_at)
+        )
+        if stuck is not None and await self.storage.aread_text_or_none(self.layout.status("started")):
+            self.started = True  # it ran before this watcher (a rebuilt trigger): not a startup problem
+            stuck = None
+        if stuck is not None:
             await self.backend.acancel(self.job)
-            selectors = json.dumps(self.job.get("node_selectors") or {}, sort_keys=True)
-            if self.job.get("chips_per_host"):
-                selectors += f" and {self.job['chips_per_host']} google.com/tpu chips per host"
-            return self._event(
-                "failed",
-                cause="unschedulable",
-                message=(
-                    f"the job could not be scheduled within startup_timeout={self.startup_timeout:.0f}s: "
-                    f"no node matches its nodeSelector {selectors} ({status.message})"
-                ),
-                hint="Create a node pool with these labels (or enable node auto-provisioning), check "
-                "accelerator quota in the zone, or pick another accelerator.",
-            )
+            return self._event("failed", cause=stuck[0], message=stuck[1], hint=stuck[2])
         if (
             status.state is JobState.RUNNING
             and self.heartbeat_timeout

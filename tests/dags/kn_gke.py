@@ -69,7 +69,10 @@ def memory_hog():
 
 
 @task.kinetic(
-    backend="gke", container_image="registry.invalid/kinetic/missing:1", on_failure_callback=record_failure
+    backend="gke",
+    container_image="registry.invalid/kinetic/missing:1",
+    startup_timeout=3,  # the kubelet retries pulls: only back-off past startup_timeout fails
+    on_failure_callback=record_failure,
 )
 def bad_image():
     return 1

@@ -76,7 +76,13 @@ def test_lws_size_3_runs_group_with_lws_env(
         assert labels["leaderworkerset.sigs.k8s.io/worker-index"] == str(index)
         assert pod.metadata.annotations["leaderworkerset.sigs.k8s.io/size"] == "3"
         assert pod.spec.subdomain == "trainer" and pod.spec.hostname == name
-        assert pod.metadata.owner_references[0].kind == "LeaderWorkerSet"
+        # As kubernetes-sigs/lws: the leader belongs to the leader StatefulSet "<lws>", the
+        # workers to the group's StatefulSet "<lws>-<group>"; both label revisions as the
+        # StatefulSet controller does.
+        owner = pod.metadata.owner_references[0]
+        sts = "trainer" if index == 0 else "trainer-0"
+        assert (owner.kind, owner.name) == ("StatefulSet", sts)
+        assert labels["controller-revision-hash"].startswith(f"{sts}-")
         assert "tpu-v5-lite-podslice" in pod.spec.node_name
         # The pod spec shows what the LWS webhook injects (cluster DNS names) ...
         spec_env = {e.name: e.value for e in pod.spec.containers[0].env}

@@ -19,7 +19,7 @@ from typing import Any
 
 from kinetic_airflow.accelerators import parse_accelerator
 from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobState
-from kinetic_airflow.backends.gke.classify import classify
+from kinetic_airflow.backends.gke.classify import classify, with_refusal
 from kinetic_airflow.backends.gke.client import ApiError, KubeApi, kube_api
 from kinetic_airflow.backends.gke.logstream import PodLogStream
 from kinetic_airflow.backends.gke.manifest import (
@@ -28,9 +28,9 @@ from kinetic_airflow.backends.gke.manifest import (
     build_job_manifest,
 )
 from kinetic_airflow.backends.gke.volumes import pod_extras
-from kinetic_airflow.backends.gke.watch_cache import ClusterWatch, shared_watch
+from kinetic_airflow.backends.gke.watch_cache import FAILED_CREATE, ClusterWatch, shared_watch
 from kinetic_airflow.config import resolve_setting
-from kinetic_airflow.layout import JobIdentity
+from kinetic_airflow.layout import JOB_PREFIX, JobIdentity, check_derived_names
 from kinetic_airflow.links import job_links
 from kinetic_airflow.pod_override import apply_to_manifest
 
@@ -46,7 +46,7 @@ class JobOwnershipError(RuntimeError):
 
 
 def k8s_job_name(job: JobRef) -> str:
-    return f"kinetic-{job['job_id']}"
+    return f"{JOB_PREFIX}{job['job_id']}"
 
 
 def _owner_label(job: JobRef) -> str:
@@ -105,6 +105,20 @@ class GKEBackend(Backend):
     ) -> BackendStatus:
         return classify(found, pods)
 
+    def missing_pods(self, job: JobRef, pods: list[dict[str, Any]]) -> bool:
+        """Whether some of the job's pods do not exist (a Job has one)."""
+        return not pods
+
+    def refusal_names(self, job: JobRef) -> set[str]:
+        """The objects whose controller reports pods it could not create (FailedCreate)."""
+        return {self.object_name(job)}
+
+    def _with_refusal(
+        self, found: dict[str, Any] | None, status: BackendStatus, events: list[dict[str, Any]]
+    ) -> BackendStatus:
+        """A job missing pods, told why by its controller's newest FailedCreate event."""
+        return with_refusal(found, status, events)
+
     # Submit -----------------------------------------------------------------------------------
     def _pod_args(self, job: JobRef) -> dict[str, Any]:
         """What every kind of object's pods are built from (the job reference's public fields)."""
@@ -132,6 +146,8 @@ class GKEBackend(Backend):
         )
 
     def submit(self, job: JobRef, *, env: dict[str, str] | None = None) -> None:
+        # a name the controllers cannot derive pods from is refused here, not silently there
+        check_derived_names(job["job_id"], int(job.get("hosts") or 1))
         api = self._api(job)
         name = self.object_name(job)
         # pod_override= / [kinetic] pod_override over every pod template, checked before the POST
@@ -161,26 +177,60 @@ class GKEBackend(Backend):
         pods = api.request(
             "GET", KubeApi.pods_path(job["namespace"]), query={"labelSelector": f"job-name={name}"}
         ).get("items", [])
-        return self._classify(job, found, pods)
+        status = self._classify(job, found, pods)
+        if status.state is JobState.PENDING and self.missing_pods(job, pods):
+            status = self._with_refusal(found, status, self._listed_refusals(api, job))
+        return status
+
+    def _listed_refusals(self, api: KubeApi, job: JobRef) -> list[dict[str, Any]]:
+        """FailedCreate events about the job's objects, listed (no watch: the worker's look)."""
+        try:
+            events = api.request(
+                "GET",
+                f"/api/v1/namespaces/{job['namespace']}/events",
+                query={"fieldSelector": FAILED_CREATE},
+            ).get("items", [])
+        except ApiError as exc:
+            log.debug("cannot list events (%s): pods that cannot be created are told by startup_timeout", exc)
+            return []
+        names = self.refusal_names(job)
+        return [e for e in events if (e.get("involvedObject") or {}).get("name") in names]
+
+    def _forbidden(self, watch: ClusterWatch) -> BackendStatus | None:
+        reason = watch.forbidden
+        if reason is None:
+            return None
+        return BackendStatus(JobState.FAILED, reason="Forbidden", message=reason)
+
+    def _from_watch(self, job: JobRef, watch: ClusterWatch, found: dict[str, Any]) -> BackendStatus:
+        pods = watch.pods_of(self.object_name(job))
+        status = self._classify(job, found, pods)
+        if status.state is JobState.PENDING and self.missing_pods(job, pods):
+            status = self._with_refusal(found, status, watch.failed_creates(self.refusal_names(job)))
+        return status
 
     def _cached_status(self, job: JobRef) -> BackendStatus:
         watch = shared_watch(job["cluster"], job["namespace"])
         if not watch.wait_synced(30):
-            return self.status(job)
+            return self._forbidden(watch) or self.status(job)
         name = self.object_name(job)
         found = self._cached_object(watch, name)
         if found is None:  # just created and not seen yet, or really gone: ask once
             return self.status(job)
-        return self._classify(job, found, watch.pods_of(name))
+        return self._from_watch(job, watch, found)
 
     async def astatus(self, job: JobRef) -> BackendStatus:
         """From the shared watch's memory, in the loop (no thread hop) once it is synced and
-        knows the Job; otherwise in a thread, which may ask the API."""
+        knows the Job; otherwise in a thread, which may ask the API. A watch that RBAC refuses
+        is an error naming the verb, never a stale cache."""
         observed = await self._aobserved(job)
+        forbidden = self._forbidden(observed.watch)
+        if forbidden is not None:
+            return forbidden
         name = self.object_name(job)
         found = self._cached_object(observed.watch, name) if observed.watch.synced else None
         if found is not None:
-            return self._classify(job, found, observed.watch.pods_of(name))
+            return self._from_watch(job, observed.watch, found)
         return await asyncio.to_thread(self._cached_status, job)
 
     def _connect(self, job: JobRef) -> tuple[KubeApi, ClusterWatch]:

@@ -10,9 +10,55 @@ from typing import Any
 
 from kinetic_airflow.backends.base import BackendStatus, JobState
 
-__all__ = ["IMAGE_PULL_REASONS", "classify", "pod_status"]
+__all__ = [
+    "IMAGE_PULL_REASONS",
+    "classify",
+    "pod_status",
+    "refusal_kind",
+    "with_refusal",
+]
 
 IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
+# The kubelet retries these with back-off (a registry hiccup, a node still authenticating): the
+# job waits, and fails only if the back-off lasts past startup_timeout (watch.py). The others
+# cannot get better by waiting.
+RETRIED_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff"}
+
+
+def refusal_kind(message: str) -> str:
+    """Which admission rule refused a pod, from the API server's sentence in a FailedCreate event."""
+    if "error looking up service account" in message:
+        return "service_account"
+    if "exceeded quota" in message or "failed quota" in message:
+        return "quota"
+    if "violates PodSecurity" in message:
+        return "pod_security"
+    if "is invalid" in message:
+        return "invalid"
+    return "admission"
+
+
+def with_refusal(
+    found: dict[str, Any] | None, status: BackendStatus, events: list[dict[str, Any]]
+) -> BackendStatus:
+    """``status`` of a job missing pods, with the newest FailedCreate event said since the
+    object was made (the Job controller or a StatefulSet's: quota, admission, service account)."""
+    created = ((found or {}).get("metadata") or {}).get("creationTimestamp") or ""
+    fresh = [e for e in events if (e.get("lastTimestamp") or e.get("eventTime") or "") >= created]
+    if not fresh:
+        return status
+    event = max(fresh, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    involved = event.get("involvedObject") or {}
+    message = str(event.get("message") or "")
+    return BackendStatus(
+        JobState.PENDING,
+        reason="FailedCreate",
+        message=f"the {involved.get('kind', 'controller')} {involved.get('name', '')} cannot create "
+        f"pods: {message}",
+        details={**status.details, "refusal": refusal_kind(message), "object": involved.get("name")},
+    )
+
+
 # Pod-level reasons GKE/kubelet use when a node goes away or shuts down.
 _NODE_LOSS_REASONS = {"Terminated", "NodeShutdown", "NodeLost", "Shutdown", "Evicted", "NodeAffinity"}
 
@@ -48,6 +94,16 @@ def pod_status(pod: dict[str, Any]) -> BackendStatus | None:
     for cs in _container_states(pod):
         state = cs.get("state") or {}
         waiting = state.get("waiting") or {}
+        if waiting.get("reason") in RETRIED_PULL_REASONS:
+            return BackendStatus(
+                JobState.PENDING,
+                reason="ImagePullBackOff",
+                message=(
+                    f"the image {cs.get('image')!r} is not pulled yet ({waiting.get('reason')}: "
+                    f"{waiting.get('message', '')}); the kubelet retries with back-off"
+                ),
+                details={"image": cs.get("image"), "pod": name},
+            )
         if waiting.get("reason") in IMAGE_PULL_REASONS:
             return BackendStatus(
                 JobState.FAILED,

@@ -30,6 +30,7 @@ from typing import Any
 
 from kinetic_airflow.accelerators import AcceleratorSpec
 from kinetic_airflow.backends.gke.manifest import pod_template
+from kinetic_airflow.layout import LWS_PREFIX
 
 __all__ = ["LWS_GROUP", "LWS_PLURAL", "build_lws_manifest", "coordinator_port", "lws_name"]
 
@@ -41,7 +42,8 @@ EXCLUSIVE_TOPOLOGY = {"leaderworkerset.sigs.k8s.io/exclusive-topology": "cloud.g
 
 
 def lws_name(job_id: str) -> str:
-    return f"keras-pathways-{job_id}"
+    """kinetic's name; ``layout.derived_names`` holds it (and its StatefulSets) to 63 characters."""
+    return f"{LWS_PREFIX}{job_id}"
 
 
 def coordinator_port(job_id: str) -> int:

@@ -85,6 +85,15 @@ class PathwaysBackend(GKEBackend):
     def _cached_object(self, watch: Any, name: str) -> dict[str, Any] | None:
         return watch.group(name)
 
+    def missing_pods(self, job: JobRef, pods: list[dict[str, Any]]) -> bool:
+        hosts = int(job.get("hosts") or parse_accelerator(job["accelerator"]).hosts)
+        return len({host_index(p) for p in pods} - {-1}) < hosts
+
+    def refusal_names(self, job: JobRef) -> set[str]:
+        """The LWS and its StatefulSets: the leader's ``<lws>`` and the group's ``<lws>-0``."""
+        name = self.object_name(job)
+        return {name, f"{name}-0"}
+
     def _group_watch(self, job: JobRef) -> ClusterWatch:
         """The namespace's watch, watching LeaderWorkerSets too (discovery: may do I/O)."""
         watch = shared_watch(job["cluster"], job["namespace"])

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import threading
 import time
 from typing import Any
@@ -33,25 +34,67 @@ log = logging.getLogger(__name__)
 JOB_SELECTOR = "app=kinetic"
 LWS_SELECTOR = "app=kinetic-pathways"  # kinetic's own label for its LeaderWorkerSets and their pods
 POD_SELECTOR = "app in (kinetic,kinetic-pathways)"
+FAILED_CREATE = "reason=FailedCreate"
 _WATCH_TIMEOUT_SECONDS = 240
 _IDLE_STOP_SECONDS = 300.0
 
 
-class _Collection(threading.Thread):
-    """Keeps ``objects`` (name -> dict) in step with the API for one resource type."""
+def _forbidden_text(exc: ApiError, verb: str, path: str) -> str:
+    """What a 403 means for the user: the API server's own sentence names the verb and resource."""
+    try:
+        said = json.loads(exc.body).get("message") or ""
+    except (ValueError, AttributeError):
+        said = exc.body or ""
+    return (
+        f"forbidden: the cluster refused to let this identity {verb} {path} ({said or exc.reason}). "
+        f"The Role bound to it needs the verbs get, list and watch on the resource (watch is what "
+        f"keeps the shared cache current)"
+    )
 
-    def __init__(self, owner: ClusterWatch, path: str, selector: str) -> None:
+
+class _Collection(threading.Thread):
+    """Keeps ``objects`` (name -> dict) in step with the API for one resource type.
+
+    A 403 (RBAC without ``list`` or ``watch``) is not retried into a stale cache that calls
+    itself synced: ``forbidden`` says which verb was refused, ``synced`` is cleared, and
+    watchers are woken to report it. ``required=False`` (the FailedCreate events) only loses
+    that collection's information.
+    """
+
+    def __init__(
+        self,
+        owner: ClusterWatch,
+        path: str,
+        selector: str = "",
+        *,
+        field_selector: str = "",
+        required: bool = True,
+    ) -> None:
         super().__init__(name=f"kinetic-watch{path}", daemon=True)
         self.owner = owner
         self.path = path
         self.selector = selector
+        self.field_selector = field_selector
+        self.required = required
         self.objects: dict[str, dict[str, Any]] = {}
         self.synced = threading.Event()
         self.resource_version: str | None = None
         self.lock = threading.Lock()
+        self.forbidden: str | None = None
+
+    def _selectors(self) -> dict[str, str]:
+        query = {"labelSelector": self.selector} if self.selector else {}
+        if self.field_selector:
+            query["fieldSelector"] = self.field_selector
+        return query
 
     def _relist(self) -> None:
-        listing = self.owner.api.request("GET", self.path, query={"labelSelector": self.selector})
+        try:
+            listing = self.owner.api.request("GET", self.path, query=self._selectors())
+        except ApiError as exc:
+            if exc.status == 403:
+                raise _Forbidden(_forbidden_text(exc, "list", self.path)) from exc
+            raise
         with self.lock:
             self.objects = {item["metadata"]["name"]: item for item in listing.get("items", [])}
         self.resource_version = listing.get("metadata", {}).get("resourceVersion")
@@ -59,19 +102,27 @@ class _Collection(threading.Thread):
         self.owner.notify(None)  # changes missed while the watch was down are in this listing
 
     def _watch_once(self) -> None:
-        response = self.owner.api.request(
-            "GET",
-            self.path,
-            query={
-                "labelSelector": self.selector,
-                "watch": "true",
-                "resourceVersion": self.resource_version,
-                "allowWatchBookmarks": "true",
-                "timeoutSeconds": _WATCH_TIMEOUT_SECONDS,
-            },
-            stream=True,
-            timeout=(10, _WATCH_TIMEOUT_SECONDS + 30),
-        )
+        try:
+            response = self.owner.api.request(
+                "GET",
+                self.path,
+                query={
+                    **self._selectors(),
+                    "watch": "true",
+                    "resourceVersion": self.resource_version,
+                    "allowWatchBookmarks": "true",
+                    "timeoutSeconds": _WATCH_TIMEOUT_SECONDS,
+                },
+                stream=True,
+                timeout=(10, _WATCH_TIMEOUT_SECONDS + 30),
+            )
+        except ApiError as exc:
+            if exc.status == 403:
+                raise _Forbidden(_forbidden_text(exc, "watch", self.path)) from exc
+            raise
+        if self.forbidden is not None:  # the verb is granted again: trust the cache once more
+            self.forbidden = None
+            self.synced.set()
         buffer = b""
         try:
             for chunk in response.stream(65536, decode_content=True):
@@ -101,6 +152,12 @@ class _Collection(threading.Thread):
                 self.objects.pop(name, None)
             else:
                 self.objects[name] = obj
+        involved = obj.get("involvedObject") or {}
+        if involved:  # an event: about a Job "<name>" or a StatefulSet "<lws>" / "<lws>-<group>"
+            about = str(involved.get("name") or "")
+            self.owner.notify(about)
+            self.owner.notify(re.sub(r"-\d+$", "", about))
+            return
         # A Job is known by its name, a pod by the job-name label the Job controller gives it.
         self.owner.notify(obj["metadata"].get("labels", {}).get("job-name") or name)
 
@@ -112,6 +169,16 @@ class _Collection(threading.Thread):
                     self._relist()
                 self._watch_once()
                 backoff = 0.2
+            except _Forbidden as exc:
+                first = self.forbidden is None
+                self.forbidden = str(exc)
+                self.synced.clear()
+                self.resource_version = None  # granted again later: relist, do not trust old state
+                if first:
+                    log.warning("%s", exc)
+                    self.owner.notify(None)  # every watcher of this namespace must hear it
+                self.owner.stopped.wait(backoff)
+                backoff = min(backoff * 2, 15.0)
             except ApiError as exc:
                 if exc.status == 410:  # our resourceVersion is too old: start over
                     self.resource_version = None
@@ -133,6 +200,15 @@ class _Collection(threading.Thread):
         with self.lock:
             return [o for o in self.objects.values() if o["metadata"].get("labels", {}).get(label) == value]
 
+    def about(self, names: set[str]) -> list[dict[str, Any]]:
+        """Events whose involvedObject is one of ``names``."""
+        with self.lock:
+            return [o for o in self.objects.values() if (o.get("involvedObject") or {}).get("name") in names]
+
+
+class _Forbidden(Exception):
+    """A 403 on list or watch; the text names the refused verb and what the Role must grant."""
+
 
 class ClusterWatch:
     def __init__(self, api: KubeApi, namespace: str) -> None:
@@ -145,18 +221,43 @@ class ClusterWatch:
         self._waiters_lock = threading.Lock()
         self.jobs = _Collection(self, KubeApi.jobs_path(namespace), JOB_SELECTOR)
         self.pods = _Collection(self, KubeApi.pods_path(namespace), POD_SELECTOR)
+        # Why pods are missing: the Job and StatefulSet controllers' FailedCreate events (quota,
+        # admission, service account). Rare, so cheap to keep; without RBAC on events a refused
+        # pod is still caught by startup_timeout, only less precisely.
+        self.events = _Collection(
+            self, f"/api/v1/namespaces/{namespace}/events", field_selector=FAILED_CREATE, required=False
+        )
         self.groups: _Collection | None = None  # LeaderWorkerSets, watched once a job needs them
         self._groups_lock = threading.Lock()
 
     def start(self) -> None:
         self.jobs.start()
         self.pods.start()
+        self.events.start()
 
     def _collections(self) -> list[_Collection]:
         return [c for c in (self.jobs, self.pods, self.groups) if c is not None]
 
+    @property
+    def forbidden(self) -> str | None:
+        """Why the cache cannot be trusted, if RBAC refused a list or watch it needs."""
+        return next((c.forbidden for c in self._collections() if c.forbidden), None)
+
+    def failed_creates(self, names: set[str]) -> list[dict[str, Any]]:
+        """FailedCreate events about the objects ``names``, oldest first."""
+        self.last_used = time.monotonic()
+        found = self.events.about(names)
+        return sorted(found, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+
     def wait_synced(self, timeout: float = 30.0) -> bool:
-        return all(c.synced.wait(timeout) for c in self._collections())
+        """Whether every needed collection has listed within ``timeout``; False at once when RBAC
+        refuses one (``forbidden``), which no amount of waiting mends."""
+        deadline = time.monotonic() + timeout
+        for collection in self._collections():
+            while not collection.synced.wait(max(0.0, min(0.2, deadline - time.monotonic()))):
+                if self.forbidden is not None or time.monotonic() >= deadline:
+                    return False
+        return True
 
     def job(self, name: str) -> dict[str, Any] | None:
         self.last_used = time.monotonic()

@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from .cluster import DEFAULT_NAMESPACES, Cluster
+from .cluster import DEFAULT_NAMESPACES, DEFAULT_SERVICE_ACCOUNTS, Cluster
 from .kubeconfig import DEFAULT_CONTEXT, write_kubeconfig
 from .nodes import NodePool, Taint
 from .server import ApiServer
@@ -62,6 +62,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--create-namespace", action="append", default=[], help="extra namespace to create (repeatable)"
     )
     parser.add_argument(
+        "--service-account",
+        action="append",
+        default=None,
+        help="namespace/name of a service account to create besides each namespace's default "
+        "(repeatable; default: default/kinetic, as `kinetic up` leaves a cluster; '' for none)",
+    )
+    parser.add_argument(
         "--max-grace-seconds", type=float, default=5.0, help="cap on termination grace periods"
     )
     parser.add_argument(
@@ -87,6 +94,11 @@ async def serve(args: argparse.Namespace) -> int:
         namespaces=namespaces,
         max_grace_seconds=args.max_grace_seconds,
         resolve_cluster_dns=not args.no_cluster_dns,
+        service_accounts=(
+            DEFAULT_SERVICE_ACCOUNTS
+            if args.service_account is None
+            else [a for a in args.service_account if a]
+        ),
     )
     server = ApiServer(cluster, args.host, args.port)
     stop = asyncio.Event()

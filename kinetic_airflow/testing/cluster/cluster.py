@@ -22,6 +22,7 @@ import yaml
 
 from . import errors
 from ._util import JsonPatchError, fmt_time, json_patch, merge_patch, parse_time, rand_suffix, utcnow
+from .admission import PodAdmission
 from .controllers import ControllerManager
 from .faults import FaultState, RequestLog
 from .kubelet import Kubelet
@@ -49,6 +50,10 @@ from .validation import (
 )
 
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+# Service accounts besides each namespace's "default", as ``namespace/name``: a cluster as
+# keras-kinetic's ``kinetic up`` leaves it has ``kinetic`` in ``default`` (only there). Pods
+# naming any other account are refused by ServiceAccount admission (admission.py).
+DEFAULT_SERVICE_ACCOUNTS = ("default/kinetic",)
 
 # Resources whose main endpoint ignores status changes (status is a subresource).
 _STATUS_SUBRESOURCE = {PODS, JOBS, LWS, NAMESPACES, NODES, SERVICES}
@@ -106,8 +111,10 @@ class Cluster:
         job_backoff: float = 0.2,
         image_pull_backoff: float = 0.5,
         event_ttl_seconds: float = 3600.0,
+        service_accounts: Sequence[str] = DEFAULT_SERVICE_ACCOUNTS,
     ) -> None:
         self.store = Store()
+        self.service_accounts = list(service_accounts)
         self.event_ttl_seconds = event_ttl_seconds
         self._next_event_gc = 0.0
         self.faults = FaultState()
@@ -129,6 +136,7 @@ class Cluster:
             image_pull_backoff=image_pull_backoff,
         )
         self.controllers = ControllerManager(self, job_backoff=job_backoff)
+        self.admission = PodAdmission(self)
         self._event_index: dict[tuple[str, str, str, str, str], tuple[str, str]] = {}
         self.store.add_listener(lambda event: None if event.rt is EVENTS else self.controllers.wake())
 
@@ -138,6 +146,13 @@ class Cluster:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         for name in self.namespaces:
             self.create(NAMESPACES, {"metadata": {"name": name}}, validate=False)
+        for account in self.service_accounts:
+            ns, _, name = account.rpartition("/")
+            if self.store.get(NAMESPACES, None, ns or "default") is None:
+                self.create(NAMESPACES, {"metadata": {"name": ns}}, validate=False)
+            if self.store.get(SERVICEACCOUNTS, ns or "default", name) is None:
+                sa = {"metadata": {"name": name, "namespace": ns or "default"}}
+                self.create(SERVICEACCOUNTS, sa, validate=False)
         created = fmt_time()
         kubelet_version = f"v{self.kubernetes_version}.0-emulator"
         for node in self.nodes:
@@ -268,6 +283,7 @@ class Cluster:
         else:
             md.pop("namespace", None)
             ns = ""
+        sent_name = md.get("name") or md.get("generateName") or ""
         if not md.get("name") and md.get("generateName"):
             for _ in range(10):
                 candidate = f"{md['generateName']}{rand_suffix()}"
@@ -290,6 +306,8 @@ class Cluster:
                 raise errors.invalid(rt, name, str(exc), exc.causes)
         if self.store.get(rt, ns, name) is not None:
             raise errors.already_exists(rt, name)
+        if rt is PODS:
+            self.admission.admit(obj, sent_name)  # also for controllers' pods (validate=False)
         self._stamp(rt, obj)
         uid = md["uid"]
         if rt is PODS:

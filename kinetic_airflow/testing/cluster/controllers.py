@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import errors
 from ._util import fmt_time, parse_time, utcnow, wait_event
-from .resources import JOBS, LWS, PODS, SERVICES
+from .resources import JOBS, LWS, PODS, SERVICES, STATEFULSETS
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -128,6 +128,8 @@ class JobTracking:
     last_failure: float = 0.0
     fail_job: tuple[str, str] | None = None
     finished_at: float | None = None
+    create_failures: int = 0  # pod creations refused in a row (admission)
+    create_retry_at: float = 0.0
 
 
 def _reconcile_owners(
@@ -268,8 +270,16 @@ class JobController:
         try:
             created = self.cluster.create(PODS, pod, validate=False)
         except errors.ApiError as exc:
+            # kubernetes pkg/controller/controller_utils.go, RealPodControl.createPods: a refused
+            # pod (admission: quota, PodSecurity, service account) is only this Warning on the Job;
+            # the Job's status shows nothing, and syncJob's error requeues it rate-limited.
             self._event(job, "Warning", "FailedCreate", f"Error creating: {exc.message}")
+            tr = self.tracking.setdefault(md["uid"], JobTracking())
+            tr.create_failures += 1
+            delay = min(self.backoff * (2 ** (tr.create_failures - 1)), self.backoff * 10)
+            tr.create_retry_at = time.monotonic() + delay
             return
+        self.tracking.setdefault(md["uid"], JobTracking()).create_failures = 0
         self._event(job, "Normal", "SuccessfulCreate", f"Created pod: {created['metadata']['name']}")
 
     # ---------------------------------------------------------------- reconcile
@@ -372,7 +382,7 @@ class JobController:
             delay = 0.0
             if failed and tr.last_failure:
                 delay = min(self.backoff * (2 ** (failed - 1)), self.backoff * 10)
-            if now_mono - tr.last_failure >= delay:
+            if now_mono - tr.last_failure >= delay and now_mono >= tr.create_retry_at:
                 self._create_pods(job, active, terminating, succeeded, tr, indexed, completions, parallelism)
 
         status["active"] = len(active)
@@ -526,6 +536,8 @@ class LwsTracking:
 
     complete_groups: set[int] = field(default_factory=set)
     events: set[str] = field(default_factory=set)
+    create_failures: dict[str, int] = field(default_factory=dict)  # StatefulSet uid -> refused in a row
+    create_retry_at: dict[str, float] = field(default_factory=dict)
 
 
 class LeaderWorkerSetController:
@@ -541,8 +553,164 @@ class LeaderWorkerSetController:
         self.tracking: dict[str, LwsTracking] = {}
 
     def reconcile_all(self) -> None:
-        """Reconcile every LeaderWorkerSet."""
-        _reconcile_owners(self.cluster, LWS, self.reconcile, self.tracking)
+        """Reconcile every LeaderWorkerSet with the pods of its StatefulSets.
+
+        Ownership as upstream: LWS -> leader StatefulSet -> leader pods -> worker StatefulSet
+        (one per group, owned by its leader pod) -> worker pods. A pod belongs to an LWS only
+        through that chain, so the pods of a deleted LWS of the same name are never adopted.
+        """
+        store = self.cluster.store
+        owned: dict[str, list[dict[str, Any]]] = {}
+        for obj in list(store.list(PODS)) + list(store.list(STATEFULSETS)):
+            owner = _controller_uid(obj)
+            if owner:
+                owned.setdefault(owner, []).append(obj)
+        live = set()
+        for lws in store.list(LWS):
+            uid = lws["metadata"]["uid"]
+            live.add(uid)
+            pods: list[dict[str, Any]] = []
+            for sts in owned.get(uid, []):
+                if sts.get("kind") != "StatefulSet":
+                    continue
+                for leader in owned.get(sts["metadata"]["uid"], []):
+                    if leader.get("kind") != "Pod":
+                        continue
+                    pods.append(leader)
+                    for worker_sts in owned.get(leader["metadata"]["uid"], []):
+                        pods.extend(
+                            p for p in owned.get(worker_sts["metadata"]["uid"], []) if p.get("kind") == "Pod"
+                        )
+            try:
+                self.reconcile(lws, pods)
+            except errors.ApiError as exc:  # pragma: no cover - races with user deletes
+                log.debug("LeaderWorkerSet reconcile: %s", exc)
+        for uid in list(self.tracking):
+            if uid not in live:
+                del self.tracking[uid]
+
+    # StatefulSets ---------------------------------------------------------------------------
+    def _statefulset(
+        self, lws: dict[str, Any], name: str, owner: dict[str, Any], replicas: int, template: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """The StatefulSet ``name`` owned by ``owner``, created if missing; None while another
+        (an old group's, being deleted) still holds the name.
+
+        kubernetes-sigs/lws ``pkg/controllers/leaderworkerset_controller.go``
+        (``SSAWithStatefulset``: the leader StatefulSet is named after the LWS) and
+        ``pkg/controllers/pod_controller.go`` (``constructWorkerStatefulSetApplyConfiguration``:
+        the group's workers are a StatefulSet named after the leader pod, ``<lws>-<group>``,
+        owned by that pod).
+        """
+        ns = lws["metadata"]["namespace"]
+        existing = self.cluster.store.get(STATEFULSETS, ns, name)
+        owner_uid = owner["metadata"]["uid"]
+        if existing is not None:
+            return existing if _controller_uid(existing) == owner_uid else None
+        sts = {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {
+                "name": name,
+                "namespace": ns,
+                "labels": {LWS_NAME: lws["metadata"]["name"]},
+                "ownerReferences": [
+                    {
+                        "apiVersion": owner.get("apiVersion") or "v1",
+                        "kind": owner.get("kind") or "Pod",
+                        "name": owner["metadata"]["name"],
+                        "uid": owner_uid,
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": {
+                "replicas": replicas,
+                "serviceName": lws["metadata"]["name"],
+                "podManagementPolicy": "Parallel",
+                "selector": {"matchLabels": {LWS_NAME: lws["metadata"]["name"]}},
+                "template": template,
+            },
+        }
+        try:
+            created = self.cluster.create(STATEFULSETS, sts, validate=False)
+        except errors.ApiError as exc:
+            self.cluster.record_event(lws, "Warning", "FailedCreate", str(exc.message), component="lws")
+            return None
+        return created
+
+    @staticmethod
+    def _revision_hash(template: dict[str, Any]) -> str:
+        """The StatefulSet controller's revision hash (up to 10 characters).
+
+        kubernetes ``pkg/controller/history/controller_history.go``, ``HashControllerRevision``:
+        FNV-32a of the revision data, its decimal form through ``rand.SafeEncodeString``.
+        """
+        data = json.dumps(template, sort_keys=True).encode()
+        value = 0x811C9DC5
+        for byte in data:
+            value = ((value ^ byte) * 0x01000193) & 0xFFFFFFFF
+        alphabet = "bcdfghjklmnpqrstvwxz2456789"
+        return "".join(alphabet[ord(ch) % len(alphabet)] for ch in str(value))
+
+    def _create_member(
+        self, lws: dict[str, Any], tr: LwsTracking, sts: dict[str, Any], pod: dict[str, Any]
+    ) -> None:
+        """Create one pod as its StatefulSet's controller does, or say why not.
+
+        kubernetes ``pkg/controller/statefulset/stateful_set_utils.go``, ``newVersionedStatefulSetPod``
+        labels every pod ``controller-revision-hash=<statefulset>-<hash>``; a label value over 63
+        characters makes the API server refuse the pod, and ``stateful_pod_control.go``,
+        ``recordPodEvent``, records ``FailedCreate`` ``create Pod <pod> in StatefulSet <sts> failed
+        error: <err>`` on the StatefulSet. The pod never exists; nothing else says so.
+        """
+        sts_md = sts["metadata"]
+        if time.monotonic() < tr.create_retry_at.get(sts_md["uid"], 0.0):
+            return
+        template = (sts.get("spec") or {}).get("template") or {}
+        revision = f"{sts_md['name']}-{self._revision_hash(template)}"
+        md = pod["metadata"]
+        md["labels"]["controller-revision-hash"] = revision
+        md["ownerReferences"] = [
+            {
+                "apiVersion": "apps/v1",
+                "kind": "StatefulSet",
+                "name": sts_md["name"],
+                "uid": sts_md["uid"],
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+        try:
+            if len(revision) > 63:
+                raise errors.ApiError(
+                    422,
+                    "Invalid",
+                    f'Pod "{md["name"]}" is invalid: metadata.labels: Invalid value: "{revision}": '
+                    "must be no more than 63 characters",
+                )
+            self.cluster.create(PODS, pod, validate=False)
+        except errors.ApiError as exc:
+            self.cluster.record_event(
+                sts,
+                "Warning",
+                "FailedCreate",
+                f"create Pod {md['name']} in StatefulSet {sts_md['name']} failed error: {exc.message}",
+                component="statefulset-controller",
+            )
+            failures = tr.create_failures.get(sts_md["uid"], 0) + 1
+            tr.create_failures[sts_md["uid"]] = failures
+            tr.create_retry_at[sts_md["uid"]] = time.monotonic() + min(0.2 * 2 ** (failures - 1), 5.0)
+            return
+        tr.create_failures.pop(sts_md["uid"], None)
+        self.cluster.record_event(
+            sts,
+            "Normal",
+            "SuccessfulCreate",
+            f"create Pod {md['name']} in StatefulSet {sts_md['name']} successful",
+            component="statefulset-controller",
+        )
 
     def _event_once(
         self, lws: dict[str, Any], tr: LwsTracking, etype: str, reason: str, message: str
@@ -725,6 +893,8 @@ class LeaderWorkerSetController:
                 self._write_status(lws, tr, replicas, 0)
                 return
         self._ensure_service(lws)
+        leader_template = lwt.get("leaderTemplate") or lwt.get("workerTemplate") or {}
+        leader_sts = self._statefulset(lws, md["name"], lws, replicas, leader_template)
         groups: dict[int, dict[str, dict[str, Any]]] = {}
         for pod in pods:
             labels = pod["metadata"].get("labels") or {}
@@ -773,14 +943,22 @@ class LeaderWorkerSetController:
             if any(p["metadata"].get("deletionTimestamp") for p in members.values()):
                 continue
             leader_name = expected[0]
+            if leader_sts is None:
+                continue
             if leader_name not in members:
-                self.cluster.create(PODS, self._pod_for(lws, group, 0, size), validate=False)
+                self._create_member(lws, tr, leader_sts, self._pod_for(lws, group, 0, size))
             leader = members.get(leader_name)
-            if startup == "LeaderReady" and (leader is None or not _pod_ready(leader)):
+            if leader is None or size == 1:
+                continue  # the workers' StatefulSet is made (and owned) by the leader pod
+            if startup == "LeaderReady" and not _pod_ready(leader):
+                continue
+            worker_template = lwt.get("workerTemplate") or {}
+            worker_sts = self._statefulset(lws, leader_name, leader, size - 1, worker_template)
+            if worker_sts is None:
                 continue
             for worker in range(1, size):
                 if expected[worker] not in members:
-                    self.cluster.create(PODS, self._pod_for(lws, group, worker, size), validate=False)
+                    self._create_member(lws, tr, worker_sts, self._pod_for(lws, group, worker, size))
             if all(n in members for n in expected):
                 tr.complete_groups.add(group)
                 if all(

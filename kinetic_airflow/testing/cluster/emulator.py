@@ -29,7 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .cluster import DEFAULT_NAMESPACES, Cluster
+from .cluster import DEFAULT_NAMESPACES, DEFAULT_SERVICE_ACCOUNTS, Cluster
 from .faults import ApiFault, RequestLog
 from .kubeconfig import DEFAULT_CONTEXT, DUMMY_TOKEN, kubeconfig_dict, write_kubeconfig
 from .nodes import NodePool
@@ -74,6 +74,9 @@ class ClusterEmulator:
         image_pull_backoff_seconds: first ImagePullBackOff delay (doubles, capped at 10 s).
         tls: serve HTTPS with a self-signed certificate for ``host`` (``ca_certificate_b64``), as a
             GKE control plane: GKE-style clients (endpoint + cluster CA) can then connect.
+        service_accounts: ``namespace/name`` service accounts made at start besides every
+            namespace's ``default`` (default: ``default/kinetic``, as ``kinetic up`` leaves a
+            cluster); a pod naming an account that does not exist is refused (FailedCreate).
     """
 
     def __init__(
@@ -92,8 +95,10 @@ class ClusterEmulator:
         job_backoff_seconds: float = 0.2,
         image_pull_backoff_seconds: float = 0.5,
         tls: bool = False,
+        service_accounts: Sequence[str] = DEFAULT_SERVICE_ACCOUNTS,
     ) -> None:
         self._options = {
+            "service_accounts": list(service_accounts),
             "node_pools": list(node_pools) if node_pools is not None else None,
             "namespaces": list(namespaces),
             "max_grace_seconds": max_grace_seconds,
@@ -396,15 +401,20 @@ class ClusterEmulator:
             raise RuntimeError("ClusterEmulator not started")
         self._call(server.end_log_streams)
 
-    def fail_image_pulls(self, image_or_pattern: str | re.Pattern[str]) -> None:
+    def fail_image_pulls(self, image_or_pattern: str | re.Pattern[str], times: int | None = None) -> None:
         """Make pulls of matching images fail (exact name, glob like ``gcr.io/x/*``, or compiled regex).
 
         Affected containers wait with ``ErrImagePull`` then ``ImagePullBackOff`` (message names the
         image) and Events ``Failed``/``BackOff`` are recorded; they start once the fault is cleared.
+        ``times=N``: a transient registry error, only the next N pulls of a matching image fail
+        (the kubelet backs off between them) and the one after succeeds.
         """
         faults = self.cluster.faults
         with faults.lock:
-            faults.image_pull_patterns.append(image_or_pattern)
+            if times is None:
+                faults.image_pull_patterns.append(image_or_pattern)
+            else:
+                faults.image_pull_transient.append([image_or_pattern, int(times)])
 
     def deny_verb(self, verb: str = "watch", resource: str | None = None) -> None:
         """Answer ``verb`` requests (on ``resource``, a plural like ``jobs``; None: every resource)
@@ -524,9 +534,9 @@ class EmulatorAdminClient:
         """``POST /_emulator/faults/log-end``."""
         self._request("POST", "faults/log-end")
 
-    def fail_image_pulls(self, pattern: str, regex: bool = False) -> None:
+    def fail_image_pulls(self, pattern: str, regex: bool = False, times: int | None = None) -> None:
         """``POST /_emulator/faults/image-pull``."""
-        self._request("POST", "faults/image-pull", {"pattern": pattern, "regex": regex})
+        self._request("POST", "faults/image-pull", {"pattern": pattern, "regex": regex, "times": times})
 
     def deny_verb(self, verb: str = "watch", resource: str | None = None) -> None:
         """``POST /_emulator/faults/deny-verb``."""

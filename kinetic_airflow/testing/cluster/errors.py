@@ -101,3 +101,23 @@ def namespace_not_found(name: str) -> ApiError:
 def gone(message: str) -> ApiError:
     """410 Expired (watch from a compacted resourceVersion)."""
     return ApiError(410, "Expired", message)
+
+
+def forbidden_verb(verb: str, rt: ResourceType, namespace: str | None, user: str | None = None) -> ApiError:
+    """RBAC's 403 for a verb the identity's roles do not grant.
+
+    Worded as kube-apiserver's authorization filter does (kubernetes
+    ``staging/src/k8s.io/apiserver/pkg/endpoints/handlers/responsewriters/errors.go``,
+    ``ForbiddenStatusError``: ``<resource>.<group> is forbidden: User "<user>" cannot <verb>
+    resource "<resource>" in API group "<group>" in the namespace "<ns>"``).
+    """
+    who = user or "system:serviceaccount:airflow:airflow"
+    where = f' in the namespace "{namespace}"' if namespace else " at the cluster scope"
+    message = (
+        f'{rt.qualified} is forbidden: User "{who}" cannot {verb} resource "{rt.plural}" '
+        f'in API group "{rt.group}"{where}'
+    )
+    details: dict[str, Any] = {"kind": rt.plural}
+    if rt.group:
+        details["group"] = rt.group
+    return ApiError(403, "Forbidden", message, details)

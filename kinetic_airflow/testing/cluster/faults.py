@@ -15,6 +15,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 
+def _image_matches(pattern: str | re.Pattern[str], image: str) -> bool:
+    if isinstance(pattern, re.Pattern):
+        return bool(pattern.search(image))
+    return pattern == image or fnmatch.fnmatchcase(image, pattern)
+
+
 @dataclass(frozen=True)
 class RequestRecord:
     """One API request the emulator served (admin ``/_emulator`` calls are not recorded)."""
@@ -145,6 +151,8 @@ class FaultState:
     scale_up_until: float = 0.0  # time.monotonic() deadline
     scale_up_seconds: float = 0.0
     watch_drop: WatchDropRule | None = None
+    # Transient pull failures: [pattern, pulls still to fail] (a registry hiccup, then success).
+    image_pull_transient: list[list[object]] = field(default_factory=list)
     # (verb, resource plural or None for every resource) the client's identity may not use.
     denied_verbs: list[tuple[str, str | None]] = field(default_factory=list)
 
@@ -161,16 +169,19 @@ class FaultState:
         return None
 
     def image_pull_fails(self, image: str) -> bool:
-        """Whether pulling ``image`` is set to fail (exact name, glob or compiled regex)."""
+        """Whether this pull of ``image`` fails (exact name, glob or compiled regex).
+
+        Each call is one pull attempt: a transient rule (``fail_image_pulls(..., times=N)``)
+        is used up by its N failing pulls, after which the image pulls.
+        """
         with self.lock:
             patterns = list(self.image_pull_patterns)
-        for pattern in patterns:
-            if isinstance(pattern, re.Pattern):
-                if pattern.search(image):
+            for rule in self.image_pull_transient:
+                pattern, remaining = rule
+                if int(remaining) > 0 and _image_matches(pattern, image):  # type: ignore[arg-type]
+                    rule[1] = int(remaining) - 1  # type: ignore[call-overload]
                     return True
-            elif pattern == image or fnmatch.fnmatchcase(image, pattern):
-                return True
-        return False
+        return any(_image_matches(pattern, image) for pattern in patterns)
 
     def verb_denied(self, verb: str, plural: str) -> bool:
         """Whether RBAC (as armed by ``deny_verb``) forbids ``verb`` on ``plural``."""
@@ -191,6 +202,8 @@ class FaultState:
                 rule.streams -= 1
                 if rule.streams <= 0:
                     self.watch_drop = None
+            self.image_pull_transient.clear()
+            self.denied_verbs.clear()
             return rule.after_events
 
     def clear(self) -> None:
@@ -201,4 +214,5 @@ class FaultState:
             self.scale_up_until = 0.0
             self.scale_up_seconds = 0.0
             self.watch_drop = None
+            self.image_pull_transient.clear()
             self.denied_verbs.clear()

@@ -64,6 +64,14 @@ CONFIGMAPS = ResourceType("", "v1", "configmaps", "ConfigMap", True, "configmap"
 SECRETS = ResourceType("", "v1", "secrets", "Secret", True, "secret")
 SERVICEACCOUNTS = ResourceType("", "v1", "serviceaccounts", "ServiceAccount", True, "serviceaccount", ("sa",))
 JOBS = ResourceType("batch", "v1", "jobs", "Job", True, "job", (), ("status",), ("all",))
+# Made by the LeaderWorkerSet controller (leader and worker StatefulSets of each LWS); the
+# emulator's LWS controller also does their pod management (see controllers.py).
+STATEFULSETS = ResourceType(
+    "apps", "v1", "statefulsets", "StatefulSet", True, "statefulset", ("sts",), ("status",), ("all",)
+)
+RESOURCEQUOTAS = ResourceType(
+    "", "v1", "resourcequotas", "ResourceQuota", True, "resourcequota", ("quota",), ("status",)
+)
 LWS = ResourceType(
     "leaderworkerset.x-k8s.io",
     "v1",
@@ -95,7 +103,9 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
     CONFIGMAPS,
     SECRETS,
     SERVICEACCOUNTS,
+    RESOURCEQUOTAS,
     JOBS,
+    STATEFULSETS,
     LWS,
     SELFSUBJECTACCESSREVIEWS,
 )

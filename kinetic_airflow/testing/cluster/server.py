@@ -308,6 +308,8 @@ class ApiServer:
         if rt is SELFSUBJECTACCESSREVIEWS and name is None and method == "POST":
             return _json(access_review(self.cluster.faults, await self._body(request)), 201)
         if watch_path or (method == "GET" and _bool(q.get("watch"))):
+            if self.cluster.faults.verb_denied("watch", rt.plural):
+                raise errors.forbidden_verb("watch", rt, namespace)
             return await self._watch(request, rt, namespace, name)
         if name is None:
             if method == "GET":
@@ -867,12 +869,17 @@ class ApiServer:
                 pattern = body.get("pattern") or body.get("image")
                 if not pattern:
                     raise errors.bad_request("pattern is required")
+                compiled = re.compile(pattern) if body.get("regex") else pattern
                 with faults.lock:
-                    faults.image_pull_patterns.append(re.compile(pattern) if body.get("regex") else pattern)
+                    if body.get("times") is None:
+                        faults.image_pull_patterns.append(compiled)
+                    else:
+                        faults.image_pull_transient.append([compiled, int(body["times"])])
                 return _json({"status": "ok"})
             if method == "DELETE":
                 with faults.lock:
                     faults.image_pull_patterns.clear()
+                    faults.image_pull_transient.clear()
                 return _json({"status": "ok"})
         if route == "faults/deny-verb" and method == "POST":
             with faults.lock:

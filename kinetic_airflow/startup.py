@@ -1,0 +1,92 @@
+"""When a job that has not started yet is given up: ``startup_timeout``, counted from submission.
+
+A cluster job can wait before its first host runs for many reasons, and only some of them
+end by themselves: a node pool scales up (minutes for accelerators), an image is pulled (a
+registry hiccup backs off and succeeds), a quota frees up. So nothing here fails a job at
+the first sign of trouble; whatever the pending reason, a job still not running
+``startup_timeout`` seconds after it was submitted is cancelled and its task fails with the
+most specific reason known: the controller's own words for pods it cannot create (quota,
+Pod Security admission, a missing service account, names too long for its StatefulSets),
+kube-scheduler's for pods that fit no node, the kubelet's for images it cannot pull.
+
+The watcher calls ``startup_failure`` on every look until the job first runs; once it has
+run, a later pending state (a restarting host) is not a startup problem.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from kinetic_airflow.backends.base import BackendStatus, JobState
+
+__all__ = ["startup_failure"]
+
+_REFUSAL_HINTS = {
+    "service_account": (
+        "Create the Kubernetes service account in the job's namespace (`kubectl create serviceaccount "
+        "<name> -n <namespace>`, with its Workload Identity annotation), or set service_account= / "
+        "[kinetic] service_account to one that exists there."
+    ),
+    "quota": (
+        "A ResourceQuota of the namespace is full or requires requests/limits the pod does not set: "
+        "raise the quota (`kubectl describe resourcequota -n <namespace>`), wait for other pods to "
+        "finish, or set the requests/limits through pod_override=."
+    ),
+    "pod_security": (
+        "The namespace enforces a Pod Security level (label pod-security.kubernetes.io/enforce) the "
+        "pod does not meet: use a namespace that allows it, set [kinetic] requirements_cache so no "
+        "hostPath volume is used, or add the securityContext the message asks for with pod_override=."
+    ),
+    "invalid": (
+        "The API server refused the pods the controller derived from the job (see the message); "
+        "this is a kinetic-airflow bug if the names are too long: please report it."
+    ),
+    "admission": "An admission webhook or policy of the cluster refused the pod: see its message.",
+}
+
+
+def startup_failure(
+    job: dict[str, Any], status: BackendStatus, startup_timeout: float | None, submitted_at: float
+) -> tuple[str, str, str] | None:
+    """(cause, message, hint) if the job, still pending, has used up ``startup_timeout``."""
+    if status.state is not JobState.PENDING or startup_timeout is None:
+        return None
+    waited = time.time() - submitted_at
+    if waited <= startup_timeout:
+        return None
+    within = f"within startup_timeout={startup_timeout:.0f}s"
+    if status.reason == "Unschedulable":
+        selectors = json.dumps(job.get("node_selectors") or {}, sort_keys=True)
+        if job.get("chips_per_host"):
+            selectors += f" and {job['chips_per_host']} google.com/tpu chips per host"
+        return (
+            "unschedulable",
+            f"the job could not be scheduled {within}: no node matches its nodeSelector {selectors} "
+            f"({status.message})",
+            "Create a node pool with these labels (or enable node auto-provisioning), check "
+            "accelerator quota in the zone, or pick another accelerator.",
+        )
+    if status.reason == "FailedCreate":
+        kind = str(status.details.get("refusal") or "admission")
+        return (
+            "pod_create_refused",
+            f"no pod of the job could be created {within}: {status.message}",
+            _REFUSAL_HINTS.get(kind, _REFUSAL_HINTS["admission"]),
+        )
+    if status.reason == "ImagePullBackOff":
+        return (
+            "image_pull",
+            f"the image {status.details.get('image')!r} cannot be pulled: the kubelet's back-off "
+            f"lasted past startup_timeout={startup_timeout:.0f}s ({status.message})",
+            "Check the image name and tag (container_image= or [kinetic] container_image) and that the "
+            "cluster's node service account may pull from the registry.",
+        )
+    detail = f"{status.reason}: {status.message}" if status.message else str(status.reason or "Pending")
+    return (
+        "startup_timeout",
+        f"the job did not start {within} (still pending: {detail})",
+        "Raise startup_timeout= if the cluster needs longer to provide the nodes, or look at the "
+        "job's pods and events (`kubectl describe`).",
+    )
