@@ -555,6 +555,7 @@ class KineticRunOperator(BaseOperator):
             deadline=deadline,
             log_max_lines=settings.log_max_lines,
             emit_log=lambda line: log.info("%s", line),  # a multi-host job's lines carry [hN]
+            storage_retry_seconds=settings.storage_retry_seconds,
         )
 
     def _wait_settings(self) -> WaitSettings:
@@ -565,6 +566,9 @@ class KineticRunOperator(BaseOperator):
             log_max_lines=int(_number("log_max_lines", resolve_setting("log_max_lines"), whole=True)),
             wait_before_defer=_number("wait_before_defer", resolve_setting("wait_before_defer"), zero=True),
             min_deferral_seconds=_number("min_deferral_seconds", min_deferral_seconds(), zero=True),
+            storage_retry_seconds=_number(
+                "storage_retry_seconds", resolve_setting("storage_retry_seconds"), zero=True
+            ),
         )
 
     def _push_links(self, context: Context, ref: JobRef) -> None:
@@ -623,6 +627,7 @@ class KineticRunOperator(BaseOperator):
             gcp_conn_id=self._gcp_conn_id(),
             log_max_lines=settings.log_max_lines,
             not_before=time.time() + settings.min_deferral_seconds,
+            storage_retry_seconds=settings.storage_retry_seconds,
         )
         guard.step = "deferring to the triggerer"
         self.defer(trigger=trigger, method_name="execute_complete", timeout=timeout)
@@ -837,6 +842,7 @@ class WaitSettings:
     log_max_lines: int
     wait_before_defer: float
     min_deferral_seconds: float
+    storage_retry_seconds: float
 
 
 def _number(name: str, value: Any, *, whole: bool = False, zero: bool = False) -> float:
