@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -562,7 +563,9 @@ class KineticRunOperator(BaseOperator):
         """The settings of the wait, checked: resolved before a job is created, so that a bad
         value fails the task with a message naming it, not after the job runs unwatched."""
         return WaitSettings(
-            poll_interval=_number("poll_interval", resolve_setting("poll_interval", self.poll_interval)),
+            poll_interval=_number(
+                "poll_interval", resolve_setting("poll_interval", self.poll_interval), task_arg=True
+            ),
             log_max_lines=int(_number("log_max_lines", resolve_setting("log_max_lines"), whole=True)),
             wait_before_defer=_number("wait_before_defer", resolve_setting("wait_before_defer"), zero=True),
             min_deferral_seconds=_number("min_deferral_seconds", min_deferral_seconds(), zero=True),
@@ -845,19 +848,22 @@ class WaitSettings:
     storage_retry_seconds: float
 
 
-def _number(name: str, value: Any, *, whole: bool = False, zero: bool = False) -> float:
+def _number(
+    name: str, value: Any, *, whole: bool = False, zero: bool = False, task_arg: bool = False
+) -> float:
     """``value`` as a number for the setting ``name``, or an error that names it and the fix."""
     try:
-        number = float(value) if not isinstance(value, bool) else None
+        number = float(value) if not isinstance(value, bool) else math.nan
     except (TypeError, ValueError):
-        number = None
-    smallest = "0 or more" if zero else "more than 0"
-    if number is None or (whole and number != int(number)) or number < 0 or (number == 0 and not zero):
+        number = math.nan
+    valid = math.isfinite(number) and (number > 0 or (zero and number == 0))
+    if not valid or (whole and number != int(number)):
+        smallest = "0 or more" if zero else "more than 0"
         form = f"a whole number, {smallest}" if whole else f"a number of seconds, {smallest} (no unit)"
+        where = f"[kinetic] {name} (AIRFLOW__KINETIC__{name.upper()}) or KINETIC_{name.upper()}"
         raise KineticSettingError(
-            f"{name}={value!r} is not valid: {name} takes {form}, e.g. {name}="
-            f"{10000 if whole else 2}. Set it on the task ({name}=...) or in [kinetic] {name} "
-            f"(AIRFLOW__KINETIC__{name.upper()}, KINETIC_{name.upper()})."
+            f"{name}={value!r} is not valid: {name} takes {form}, e.g. {name}={10000 if whole else 2}. "
+            f"Set it {'on the task or ' if task_arg else ''}in {where}."
         )
     return number
 
