@@ -260,14 +260,18 @@ async def acancel_job(job: dict[str, Any], storage: Any, backend: Any, *, by: st
 
 # The worker's ownership of a job it has not handed to a watcher yet -----------------------------
 WORKER_FAILED = "the worker failed before it could watch the job"
+ON_KILL_BY = "operator.on_kill"
+ON_KILL_REASON = "the task was killed (timeout, SIGTERM, a user)"
 
 
 class UnwatchedJobGuard:
-    """What ``until_watched`` knows: the job, and the step the worker is at (for the reason)."""
+    """What ``until_watched`` knows: the job, the step the worker is at (for the reason), and
+    which exceptions Airflow follows with the operator's ``on_kill`` (which stops the job)."""
 
     def __init__(self, job: dict[str, Any]) -> None:
         self.job = job
         self.step = "creating the job"
+        self.on_kill_follows: tuple[type[BaseException], ...] = ()
 
 
 def _error_text(exc: BaseException) -> str:
@@ -304,20 +308,25 @@ def until_watched(
 
         if isinstance(exc, TaskDeferred):
             raise
-        reason = f"{WORKER_FAILED}: {_error_text(exc)} (while {guard.step})"
-        log.error("kinetic job %s: %s; cancelling the job", job.get("job_id"), reason)
+        by, reason = "worker", f"{WORKER_FAILED}: {_error_text(exc)} (while {guard.step})"
+        if isinstance(exc, guard.on_kill_follows):
+            # Airflow's execution_timeout in the worker's own wait: Airflow calls on_kill next,
+            # which stops the job (a task killed while it waits in the worker); record that.
+            by, reason = ON_KILL_BY, ON_KILL_REASON
+        else:
+            log.error("kinetic job %s: %s; cancelling the job", job.get("job_id"), reason)
+            try:
+                cancel(job, by=by, reason=reason)
+            except Exception as cancel_exc:
+                log.error(
+                    "could not cancel kinetic job %s (%s): it may still be running. Stop it with "
+                    "`kinetic-airflow jobs cancel %s`.",
+                    job.get("job_id"),
+                    _error_text(cancel_exc),
+                    job.get("job_id"),
+                )
         try:
-            cancel(job, by="worker", reason=reason)
-        except Exception as cancel_exc:
-            log.error(
-                "could not cancel kinetic job %s (%s): it may still be running. Stop it with "
-                "`kinetic-airflow jobs cancel %s`.",
-                job.get("job_id"),
-                _error_text(cancel_exc),
-                job.get("job_id"),
-            )
-        try:
-            _record_cancelled(store, job, now, deadline, by="worker", reason=reason)
+            _record_cancelled(store, job, now, deadline, by=by, reason=reason)
         except Exception as record_exc:
             log.error("could not record kinetic job %s as cancelled: %s", job.get("job_id"), record_exc)
         raise

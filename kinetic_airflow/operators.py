@@ -399,7 +399,7 @@ class KineticRunOperator(BaseOperator):
         return self.execute_complete(context, event)
 
     def _cancel_unwatched(self, ref: JobRef, *, by: str, reason: str) -> None:
-        self._active_job = None  # stopped here: on_kill (after a timeout) need not stop it again
+        self._active_job = None  # stopped here: on_kill need not stop it again
         self._cancel(ref, by=by, reason=reason)
 
     def _observe(self, ref: JobRef) -> tuple[dict[str, Any] | None, BackendStatus, bool]:
@@ -428,7 +428,7 @@ class KineticRunOperator(BaseOperator):
         ref = getattr(self, "_active_job", None)
         if ref is not None:
             log.warning("task killed while its kinetic job %s runs: stopping the job", ref["job_id"])
-            self._cancel(ref, by="operator.on_kill", reason="the task was killed (timeout, SIGTERM, a user)")
+            self._cancel(ref, by=lifecycle.ON_KILL_BY, reason=lifecycle.ON_KILL_REASON)
 
     def _resolve_args(self, storage: Storage, base_uri: str) -> tuple[list[Any], dict[str, Any]]:
         """Stage Data arguments and turn upstream result references into loadable refs."""
@@ -614,8 +614,10 @@ class KineticRunOperator(BaseOperator):
             guard.step = "starting to watch the job in the worker"
             watcher = self._watcher(ref, deadline, settings)
             guard.step = "watching the job in the worker"
+            guard.on_kill_follows = (AirflowTaskTimeout,)  # Airflow calls on_kill after its timeout
             give_up_after = settings.wait_before_defer if self.deferrable else None
             event = asyncio.run(watcher.wait(give_up_after=give_up_after))
+            guard.on_kill_follows = ()
             if event is not None:
                 return event
         self._active_job = None  # from here on the trigger owns the wait (and its on_kill)
