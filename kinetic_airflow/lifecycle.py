@@ -17,7 +17,8 @@ writes both, and the one place that decides what a new ``execute`` does::
     waiting    a watcher observes it (trigger or worker)      worker, before defer / wait
     delivered  execute_complete returned or raised its result worker
     cancelled  stopped on purpose (user kill/clear/mark,      operator.on_kill, trigger.on_kill,
-               timeout, a replacing try)                      listener, a replacing try
+               timeout, a replacing try, a worker error       listener, a replacing try,
+               before a watcher held the job)                 the worker (until_watched)
     (finished  the job ended: result.json or process exit;    runner / backend, observed only)
 
     recorded -> created -> shipped -> waiting -> delivered
