@@ -50,6 +50,8 @@ DEFAULTS: dict[str, Any] = {
     # ...and a deferred task's event is held until it has been deferred this long. None: twice
     # [workers] min_heartbeat_interval plus 5 s, past the deferring process's exit report.
     "min_deferral_seconds": None,
+    # How long a watcher retries failing job storage before it gives the job up (watch.py).
+    "storage_retry_seconds": 180.0,
     "runner_python": "python",
     # Operating it (README, "Operating kinetic jobs"): kinetic-airflow gc's default age; a pod
     # override (JSON) for every cluster job; handle.json for keras-kinetic's own tools.

@@ -116,6 +116,14 @@ def get_provider_info() -> dict:
                         "15",
                         "float",
                     ),
+                    "storage_retry_seconds": option(
+                        "How long a task watching its job retries failing job storage (reads of the "
+                        "result, heartbeat and markers; a bucket's 5xx, a network blip, a read-only "
+                        "disk) before it stops the job and fails (default 180). Writes of the log "
+                        "cursor and progress are best-effort and never fail a task.",
+                        "600",
+                        "float",
+                    ),
                     "runner_python": option("Interpreter in the runner image (default python).", "python3"),
                     "retention_days": option(
                         "Default age for `kinetic-airflow gc` and the kinetic_maintenance DAG: job files "

@@ -17,12 +17,20 @@ writes both, and the one place that decides what a new ``execute`` does::
     waiting    a watcher observes it (trigger or worker)      worker, before defer / wait
     delivered  execute_complete returned or raised its result worker
     cancelled  stopped on purpose (user kill/clear/mark,      operator.on_kill, trigger.on_kill,
-               timeout, a replacing try)                      listener, a replacing try
+               timeout, a replacing try, a worker error       listener, a replacing try,
+               before a watcher held the job)                 the worker (until_watched)
     (finished  the job ended: result.json or process exit;    runner / backend, observed only)
 
     recorded -> created -> shipped -> waiting -> delivered
     any state -> cancelled            waiting -> recorded (next attempt after a preemption)
     recorded -> recorded              (a second execute of the try resumes an unfinished submit)
+
+The invariant all of this serves: *a job exists only while a try of its task watches it
+or has delivered it.* The watcher (the trigger, or the in-worker wait) owns a job from the
+moment it holds it; before that, from the backend call that creates the job to the
+hand-off (``TaskDeferred``, or the in-worker wait's event), the worker owns it, inside one
+``until_watched`` guard: any error there cancels the job and records why before it
+propagates, so a failing worker never leaves an accelerator running for nobody.
 
 Why a new try exists decides what it does (see ``decide``). Airflow's state store
 survives clears, so the record alone would make a re-run look like a crash recovery.
@@ -42,10 +50,12 @@ no record (the store's rows are deleted with their run) and Airflow's per-try id
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import json
 import logging
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +66,7 @@ __all__ = [
     "Decision",
     "Phase",
     "TryInfo",
+    "UnwatchedJobGuard",
     "acancel_job",
     "after_observing",
     "cancel_job",
@@ -66,6 +77,7 @@ __all__ = [
     "load_record",
     "recorded_jobs",
     "save_record",
+    "until_watched",
 ]
 
 log = logging.getLogger(__name__)
@@ -220,7 +232,7 @@ def job_history(
         }
         jobs.append(entry)
     entry["phase"] = phase.value
-    for key in ("outcome", "usage"):
+    for key in ("outcome", "usage", "cancelled"):
         if key in extra:
             entry[key] = extra[key]
     return jobs[-_HISTORY_LIMIT:]
@@ -229,7 +241,7 @@ def job_history(
 def recorded_jobs(record: dict[str, Any]) -> list[dict[str, Any]]:
     """The jobs of a record, its current one last with the record's phase and outcome (records
     written before the history existed name only the current job)."""
-    extra = {key: record[key] for key in ("outcome", "usage") if key in record}
+    extra = {key: record[key] for key in ("outcome", "usage", "cancelled") if key in record}
     return job_history(record, record["job"], _phase(record), extra)
 
 
@@ -268,6 +280,103 @@ def cancel_job(job: dict[str, Any], storage: Any, backend: Any, *, by: str, reas
 async def acancel_job(job: dict[str, Any], storage: Any, backend: Any, *, by: str, reason: str) -> None:
     """``cancel_job`` for the triggerer's event loop (both storages and backends block)."""
     await asyncio.to_thread(cancel_job, job, storage, backend, by=by, reason=reason)
+
+
+# The worker's ownership of a job it has not handed to a watcher yet -----------------------------
+WORKER_FAILED = "the worker failed before it could watch the job"
+ON_KILL_BY = "operator.on_kill"
+ON_KILL_REASON = "the task was killed (timeout, SIGTERM, a user)"
+
+
+class UnwatchedJobGuard:
+    """What ``until_watched`` knows: the job, the step the worker is at (for the reason), and
+    which exceptions Airflow follows with the operator's ``on_kill`` (which stops the job)."""
+
+    def __init__(self, job: dict[str, Any]) -> None:
+        self.job = job
+        self.step = "creating the job"
+        self.on_kill_follows: tuple[type[BaseException], ...] = ()
+
+
+def _error_text(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+@contextlib.contextmanager
+def until_watched(
+    job: dict[str, Any],
+    *,
+    store: Any,
+    now: TryInfo,
+    deadline: float | None,
+    cancel: Callable[..., None],
+) -> Iterator[UnwatchedJobGuard]:
+    """Own ``job`` from its creation until a watcher holds it; on any error, stop it first.
+
+    Wrap everything from the backend call that creates the job to the hand-off: ``TaskDeferred``
+    (the trigger holds the job now) passes through untouched, and so does a normal exit (the
+    in-worker wait returned the job's ending). Any other exception — a bad setting, a storage
+    error while shipping, a record that cannot be written, a trigger that cannot be built —
+    would otherwise leave the job running with no task watching it (on GKE, an accelerator
+    billed for nothing, shown as live for ever): ``cancel(job, by=, reason=)`` (the usual
+    cancel path: the marker, then the backend) stops it, the record is moved to cancelled with
+    who and why, and the original error propagates. Cancelling a job that was never created,
+    or has ended, does nothing, so the guard may start just before the creating call.
+    """
+    guard = UnwatchedJobGuard(job)
+    try:
+        yield guard
+    except BaseException as exc:
+        from airflow.sdk.exceptions import TaskDeferred
+
+        if isinstance(exc, TaskDeferred):
+            raise
+        by, reason = "worker", f"{WORKER_FAILED}: {_error_text(exc)} (while {guard.step})"
+        if isinstance(exc, guard.on_kill_follows):
+            # Airflow's execution_timeout in the worker's own wait: Airflow calls on_kill next,
+            # which stops the job (a task killed while it waits in the worker); record that.
+            by, reason = ON_KILL_BY, ON_KILL_REASON
+        else:
+            log.error("kinetic job %s: %s; cancelling the job", job.get("job_id"), reason)
+            try:
+                cancel(job, by=by, reason=reason)
+            except Exception as cancel_exc:
+                log.error(
+                    "could not cancel kinetic job %s (%s): it may still be running. Stop it with "
+                    "`kinetic-airflow jobs cancel %s`.",
+                    job.get("job_id"),
+                    _error_text(cancel_exc),
+                    job.get("job_id"),
+                )
+        try:
+            _record_cancelled(store, job, now, deadline, by=by, reason=reason)
+        except Exception as record_exc:
+            log.error("could not record kinetic job %s as cancelled: %s", job.get("job_id"), record_exc)
+        raise
+
+
+def _record_cancelled(
+    store: Any, job: dict[str, Any], now: TryInfo, deadline: float | None, *, by: str, reason: str
+) -> None:
+    """Move this job's record to cancelled, from whatever phase the store holds now (the step
+    that failed may have been a record write). Another job's record is left alone."""
+    if store is None:
+        return
+    record = load_record(store)
+    if record is None or record["job"].get("job_id") != job["job_id"]:
+        return
+    if _phase(record) in (Phase.DELIVERED, Phase.CANCELLED):
+        return
+    save_record(
+        store,
+        Phase.CANCELLED,
+        job=job,
+        now=now,
+        deadline=deadline,
+        previous=record,
+        cancelled={"by": by, "reason": reason, "time": time.time()},
+    )
 
 
 # The decision --------------------------------------------------------------------------------

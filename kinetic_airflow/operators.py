@@ -20,10 +20,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import sys
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -34,7 +36,7 @@ from kinetic_airflow import lifecycle
 from kinetic_airflow.accelerators import parse_accelerator
 from kinetic_airflow.backends import BackendStatus, JobRef, JobState, get_backend
 from kinetic_airflow.codebundle import code_roots, ship_code_bundle
-from kinetic_airflow.config import default_base_uri, local_state_root, resolve_setting
+from kinetic_airflow.config import KineticSettingError, default_base_uri, local_state_root, resolve_setting
 from kinetic_airflow.connections import storage_for
 from kinetic_airflow.context_args import check_context_parameters
 from kinetic_airflow.data import Data, data_in
@@ -412,17 +414,11 @@ class KineticRunOperator(BaseOperator):
             if decision.replaces is not None:
                 self._cancel(decision.replaces, by="a new try", reason=decision.reason)
             ref = self._job_ref(identity, backend_name, base_uri)
-            record = self._submit(context, ref, deadline, previous=record)
-            return self._wait(context, ref, deadline, previous=record)
+            return self._run_job(context, ref, deadline, record, Action.NEW_JOB)
         assert job is not None and record is not None
-        recorded_deadline = record.get("deadline")
-        if decision.action is Action.SUBMIT:
-            record = self._submit(context, job, recorded_deadline, previous=record)
-        elif decision.action is Action.SHIP:
-            record = self._ship(context, job, recorded_deadline, previous=record)
-        elif decision.action is Action.COLLECT:
+        if decision.action is Action.COLLECT:
             return self._collect(context, job)
-        return self._wait(context, job, recorded_deadline, previous=record)
+        return self._run_job(context, job, record.get("deadline"), record, decision.action)
 
     def _execute_without_store(
         self, context: Context, identity: JobIdentity, backend: str, base_uri: str, deadline: float | None
@@ -431,9 +427,39 @@ class KineticRunOperator(BaseOperator):
         log.warning("task_state_store is not available: crash recovery is limited to the job name")
         ref = self._job_ref(identity, backend, base_uri)
         summary, status, _ = self._observe(ref)
-        if summary is None and status.state is JobState.NOT_FOUND:
-            self._submit(context, ref, deadline, previous=None)
-        return self._wait(context, ref, deadline, previous=None)
+        action = Action.NEW_JOB if summary is None and status.state is JobState.NOT_FOUND else Action.WATCH
+        return self._run_job(context, ref, deadline, None, action)
+
+    def _run_job(
+        self, context: Context, ref: JobRef, deadline: float | None, previous: Any, action: Action
+    ) -> Any:
+        """Create (``NEW_JOB``/``SUBMIT``), ship (``SHIP``) or just take over (``WATCH``) a job, and
+        watch it: in the worker, or by deferring to the trigger.
+
+        Everything from the job's creation to the hand-off runs inside ``lifecycle.until_watched``,
+        the one place that keeps a job from running unwatched: any error before a watcher holds
+        the job cancels it (and records why) before the error propagates. The settings the watch
+        needs are resolved before a new job is created, so a bad one creates nothing at all.
+        """
+        settings = None if action is not Action.NEW_JOB else self._wait_settings()
+        with lifecycle.until_watched(
+            ref,
+            store=context.get("task_state_store"),
+            now=TryInfo.of(context["ti"]),
+            deadline=deadline,
+            cancel=self._cancel_unwatched,
+        ) as guard:
+            settings = settings or self._wait_settings()
+            if action in (Action.NEW_JOB, Action.SUBMIT):
+                previous = self._submit(context, ref, deadline, previous, guard)
+            elif action is Action.SHIP:
+                previous = self._ship(context, ref, deadline, previous, guard)
+            event = self._wait(context, ref, deadline, previous, settings, guard)
+        return self.execute_complete(context, event)
+
+    def _cancel_unwatched(self, ref: JobRef, *, by: str, reason: str) -> None:
+        self._active_job = None  # stopped here: on_kill need not stop it again
+        self._cancel(ref, by=by, reason=reason)
 
     def _observe(self, ref: JobRef) -> tuple[dict[str, Any] | None, BackendStatus, bool]:
         """(result summary, backend status, cancelled on purpose) of a job."""
@@ -445,7 +471,7 @@ class KineticRunOperator(BaseOperator):
 
     def _collect(self, context: Context, ref: JobRef) -> Any:
         """Report how an ended job ended (its result or its failure), running nothing."""
-        event = asyncio.run(self._watcher(ref, deadline=None).wait())
+        event = asyncio.run(self._watcher(ref, None, self._wait_settings()).wait())
         return self.execute_complete(context, event)
 
     def _cancel(self, ref: JobRef, *, by: str, reason: str) -> None:
@@ -461,7 +487,7 @@ class KineticRunOperator(BaseOperator):
         ref = getattr(self, "_active_job", None)
         if ref is not None:
             log.warning("task killed while its kinetic job %s runs: stopping the job", ref["job_id"])
-            self._cancel(ref, by="operator.on_kill", reason="the task was killed (timeout, SIGTERM, a user)")
+            self._cancel(ref, by=lifecycle.ON_KILL_BY, reason=lifecycle.ON_KILL_REASON)
 
     def _resolve_args(self, storage: Storage, base_uri: str) -> tuple[list[Any], dict[str, Any]]:
         """Stage Data arguments and turn upstream result references into loadable refs."""
@@ -481,33 +507,48 @@ class KineticRunOperator(BaseOperator):
         store = context.get("task_state_store")
         return save_record(store, phase, job=ref, now=now, deadline=deadline, previous=previous, **extra)
 
-    def _submit(self, context: Context, ref: JobRef, deadline: float | None, previous: Any) -> dict[str, Any]:
+    def _submit(
+        self,
+        context: Context,
+        ref: JobRef,
+        deadline: float | None,
+        previous: Any,
+        guard: lifecycle.UnwatchedJobGuard,
+    ) -> dict[str, Any]:
         """Record the job, create it, then ship the payload.
 
         Creating first lets the cluster's scheduling, node scale-up and image pull overlap the
         upload (the runner waits for the manifest). Each step is recorded before the next, so a
-        crash anywhere leaves a record that says exactly what is left to do.
+        crash anywhere leaves a record that says exactly what is left to do; an error stops the
+        job (``guard``, see ``_run_job``).
         """
         ref.setdefault("submitted_at", time.time())
         if self._gcp_conn_id():
             ref["gcp_conn_id"] = self._gcp_conn_id()
+        guard.step = "recording the job"
         record = self._record(context, Phase.RECORDED, ref, deadline, previous)
         # job.json (the jobs CLI, retention) and, in a kinetic bucket, kinetic's handle.json
+        guard.step = "publishing the job's description"
         publish_job(self._storage(ref["job_uri"]), ref, callable_name(self.python_callable))
+        guard.step = "creating the job"
         get_backend(ref["backend"]).submit(ref)
+        guard.step = "recording the job as created"
         record = self._record(context, Phase.CREATED, ref, deadline, record)
-        return self._ship(context, ref, deadline, previous=record)
+        return self._ship(context, ref, deadline, record, guard)
 
-    def _ship(self, context: Context, ref: JobRef, deadline: float | None, previous: Any) -> dict[str, Any]:
-        """Upload the payload of a created job; if that fails, stop the job before raising."""
+    def _ship(
+        self,
+        context: Context,
+        ref: JobRef,
+        deadline: float | None,
+        previous: Any,
+        guard: lifecycle.UnwatchedJobGuard,
+    ) -> dict[str, Any]:
+        """Upload the payload of a created job (an error stops the job: ``guard``)."""
         identity = JobIdentity.from_dict(ref["identity"])
-        try:
-            payload_bytes, output_dir = self._ship_payload(context, ref, identity)
-        except BaseException:
-            log.error("could not ship the payload of job %s; cancelling the job", ref["job_id"])
-            self._cancel(ref, by="worker", reason="its payload could not be built or uploaded")
-            self._record(context, Phase.CANCELLED, ref, deadline, previous)
-            raise
+        guard.step = "shipping the payload"
+        payload_bytes, output_dir = self._ship_payload(context, ref, identity)
+        guard.step = "recording the job as shipped"
         record = self._record(context, Phase.SHIPPED, ref, deadline, previous)
         log.info(
             "submitted kinetic job %s (%s, %s, %d-byte payload); files at %s; KINETIC_OUTPUT_DIR=%s",
@@ -565,19 +606,32 @@ class KineticRunOperator(BaseOperator):
         storage.write_text(layout.status("dispatched"), json.dumps({"time": time.time()}))
         return fields["payload_bytes"], output_dir
 
-    def _watcher(self, ref: JobRef, deadline: float | None) -> JobWatcher:
+    def _watcher(self, ref: JobRef, deadline: float | None, settings: WaitSettings) -> JobWatcher:
         return JobWatcher(
             ref,
             self._storage(ref["job_uri"]),
             get_backend(ref["backend"]),
-            poll_interval=self._poll_interval(),
+            poll_interval=settings.poll_interval,
             deadline=deadline,
-            log_max_lines=int(resolve_setting("log_max_lines")),
+            log_max_lines=settings.log_max_lines,
             emit_log=lambda line: log.info("%s", line),  # a multi-host job's lines carry [hN]
+            storage_retry_seconds=settings.storage_retry_seconds,
         )
 
-    def _poll_interval(self) -> float:
-        return float(resolve_setting("poll_interval", self.poll_interval))
+    def _wait_settings(self) -> WaitSettings:
+        """The settings of the wait, checked: resolved before a job is created, so that a bad
+        value fails the task with a message naming it, not after the job runs unwatched."""
+        return WaitSettings(
+            poll_interval=_number(
+                "poll_interval", resolve_setting("poll_interval", self.poll_interval), task_arg=True
+            ),
+            log_max_lines=int(_number("log_max_lines", resolve_setting("log_max_lines"), whole=True)),
+            wait_before_defer=_number("wait_before_defer", resolve_setting("wait_before_defer"), zero=True),
+            min_deferral_seconds=_number("min_deferral_seconds", min_deferral_seconds(), zero=True),
+            storage_retry_seconds=_number(
+                "storage_retry_seconds", resolve_setting("storage_retry_seconds"), zero=True
+            ),
+        )
 
     def _push_links(self, context: Context, ref: JobRef) -> None:
         """GKE console and Cloud Logging URLs, for a job on GKE only (``kinetic_airflow.links``)."""
@@ -593,41 +647,55 @@ class KineticRunOperator(BaseOperator):
         )
         context["ti"].xcom_push(key=LINKS_XCOM_KEY, value=links)
 
-    def _wait(self, context: Context, ref: JobRef, deadline: float | None, previous: Any) -> Any:
+    def _wait(
+        self,
+        context: Context,
+        ref: JobRef,
+        deadline: float | None,
+        previous: Any,
+        settings: WaitSettings,
+        guard: lifecycle.UnwatchedJobGuard,
+    ) -> dict[str, Any]:
         """Wait for the job: in the worker briefly (or wholly, if not deferrable), then deferred.
 
-        Short jobs are awaited here (``wait_before_defer``) and a deferred task's event is held
-        until it has been deferred ``min_deferral_seconds``: both keep a kinetic task out of
-        Airflow's executor-event race (README), which fails a task whose trigger fires while
-        the scheduler has not yet processed the exit of the process that deferred it.
+        Returns the job's ending event when the worker saw it, or raises ``TaskDeferred``. Short
+        jobs are awaited here (``wait_before_defer``) and a deferred task's event is held until
+        it has been deferred ``min_deferral_seconds``: both keep a kinetic task out of Airflow's
+        executor-event race (README), which fails a task whose trigger fires while the scheduler
+        has not yet processed the exit of the process that deferred it.
         """
+        guard.step = "recording the job as waiting"
         self._record(context, Phase.WAITING, ref, deadline, previous)
+        guard.step = "pushing the job's links"
         self._push_links(context, ref)
         self._active_job = ref
-        if not self.deferrable:
-            event = asyncio.run(self._watcher(ref, deadline).wait())
-            return self.execute_complete(context, event)
-        grace = float(resolve_setting("wait_before_defer"))
-        if grace > 0:
-            event = asyncio.run(self._watcher(ref, deadline).wait(give_up_after=grace))
+        if not self.deferrable or settings.wait_before_defer > 0:
+            guard.step = "starting to watch the job in the worker"
+            watcher = self._watcher(ref, deadline, settings)
+            guard.step = "watching the job in the worker"
+            guard.on_kill_follows = (AirflowTaskTimeout,)  # Airflow calls on_kill after its timeout
+            give_up_after = settings.wait_before_defer if self.deferrable else None
+            event = asyncio.run(watcher.wait(give_up_after=give_up_after))
+            guard.on_kill_follows = ()
             if event is not None:
-                return self.execute_complete(context, event)
+                return event
         self._active_job = None  # from here on the trigger owns the wait (and its on_kill)
         timeout = None
         if deadline is not None:
             timeout = timedelta(seconds=max(0.0, deadline - time.time())) + _DEFERRAL_TIMEOUT_MARGIN
-        self.defer(
-            trigger=KineticJobTrigger(
-                job=ref,
-                poll_interval=self._poll_interval(),
-                deadline=deadline,
-                gcp_conn_id=self._gcp_conn_id(),
-                log_max_lines=int(resolve_setting("log_max_lines")),
-                not_before=time.time() + min_deferral_seconds(),
-            ),
-            method_name="execute_complete",
-            timeout=timeout,
+        guard.step = "building the trigger"
+        trigger = KineticJobTrigger(
+            job=ref,
+            poll_interval=settings.poll_interval,
+            deadline=deadline,
+            gcp_conn_id=self._gcp_conn_id(),
+            log_max_lines=settings.log_max_lines,
+            not_before=time.time() + settings.min_deferral_seconds,
+            storage_retry_seconds=settings.storage_retry_seconds,
         )
+        guard.step = "deferring to the triggerer"
+        self.defer(trigger=trigger, method_name="execute_complete", timeout=timeout)
+        raise AssertionError("defer() returned instead of raising TaskDeferred")  # pragma: no cover
 
     # Complete ----------------------------------------------------------------------------------
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> Any:
@@ -799,8 +867,7 @@ class KineticRunOperator(BaseOperator):
             limit - identity.attempt,
             new_ref["job_id"],
         )
-        record = self._submit(context, new_ref, deadline, previous=record)
-        return self._wait(context, new_ref, deadline, previous=record)
+        return self._run_job(context, new_ref, deadline, record, Action.NEW_JOB)
 
 
 DEFAULT_MAP_INDEX_TEMPLATE = "{{ task.kinetic_map_label() }}"
@@ -858,6 +925,37 @@ def check_image_python(image: str) -> None:
             f"sides. Use an image built for Python {here} (docker/: --build-arg PYTHON_VERSION={here}), "
             "or run the workers on the image's Python."
         )
+
+
+@dataclass(frozen=True)
+class WaitSettings:
+    """How a job is watched (``KineticRunOperator._wait_settings``)."""
+
+    poll_interval: float
+    log_max_lines: int
+    wait_before_defer: float
+    min_deferral_seconds: float
+    storage_retry_seconds: float
+
+
+def _number(
+    name: str, value: Any, *, whole: bool = False, zero: bool = False, task_arg: bool = False
+) -> float:
+    """``value`` as a number for the setting ``name``, or an error that names it and the fix."""
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        number = math.nan
+    valid = math.isfinite(number) and (number > 0 or (zero and number == 0))
+    if not valid or (whole and number != int(number)):
+        smallest = "0 or more" if zero else "more than 0"
+        form = f"a whole number, {smallest}" if whole else f"a number of seconds, {smallest} (no unit)"
+        where = f"[kinetic] {name} (AIRFLOW__KINETIC__{name.upper()}) or KINETIC_{name.upper()}"
+        raise KineticSettingError(
+            f"{name}={value!r} is not valid: {name} takes {form}, e.g. {name}={10000 if whole else 2}. "
+            f"Set it {'on the task or ' if task_arg else ''}in {where}."
+        )
+    return number
 
 
 def min_deferral_seconds() -> float:

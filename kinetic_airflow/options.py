@@ -280,6 +280,15 @@ OPTIONS: dict[str, OptionSpec] = dict(
             config=True,
         ),
         _spec(
+            "storage_retry_seconds",
+            "duration",
+            "a number of seconds, 0 or more",
+            "",
+            minimum=0,
+            task=False,
+            config=True,
+        ),
+        _spec(
             "min_deferral_seconds",
             "duration",
             "a number of seconds, 0 or more",

@@ -29,6 +29,7 @@ __all__ = [
     "Storage",
     "StorageError",
     "StorageNotFound",
+    "is_storage_error",
     "join_uri",
     "open_storage",
     "uri_to_local_path",
@@ -44,6 +45,17 @@ class StorageError(RuntimeError):
 
 class StorageNotFound(StorageError, FileNotFoundError):
     """The object does not exist."""
+
+
+def is_storage_error(exc: BaseException) -> bool:
+    """Whether ``exc`` came from the storage itself (and may pass: a retry can help), not from
+    the caller's code: filesystem and network errors, ``StorageError``, and the exceptions of
+    the Google client libraries (HTTP 5xx/429, transport, auth transport)."""
+    if isinstance(exc, StorageNotFound):
+        return False  # an answer, not a failure
+    if isinstance(exc, (OSError, StorageError)):
+        return True
+    return type(exc).__module__.split(".")[0] in ("google", "requests", "urllib3")
 
 
 def join_uri(base: str, *parts: str) -> str:

@@ -31,6 +31,7 @@ class KineticJobTrigger(BaseTrigger):
         gcp_conn_id: str | None = None,
         log_max_lines: int = 10000,
         not_before: float | None = None,
+        storage_retry_seconds: float | None = None,
     ) -> None:
         super().__init__()
         self.job = job
@@ -39,6 +40,7 @@ class KineticJobTrigger(BaseTrigger):
         self.gcp_conn_id = gcp_conn_id
         self.log_max_lines = log_max_lines
         self.not_before = not_before
+        self.storage_retry_seconds = storage_retry_seconds
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -50,6 +52,7 @@ class KineticJobTrigger(BaseTrigger):
                 "gcp_conn_id": self.gcp_conn_id,
                 "log_max_lines": self.log_max_lines,
                 "not_before": self.not_before,
+                "storage_retry_seconds": self.storage_retry_seconds,
             },
         )
 
@@ -70,6 +73,7 @@ class KineticJobTrigger(BaseTrigger):
             deadline=self.deadline,
             log_max_lines=self.log_max_lines,
             emit_log=lambda line: self.log.info("%s", line),  # a multi-host job's lines carry [hN]
+            storage_retry_seconds=self.storage_retry_seconds,
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:

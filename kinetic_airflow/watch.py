@@ -1,9 +1,18 @@
 """Observe one job until it ends and describe how it ended, as one event dict.
 
 Shared by the deferrable trigger and the in-worker wait (``deferrable=False``) so
-both report the same outcome the same way. It only observes; the one exception
-is the deadline (``execution_timeout``), where it stops the job it was told to
-watch, because Airflow does not enforce that timeout while a task is deferred.
+both report the same outcome the same way. It only observes; the exceptions are
+the deadline (``execution_timeout``), where it stops the job it was told to
+watch, because Airflow does not enforce that timeout while a task is deferred,
+and a storage outage longer than ``[kinetic] storage_retry_seconds``.
+
+Storage may fail for a while (a bucket's 503s, a network blip, a file system
+briefly read-only) without the job noticing; a task must not fail because its
+watcher did. Reads the outcome depends on (result summary, heartbeat, cancelled
+marker) are retried with back-off up to that bound; writes that only save work
+(the log cursor, the progress record) are best-effort. An outage that outlasts
+the bound stops the job — nobody could see how it ends — and fails the task
+with the storage URI and the operation that failed.
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import time
 from collections import deque
@@ -20,14 +30,24 @@ from pathlib import Path
 from typing import Any
 
 from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobState
+from kinetic_airflow.config import DEFAULTS
 from kinetic_airflow.layout import JobLayout
 from kinetic_airflow.lifecycle import acancel_job, cancelled_marker
 from kinetic_airflow.progress import PROGRESS_NAME, Progress, ProgressTracker
 from kinetic_airflow.startup import startup_failure
-from kinetic_airflow.storage import Storage
+from kinetic_airflow.storage import Storage, StorageError, is_storage_error
 from kinetic_airflow.tracebacks import StreamedTracebackFilter, type_name, user_names
 
-__all__ = ["EVENT_JOB_FIELDS", "JobWatcher", "describe_failure", "event_job", "final_progress"]
+__all__ = [
+    "EVENT_JOB_FIELDS",
+    "JobWatcher",
+    "StorageOutage",
+    "describe_failure",
+    "event_job",
+    "final_progress",
+]
+
+log = logging.getLogger(__name__)
 
 _NOT_FOUND_GRACE_SECONDS = 60.0
 # The longest a watcher sleeps on a backend that notifies: a net under lost notifications
@@ -35,6 +55,12 @@ _NOT_FOUND_GRACE_SECONDS = 60.0
 _QUIET_LOOK_SECONDS = 300.0
 _SHARED_CURSOR_SECONDS = 60.0
 _DRAIN_SECONDS = 5.0
+_FIRST_RETRY_SECONDS = 0.5  # storage retries back off from here...
+_LONGEST_RETRY_SECONDS = 10.0  # ...doubling up to here
+
+
+class StorageOutage(StorageError):
+    """Job storage kept failing for longer than ``[kinetic] storage_retry_seconds``."""
 
 
 def _progress(offset: Any) -> int:
@@ -205,10 +231,16 @@ class JobWatcher:
         log_max_lines: int = 10000,
         emit_log: Callable[[str], None] | None = None,
         emit_progress: Callable[[str], None] | None = None,
+        storage_retry_seconds: float | None = None,
     ) -> None:
         """``emit_log`` gets the job's own log lines; ``emit_progress`` (default: the same) the
-        watcher's one line per state change (``kinetic_airflow.progress``)."""
+        watcher's one line per state change (``kinetic_airflow.progress``);
+        ``storage_retry_seconds`` bounds how long failing storage reads are retried."""
         self.job = job
+        self.storage_retry_seconds = float(
+            storage_retry_seconds if storage_retry_seconds is not None else DEFAULTS["storage_retry_seconds"]
+        )
+        self.cursor_write_failing = False
         self.startup_timeout = job.get("startup_timeout")
         self.started = False  # seen running: startup_timeout no longer applies
         self.heartbeat_timeout = job.get("heartbeat_timeout")
@@ -246,7 +278,13 @@ class JobWatcher:
     async def _load_progress(self) -> None:
         """Continue the progress record of an earlier watcher (worker, then triggerer) without
         repeating the line it already wrote."""
-        text = await self.storage.aread_text_or_none(self.layout.status(PROGRESS_NAME))
+        try:
+            text = await self.storage.aread_text_or_none(self.layout.status(PROGRESS_NAME))
+        except Exception as exc:
+            if not is_storage_error(exc):
+                raise
+            log.warning("could not read the progress record of job %s: %s", self.job["job_id"], exc)
+            return  # only costs the first progress line being said again
         with contextlib.suppress(ValueError, TypeError):
             record = json.loads(text) if text else None
             if isinstance(record, dict):
@@ -265,7 +303,14 @@ class JobWatcher:
         resumes exactly; one that took the trigger over elsewhere may show again at most the
         last minute's lines.
         """
-        found = [await self.storage.aread_text_or_none(self._cursor_uri), _read_local(self._local_cursor)]
+        try:
+            shared = await self.storage.aread_text_or_none(self._cursor_uri)
+        except Exception as exc:  # a lost cursor only means some lines are shown again
+            if not is_storage_error(exc):
+                raise
+            log.warning("could not read the log cursor %s: %s", self._cursor_uri, exc)
+            shared = None
+        found = [shared, _read_local(self._local_cursor)]
         for text in found:
             if text:
                 cursor = json.loads(text)
@@ -286,12 +331,74 @@ class JobWatcher:
             or time.monotonic() - self.shared_saved_at >= _SHARED_CURSOR_SECONDS
         )
         if shared_due and self.log_offset != self.shared_offset:
-            await self.storage.awrite_text(self._cursor_uri, text)
-            self.shared_offset = self.log_offset
-            self.shared_saved_at = time.monotonic()
+            await self._write_cursor(text)
         if final:  # the shared copy is current: the local one has done its job
             with contextlib.suppress(OSError):
                 self._local_cursor.unlink()
+
+    async def _write_cursor(self, text: str) -> None:
+        """Best-effort: a cursor that cannot be saved only means that a watcher started after a
+        triggerer restart may show some lines again. The next batch of lines tries again."""
+        try:
+            await self.storage.awrite_text(self._cursor_uri, text)
+        except Exception as exc:
+            if not is_storage_error(exc):
+                raise
+            if not self.cursor_write_failing:
+                log.warning(
+                    "could not save the log cursor %s (%s); going on without it (after a restart "
+                    "some log lines may be shown again) and trying again with the next lines",
+                    self._cursor_uri,
+                    exc,
+                )
+            self.cursor_write_failing = True
+            return
+        if self.cursor_write_failing:
+            log.info("saved the log cursor %s again", self._cursor_uri)
+        self.cursor_write_failing = False
+        self.shared_offset = self.log_offset
+        self.shared_saved_at = time.monotonic()
+
+    async def _read(self, uri: str, what: str) -> str | None:
+        """Read ``uri`` (``what`` says what it is, for messages), or None if it does not exist.
+
+        Storage errors are retried with back-off for up to ``storage_retry_seconds``; then
+        ``StorageOutage``, naming the URI and the operation.
+        """
+        failing_since: float | None = None
+        delay = _FIRST_RETRY_SECONDS
+        while True:
+            try:
+                text = await self.storage.aread_text_or_none(uri)
+            except Exception as exc:
+                if not is_storage_error(exc):
+                    raise
+                now = time.monotonic()
+                if failing_since is None:
+                    failing_since = now
+                    log.warning(
+                        "could not read the %s of job %s at %s (%s: %s); retrying for up to %gs "
+                        "([kinetic] storage_retry_seconds)",
+                        what,
+                        self.job["job_id"],
+                        uri,
+                        type(exc).__name__,
+                        exc,
+                        self.storage_retry_seconds,
+                    )
+                elapsed = now - failing_since
+                if elapsed >= self.storage_retry_seconds:
+                    raise StorageOutage(
+                        f"the job storage kept failing for {elapsed:.0f}s, longer than [kinetic] "
+                        f"storage_retry_seconds={self.storage_retry_seconds:g}: could not read the {what} "
+                        f"at {uri} ({type(exc).__name__}: {exc})"
+                    ) from exc
+                await asyncio.sleep(min(delay, self.storage_retry_seconds - elapsed))
+                delay = min(delay * 2, _LONGEST_RETRY_SECONDS)
+                continue
+            if failing_since is not None:
+                log.info("read the %s of job %s again: storage is back", what, self.job["job_id"])
+            return text
 
     async def _pump_logs(self) -> None:
         """Show new job log lines, then save the cursor at once (see ``_load_cursor``).
@@ -362,7 +469,7 @@ class JobWatcher:
 
     async def _heartbeat_age(self, host: int = 0) -> float | None:
         """Seconds since a runner's last heartbeat, or None before it started beating."""
-        text = await self.storage.aread_text_or_none(self.layout.status("heartbeat", host))
+        text = await self._read(self.layout.status("heartbeat", host), "heartbeat")
         if not text:
             return None
         return time.time() - float(json.loads(text).get("time", 0))
@@ -380,7 +487,7 @@ class JobWatcher:
         return stalest
 
     async def _summary(self, host: int = 0) -> dict[str, Any] | None:
-        text = await self.storage.aread_text_or_none(self.layout.result_summary(host))
+        text = await self._read(self.layout.result_summary(host), "result summary")
         return json.loads(text) if text else None
 
     def _event(self, status: str, **fields: Any) -> dict[str, Any]:
@@ -433,37 +540,65 @@ class JobWatcher:
         sleeps until its next duty (deadline, heartbeat look, startup timeout), not a poll.
         """
         give_up_at = time.monotonic() + give_up_after if give_up_after is not None else None
-        await self._load_cursor()
-        await self._load_progress()
         try:
-            while True:
-                await self._pump_logs()
-                status = await self.backend.astatus(self.job)
-                if not (self.stale_told and status.state is JobState.RUNNING):  # stale, not back
-                    await self.progress.observe(status)
-                event = await self._settle(status)
-                if event is not None:
-                    await self.backend.arelease(self.job)
-                    await self.progress.tell(final_progress(event))
-                    return event
-                if self.deadline is not None and time.time() >= self.deadline:
-                    await acancel_job(
-                        self.job,
-                        self.storage,
-                        self.backend,
-                        by="watcher",
-                        reason="the task's execution_timeout passed",
-                    )
-                    await self._drain()
-                    event = self._timeout_event()
-                    await self.progress.tell(final_progress(event))
-                    return event
-                if give_up_at is not None and time.monotonic() >= give_up_at:
-                    await self._save_cursor(final=True)
-                    return None
-                await self.backend.await_change(self.job, self._next_look(status, give_up_at))
+            return await self._watch(give_up_at)
+        except StorageOutage as exc:
+            return await self._storage_outage_event(exc)
         finally:
             self.backend.close()
+
+    async def _storage_outage_event(self, exc: StorageOutage) -> dict[str, Any]:
+        """Nobody could tell how the job ends: stop it, and say which storage failed, and how."""
+        try:
+            await acancel_job(self.job, self.storage, self.backend, by="watcher", reason=str(exc))
+        except Exception as cancel_exc:
+            log.error(
+                "could not stop job %s after the storage outage (%s): stop it with "
+                "`kinetic-airflow jobs cancel %s`",
+                self.job["job_id"],
+                cancel_exc,
+                self.job["job_id"],
+            )
+        event = self._event(
+            "failed",
+            cause="storage_error",
+            message=f"{exc}. The job was stopped, since its end could not be observed",
+            hint="Check that the job storage is reachable and writable from the Airflow workers and "
+            "triggerer (bucket permissions, network, disk), or raise [kinetic] storage_retry_seconds "
+            "to ride out longer outages.",
+        )
+        await self.progress.tell(final_progress(event))
+        return event
+
+    async def _watch(self, give_up_at: float | None) -> dict[str, Any] | None:
+        await self._load_cursor()
+        await self._load_progress()
+        while True:
+            await self._pump_logs()
+            status = await self.backend.astatus(self.job)
+            if not (self.stale_told and status.state is JobState.RUNNING):  # stale, not back
+                await self.progress.observe(status)
+            event = await self._settle(status)
+            if event is not None:
+                await self.backend.arelease(self.job)
+                await self.progress.tell(final_progress(event))
+                return event
+            if self.deadline is not None and time.time() >= self.deadline:
+                await acancel_job(
+                    self.job,
+                    self.storage,
+                    self.backend,
+                    by="watcher",
+                    reason="the task's execution_timeout passed",
+                )
+                await self._drain()
+                event = self._timeout_event()
+                await self.progress.tell(final_progress(event))
+                return event
+            if give_up_at is not None and time.monotonic() >= give_up_at:
+                await self._save_cursor(final=True)
+                return None
+            await self.backend.await_change(self.job, self._next_look(status, give_up_at))
 
     def _next_look(self, status: BackendStatus, give_up_at: float | None) -> float:
         """Seconds until the watcher has something to do that no notification would tell it."""
@@ -640,7 +775,7 @@ class JobWatcher:
 
     async def _cancelled(self) -> dict[str, Any] | None:
         """The cancelled marker (who stopped the job, and why), if someone stopped it on purpose."""
-        text = await self.storage.aread_text_or_none(cancelled_marker(self.job))
+        text = await self._read(cancelled_marker(self.job), "cancelled marker")
         return json.loads(text) if text else None
 
     def _cancelled_event(self, marker: dict[str, Any]) -> dict[str, Any]:
