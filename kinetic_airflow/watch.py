@@ -208,6 +208,11 @@ def _read_local(path: Path) -> str | None:
         return None
 
 
+def _remove_local(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink()
+
+
 def _write_local(path: Path, text: str) -> None:
     """Atomic small write; a cursor that cannot be kept locally only costs repeats, never the job."""
     try:
@@ -310,7 +315,8 @@ class JobWatcher:
                 raise
             log.warning("could not read the log cursor %s: %s", self._cursor_uri, exc)
             shared = None
-        found = [shared, _read_local(self._local_cursor)]
+        # Local files in a worker thread too: on a busy disk even a rename can stall the loop.
+        found = [shared, await asyncio.to_thread(_read_local, self._local_cursor)]
         for text in found:
             if text:
                 cursor = json.loads(text)
@@ -323,7 +329,7 @@ class JobWatcher:
     async def _save_cursor(self, *, final: bool = False) -> None:
         text = json.dumps({"offset": self.log_offset, "lines": self.lines_emitted})
         if self.log_offset != self.saved_offset:
-            _write_local(self._local_cursor, text)
+            await asyncio.to_thread(_write_local, self._local_cursor, text)
             self.saved_offset = self.log_offset
         shared_due = (
             self.layout.job_uri.startswith("file://")  # the shared copy is a local file: free
@@ -333,8 +339,7 @@ class JobWatcher:
         if shared_due and self.log_offset != self.shared_offset:
             await self._write_cursor(text)
         if final:  # the shared copy is current: the local one has done its job
-            with contextlib.suppress(OSError):
-                self._local_cursor.unlink()
+            await asyncio.to_thread(_remove_local, self._local_cursor)
 
     async def _write_cursor(self, text: str) -> None:
         """Best-effort: a cursor that cannot be saved only means that a watcher started after a

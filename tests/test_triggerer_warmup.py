@@ -1,4 +1,5 @@
-"""The triggerer loads the cluster clients before it forks its trigger runner (kinetic_airflow.warmup).
+"""The triggerer loads the cluster clients before it forks its trigger runner, and freezes them out
+of the cyclic garbage collector (kinetic_airflow.warmup).
 
 Each case runs Airflow's own listener call in a fresh interpreter (a module loaded once stays
 loaded, so only a new process can show what the hook imports), the way ``Job.__init__`` calls it:
@@ -15,12 +16,13 @@ import sys
 import pytest
 
 PROBE = r"""
-import json, sys
+import gc, json, sys
 sys.argv = json.loads(sys.argv[1])
 from airflow.listeners.listener import get_listener_manager
 get_listener_manager().hook.on_starting(component=None)
 names = ["airflow.providers.cncf.kubernetes.hooks.kubernetes", "kinetic_airflow.backends.gke.pathways"]
-print(json.dumps({n: n in sys.modules for n in names}))
+loaded = {n: n in sys.modules for n in names}
+print(json.dumps({**loaded, "frozen out of the cyclic GC": gc.get_freeze_count() > 100000}))
 """
 
 
@@ -45,6 +47,7 @@ def test_the_triggerer_loads_the_cluster_clients_before_any_trigger(tmp_path) ->
     assert loaded == {
         "airflow.providers.cncf.kubernetes.hooks.kubernetes": True,
         "kinetic_airflow.backends.gke.pathways": True,
+        "frozen out of the cyclic GC": True,
     }
 
 
