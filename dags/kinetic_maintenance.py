@@ -34,7 +34,8 @@ def kinetic_maintenance():
     def kinetic_gc(params=None) -> str:
         from kinetic_airflow.config import resolve_setting
 
-        days = resolve_setting("retention_days") or 30
+        days = resolve_setting("retention_days")
+        days = 30 if days is None else days  # 0 is a valid setting: everything that has ended
         command = [sys.executable, "-m", "kinetic_airflow.cli", "gc", "--older-than", f"{float(days):g}d"]
         if params.get("dry_run"):
             command.append("--dry-run")

@@ -86,11 +86,17 @@ def _local_dir(base_uri: str, job: str) -> Path:
 
 
 def _job_dirs(base_uri: str, task_id: str) -> list[str]:
+    """Job ids of ``task_id``'s jobs, by the identity in each job's manifest (ids are shortened)."""
     from kinetic_airflow.storage import open_storage
 
     storage = open_storage(base_uri)
     jobs = {uri.split("/jobs/", 1)[1].split("/", 1)[0] for uri in storage.list(base_uri + "/jobs")}
-    return sorted(j for j in jobs if f"-{task_id.replace('_', '-')}-" in j)
+    found = []
+    for job in jobs:
+        text = storage.read_text_or_none(f"{base_uri}/jobs/{job}/manifest.json")
+        if text and json.loads(text).get("identity", {}).get("task_id") == task_id:
+            found.append(job)
+    return sorted(found)
 
 
 def test_duplicate_execute_timeout_and_in_worker_wait(base_uri, tmp_path, monkeypatch):

@@ -123,7 +123,7 @@ def test_cpu_gpu_tpu_jobs_user_error_and_duplicate_execute(gke_env):
     }
 
 
-def test_preemption_oom_image_pull_and_unschedulable(gke_env):
+def test_preemption_oom_image_pull_and_unschedulable(gke_env, capfd):
     emulator, out = gke_env
     emulator.fail_image_pulls("registry.invalid/*")
 
@@ -160,7 +160,11 @@ def test_preemption_oom_image_pull_and_unschedulable(gke_env):
     assert value["attempt"] == "2" and value["resumed_from"] == "written by attempt 1"
     assert ti_try_numbers(dr)["preemptible_training"] == 1
     kind, message = _failure(out, "memory_hog")
-    assert "OOMKilled" in message and "out of memory" in message and "allocating" in message
+    assert "OOMKilled" in message and "out of memory" in message
+    # The job's last line was streamed into the task log once; the error points at it.
+    assert "last log lines are just above in this task log" in message
+    out_text, err_text = capfd.readouterr()
+    assert "allocating" in out_text + err_text
     kind, message = _failure(out, "bad_image")
     assert "registry.invalid/kinetic/missing:1" in message and "cannot be pulled" in message
     kind, message = _failure(out, "no_node_pool")

@@ -43,7 +43,8 @@ def tls_emulator(tmp_path_factory):
     k8s.start()
     kubeconfig = k8s.write_kubeconfig(tmp_path_factory.mktemp("kube") / "config")
     core = kubernetes.client.CoreV1Api(k8s.api_client())  # over HTTPS, verifying its CA
-    core.create_namespaced_service_account("default", {"metadata": {"name": "kinetic"}})
+    # The emulator starts with default/kinetic, as `kinetic up` leaves a cluster.
+    assert core.read_namespaced_service_account("kinetic", "default").metadata.name == "kinetic"
     yield k8s, kubeconfig
     k8s.stop()
 
