@@ -54,3 +54,16 @@ def base_uri(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest
         uri = request.getfixturevalue("gcs_bucket") + "/kinetic"
     monkeypatch.setenv("KINETIC_BASE_URI", uri)
     return uri
+
+
+@pytest.fixture(scope="session")
+def built_wheel(tmp_path_factory) -> Path:
+    """This checkout as the wheel a user installs (``pip wheel --no-deps``), built once a session."""
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(TESTS.parent)],
+        check=True,
+        capture_output=True,
+    )
+    (built,) = out.glob("kinetic_airflow-*.whl")
+    return built

@@ -26,15 +26,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(REPO)],
-        check=True,
-        capture_output=True,
-    )
-    (built,) = out.glob("kinetic_airflow-*.whl")
-    return built
+def wheel(built_wheel) -> Path:
+    return built_wheel
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,9 @@ def runner_venv(tmp_path_factory) -> Path:
     venv.EnvBuilder(with_pip=True).create(root)
     env = {**os.environ, "PATH": f"{root / 'bin'}:{os.environ['PATH']}"}
     env.pop("PYTHONPATH", None)
-    subprocess.run(["sh", str(REPO / "kinetic_airflow/docker/install-runner.sh"), str(REPO)], check=True, env=env)
+    subprocess.run(
+        ["sh", str(REPO / "kinetic_airflow/docker/install-runner.sh"), str(REPO)], check=True, env=env
+    )
     return root
 
 
