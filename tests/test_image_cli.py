@@ -157,3 +157,65 @@ def test_cloud_build_uses_the_packaged_recipe(installed, tmp_path):
     assert config == context / "kinetic_airflow" / "docker" / "cloudbuild.yaml"
     assert "kinetic_airflow/docker/Dockerfile" in config.read_text()
     assert submit[submit.index("submit") + 1] == str(context)
+
+
+def test_container_image_per_accelerator_kind(monkeypatch):
+    from kinetic_airflow.accelerators import parse_accelerator
+    from kinetic_airflow.backends.gke.manifest import runner_image
+    from kinetic_airflow.cli_image import default_image_uri
+
+    tpu, gpu, cpu = (parse_accelerator(a) for a in ("tpu-v6e-8t", "gpu-l4", "cpu"))
+    for kind in ("", "_CPU", "_GPU", "_TPU"):
+        monkeypatch.delenv(f"AIRFLOW__KINETIC__CONTAINER_IMAGE{kind}", raising=False)
+        monkeypatch.delenv(f"KINETIC_CONTAINER_IMAGE{kind}", raising=False)
+    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    # Nothing set: each kind's own image, tagged with this release and the worker's Python.
+    assert runner_image(tpu, None, "p", "europe-west4-a", "c") == (
+        f"europe-docker.pkg.dev/p/kn-c/kinetic-airflow-runner-tpu:{__version__}-py{here}"
+    )
+    assert runner_image(gpu, None, "p", "us-central1-a", "c") == default_image_uri(
+        "gpu", "p", "us-central1-a", "c"
+    )
+    # A global image (the README once set a CPU one) no longer shadows a kind that has its own.
+    monkeypatch.setenv("AIRFLOW__KINETIC__CONTAINER_IMAGE", "reg/cpu-everywhere:1")
+    monkeypatch.setenv("AIRFLOW__KINETIC__CONTAINER_IMAGE_TPU", "reg/tpu:1")
+    assert runner_image(tpu) == "reg/tpu:1"
+    assert runner_image(gpu) == "reg/cpu-everywhere:1"
+    assert runner_image(cpu) == "reg/cpu-everywhere:1"
+    # The task's container_image= wins over both.
+    assert runner_image(tpu, "reg/mine:2") == "reg/mine:2"
+
+
+_HIDE_GOOGLE_PROVIDER = """
+import importlib.abc, sys
+
+class Hide(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "airflow.providers.google" or name.startswith("airflow.providers.google."):
+            raise ModuleNotFoundError(name)
+        return None
+
+sys.meta_path.insert(0, Hide())
+from kinetic_airflow.backends import get_backend
+try:
+    get_backend("gke")
+except ModuleNotFoundError as exc:
+    print(exc)
+get_backend("local")
+print("local ok")
+"""
+
+
+def test_cluster_backend_without_the_providers_names_the_extra():
+    """The slim install (no google provider) runs local jobs and says what a gke job needs."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _HIDE_GOOGLE_PROVIDER], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    first, second = proc.stdout.strip().splitlines()[-2:]
+    assert first == (
+        "the gke and pathways backends: needs apache-airflow-providers-google, not installed in this "
+        'Airflow environment. Install "kinetic-airflow[gke]" (or those packages) on the workers, '
+        'triggerer and api-server, or use backend="local"'
+    )
+    assert second == "local ok"
