@@ -220,9 +220,9 @@ class JobRunner:
         """
         from kinetic_airflow import __version__
 
-        theirs = str(client.get("kinetic_airflow") or "a release before 0.1.0's version check")
+        theirs = str(client.get("kinetic_airflow") or "an older release (no version in its manifest)")
         their_format = client.get("format", 1)  # manifests written before the field existed: 1
-        image = self.manifest.get("image") or os.environ.get("KINETIC_RUNNER_IMAGE") or "this job's image"
+        image = self.manifest.get("image") or "this job's image"
         rebuild = (
             f"rebuild the runner image with the workers' kinetic-airflow (kinetic-airflow image --kind KIND "
             f"--python {'.'.join(str(client.get('python', '')).split('.')[:2]) or 'X.Y'}, then push it) or "
