@@ -1,27 +1,58 @@
 """``kinetic-airflow image``: build and push the runner image a cluster backend uses by default.
 
+The image is built from the installed package: the Dockerfile and its install script ship
+inside it (``kinetic_airflow/docker/``), and the command stages a build context holding the
+installed ``kinetic_airflow`` folder, so no source checkout is needed.
+
 The default ``container_image`` of a cluster job names an image in the Artifact Registry
 repository kinetic's infrastructure creates (``kn-{cluster}``, in the registry location of
 the cluster's zone): ``{location}-docker.pkg.dev/{project}/kn-{cluster}/kinetic-airflow-runner-
-{kind}:py{X.Y}``, one per accelerator kind (CPU; GPU with CUDA JAX; TPU with ``jax[tpu]``),
-for the workers' Python version. This command prints the commands that build and push it
-(``docker``, or ``gcloud builds submit`` with ``--cloud-build``) and runs them with ``--run``.
+{kind}:{version}-py{X.Y}``, one per accelerator kind (cpu: JAX on CPU and keras; gpu: CUDA
+JAX and keras, with the loader path of the driver libraries GKE mounts; tpu: JAX with libtpu
+and keras), tagged with this provider's version and the workers' Python. A new provider
+release therefore names a new image: a node never keeps running a stale runner under a
+reused tag. ``[kinetic] container_image_{kind}`` or ``container_image`` names another image.
+
+``--python`` is the Python major.minor of the Airflow workers (cloudpickle needs the same one in
+the job). Default: ``[kinetic] worker_python`` if set, else the Python running this command,
+which is the workers' when the command runs in the Airflow image; on a laptop with another
+Python, pass ``--python``.
+
+The command prints the build and push (``docker``, or ``gcloud builds submit`` with
+``--cloud-build``) and runs them with ``--run``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
-__all__ = ["EXTRA_PACKAGES", "add_image_command", "default_image_uri", "run_image"]
+__all__ = [
+    "EXTRA_PACKAGES",
+    "add_image_command",
+    "default_image_uri",
+    "image_tag",
+    "packaged_docker_dir",
+    "run_image",
+    "stage_build_context",
+]
 
-# What each kind adds to the slim runner (docker/Dockerfile's EXTRA_PACKAGES build argument).
-EXTRA_PACKAGES = {"cpu": "jax", "gpu": "jax[cuda12]", "tpu": "jax[tpu]"}
+# What each kind adds to the slim runner (the Dockerfile's EXTRA_PACKAGES build argument): the
+# README's examples import jax and keras, so every kind has both.
+EXTRA_PACKAGES = {"cpu": "jax keras", "gpu": "jax[cuda12] keras", "tpu": "jax[tpu] keras"}
+# GKE's NVIDIA device plugin mounts the node's driver libraries (libcuda, libnvidia-ml) into GPU
+# containers at this path; CUDA JAX finds libcuda only if it is on the loader path.
+GKE_NVIDIA_LIBRARY_PATH = "/usr/local/nvidia/lib64"
+LIBRARY_PATH = {"cpu": "", "gpu": GKE_NVIDIA_LIBRARY_PATH, "tpu": ""}
 PLACEHOLDER_REGISTRY = "us-docker.pkg.dev/kinetic-airflow/runner"
+_PYTHON_VERSION = re.compile(r"^3\.\d{1,2}$")
 
 
 def registry_location(zone: str | None) -> str:
@@ -32,34 +63,77 @@ def registry_location(zone: str | None) -> str:
     return prefix if prefix in ("us", "asia", "europe") else region
 
 
-def python_tag() -> str:
-    return f"py{sys.version_info[0]}.{sys.version_info[1]}"
+def _this_python() -> str:
+    return f"{sys.version_info[0]}.{sys.version_info[1]}"
 
 
-def default_image_uri(kind: str, project: str | None, zone: str | None, cluster: str | None) -> str:
-    name = f"kinetic-airflow-runner-{kind}:{python_tag()}"
+def _version() -> str:
+    from kinetic_airflow import __version__
+
+    return __version__
+
+
+def image_tag(python: str | None = None) -> str:
+    """``{provider version}-py{X.Y}``: the runner's version and the Python it unpickles for."""
+    return f"{_version()}-py{python or _this_python()}"
+
+
+def default_image_uri(
+    kind: str, project: str | None, zone: str | None, cluster: str | None, python: str | None = None
+) -> str:
+    """The image ``kinetic-airflow image --kind KIND`` pushes; ``python`` defaults to this process's
+    (on a worker: the workers' Python, which is what the job must run)."""
+    name = f"kinetic-airflow-runner-{kind}:{image_tag(python)}"
     if project and cluster:
         return f"{registry_location(zone)}-docker.pkg.dev/{project}/kn-{cluster}/{name}"
     return f"{PLACEHOLDER_REGISTRY}/{name}"  # no project configured: a name to replace
 
 
-def build_commands(kind: str, image: str, cloud_build: bool) -> list[list[str]]:
-    repo = Path(__file__).resolve().parent.parent
-    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    args = [
-        "--build-arg",
-        f"PYTHON_VERSION={version}",
-        "--build-arg",
-        f"EXTRA_PACKAGES={EXTRA_PACKAGES[kind]}",
-    ]
-    if cloud_build:  # docker/cloudbuild.yaml runs the same docker build on Cloud Build
-        substitutions = f"_IMAGE={image},_PYTHON_VERSION={version},_EXTRA_PACKAGES={EXTRA_PACKAGES[kind]}"
+def packaged_docker_dir() -> Path:
+    """The Dockerfile, install script and Cloud Build recipe inside the installed package."""
+    return Path(__file__).resolve().parent / "docker"
+
+
+def stage_build_context(target: Path) -> Path:
+    """Copy the installed ``kinetic_airflow`` folder into ``target`` (the build context).
+
+    The image gets exactly the code of the package this command belongs to, whether it was
+    installed from a wheel or is a source checkout; caches are left out.
+    """
+    package = Path(__file__).resolve().parent
+    if not (package / "docker" / "Dockerfile").is_file():
+        raise FileNotFoundError(
+            f"{package / 'docker' / 'Dockerfile'} is missing: this kinetic-airflow installation does not "
+            "carry its runner recipe. Reinstall the package (pip install --force-reinstall kinetic-airflow)."
+        )
+    target.mkdir(parents=True, exist_ok=True)
+    dest = target / "kinetic_airflow"
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(package, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return target
+
+
+def build_commands(
+    kind: str, image: str, python: str, extra: str, context: Path, cloud_build: bool
+) -> list[list[str]]:
+    dockerfile = "kinetic_airflow/docker/Dockerfile"
+    values = {
+        "PYTHON_VERSION": python,
+        "EXTRA_PACKAGES": extra,
+        "LIBRARY_PATH_EXTRA": LIBRARY_PATH[kind],
+        "KINETIC_AIRFLOW_VERSION": _version(),
+    }
+    if cloud_build:  # the packaged cloudbuild.yaml runs the same docker build on Cloud Build
+        substitutions = ",".join([f"_IMAGE={image}", *(f"_{k}={v}" for k, v in values.items())])
         return [
-            ["gcloud", "builds", "submit", str(repo), f"--config={repo / 'docker' / 'cloudbuild.yaml'}",
+            ["gcloud", "builds", "submit", str(context),
+             f"--config={context / 'kinetic_airflow' / 'docker' / 'cloudbuild.yaml'}",
              f"--substitutions={substitutions}"]
         ]  # fmt: skip
+    args = [part for key, value in values.items() for part in ("--build-arg", f"{key}={value}")]
     return [
-        ["docker", "build", "-f", str(repo / "docker" / "Dockerfile"), *args, "-t", image, str(repo)],
+        ["docker", "build", "-f", str(context / dockerfile), *args, "-t", image, str(context)],
         ["docker", "push", image],
     ]
 
@@ -71,34 +145,83 @@ def add_image_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[
         "image", help="build and push the runner image (prints the commands)", **described(__doc__)
     )
     image.add_argument("--kind", choices=sorted(EXTRA_PACKAGES), default="cpu")
+    image.add_argument(
+        "--python",
+        default=None,
+        help="the Airflow workers' Python major.minor, e.g. 3.11 (default: [kinetic] worker_python, "
+        "else the Python running this command)",
+    )
+    image.add_argument(
+        "--extra-packages",
+        default="",
+        help="more pip requirements for the image, space separated (added to the kind's set)",
+    )
     image.add_argument("--project", default=None, help="default: [kinetic] project")
     image.add_argument("--zone", default=None, help="default: [kinetic] zone")
     image.add_argument("--cluster", default=None, help="default: [kinetic] cluster")
+    image.add_argument("--tag", default=None, help="full image name to build (default: kinetic's name)")
+    image.add_argument(
+        "--context",
+        default=None,
+        help="folder to stage the build context in (default: a new temporary folder)",
+    )
     image.add_argument("--cloud-build", action="store_true", help="build with Cloud Build, not docker")
     image.add_argument("--run", action="store_true", help="run the commands instead of printing them")
+
+
+def _python_version(args: argparse.Namespace) -> tuple[str, str]:
+    """The image's Python and where that choice came from."""
+    from kinetic_airflow.config import resolve_setting
+
+    if args.python:
+        value, source = str(args.python), "--python"
+    elif resolve_setting("worker_python"):
+        value, source = str(resolve_setting("worker_python")), "[kinetic] worker_python"
+    else:
+        value, source = _this_python(), "the Python running this command"
+    if not _PYTHON_VERSION.match(value):
+        raise SystemExit(
+            f"kinetic-airflow image: {source} is {value!r}, not a Python major.minor; write it as 3.11 "
+            "(the Python version of the Airflow workers)"
+        )
+    return value, source
 
 
 def run_image(args: argparse.Namespace) -> int:
     from kinetic_airflow.config import resolve_setting
 
+    python, source = _python_version(args)
     project = args.project or resolve_setting("project")
     zone = args.zone or resolve_setting("zone")
     cluster = args.cluster or resolve_setting("cluster")
-    image = default_image_uri(args.kind, project, zone, cluster)
-    if not project:
+    image = args.tag or default_image_uri(args.kind, project, zone, cluster, python)
+    if not project and not args.tag:
         print(
             "no project: set --project or [kinetic] project (AIRFLOW__KINETIC__PROJECT) to build into "
             f"kinetic's Artifact Registry repository kn-{cluster}; showing a placeholder name.",
             file=sys.stderr,
         )
-    print(f"# runner image for {args.kind} jobs on Python {python_tag()[2:]}: {image}")
-    commands = build_commands(args.kind, image, args.cloud_build)
+    extra = " ".join([EXTRA_PACKAGES[args.kind], *args.extra_packages.split()])
+    temporary = args.context is None
+    context = stage_build_context(Path(args.context or tempfile.mkdtemp(prefix="kinetic-runner-image-")))
+    print(f"# runner image for {args.kind} jobs, kinetic-airflow {_version()}: {image}")
+    print(f"# Python {python} ({source}; it must be the Airflow workers' Python)")
+    print(
+        f"# packages: {extra}"
+        + (f"; LD_LIBRARY_PATH={LIBRARY_PATH[args.kind]}" if LIBRARY_PATH[args.kind] else "")
+    )
+    print(f"# build context: {context} (the installed package, staged from {packaged_docker_dir().parent})")
+    commands = build_commands(args.kind, image, python, extra, context, args.cloud_build)
     for command in commands:
         print(shlex.join(command))
     if not args.run:
         return 0
-    for command in commands:
-        code = subprocess.call(command, env=os.environ)
-        if code != 0:
-            return code
+    try:
+        for command in commands:
+            code = subprocess.call(command, env=os.environ)
+            if code != 0:
+                return code
+    finally:
+        if temporary:
+            shutil.rmtree(context, ignore_errors=True)
     return 0

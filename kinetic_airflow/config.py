@@ -25,6 +25,12 @@ DEFAULTS: dict[str, Any] = {
     "cluster": "kinetic-cluster",
     "namespace": "default",
     "container_image": None,
+    # Per accelerator kind (None: container_image, else the kind's image kinetic-airflow image builds).
+    "container_image_cpu": None,
+    "container_image_gpu": None,
+    "container_image_tpu": None,
+    # The workers' Python for `kinetic-airflow image` (None: the Python running the command).
+    "worker_python": None,
     "gcp_conn_id": None,  # None: google_cloud_default if defined, else ambient credentials
     "kubernetes_conn_id": None,
     "service_account": "kinetic",

@@ -33,8 +33,9 @@ def _ambient_storage_client(uri: str) -> Any:
 
 
 def _gcs_client(gcp_conn_id: str | None, uri: str = "gs://") -> Any:
-    from airflow.providers.google.cloud.hooks.gcs import GCSHook
     from google.auth.exceptions import DefaultCredentialsError
+
+    from kinetic_airflow.backends import require_providers
 
     if gcp_conn_id == AMBIENT_CONN_ID:
         return _ambient_storage_client(uri)
@@ -44,6 +45,9 @@ def _gcs_client(gcp_conn_id: str | None, uri: str = "gs://") -> Any:
             log.info("no %s connection; using ambient Google credentials for storage", conn_id)
             return _ambient_storage_client(uri)
         raise missing_connection_error(conn_id)
+    require_providers("google", needed_for=f"job storage {uri} through the Airflow connection {conn_id!r}")
+    from airflow.providers.google.cloud.hooks.gcs import GCSHook
+
     try:
         return GCSHook(gcp_conn_id=conn_id).get_conn()
     except DefaultCredentialsError as exc:  # a connection without a key falls back to ADC

@@ -187,7 +187,7 @@ def run_doctor(
         "zone": resolve_setting("zone", zone),
         "cluster": resolve_setting("cluster", cluster),
         **gke_access(use_internal_ip, use_dns_endpoint, impersonation_chain),
-        "container_image": resolve_setting("container_image", container_image),
+        "container_image": container_image,  # runner_image() adds [kinetic] container_image(_KIND)
         "base_uri": resolve_setting("base_uri", base_uri),
     }
     report = DoctorReport(settings)
@@ -607,11 +607,15 @@ class _Doctor:
     def image(self) -> None:
         import re
 
-        from kinetic_airflow.backends.gke.manifest import default_image
+        from kinetic_airflow.backends.gke.manifest import runner_image
         from kinetic_airflow.operators import check_image_python
 
-        image = self.s.get("container_image") or default_image(
-            self.spec, self.s.get("project"), self.s.get("zone"), self.s.get("cluster")
+        image = runner_image(
+            self.spec,
+            self.s.get("container_image"),
+            self.s.get("project"),
+            self.s.get("zone"),
+            self.s.get("cluster"),
         )
         here = f"{sys.version_info[0]}.{sys.version_info[1]}"
         try:
@@ -621,8 +625,8 @@ class _Doctor:
                 "runner image",
                 FAIL,
                 str(exc).split(": cloudpickle")[0],
-                f"use an image built for Python {here}: kinetic-airflow image (or docker/ with "
-                f"--build-arg PYTHON_VERSION={here}), then set [kinetic] container_image",
+                f"use an image built for Python {here}: kinetic-airflow image --python {here}, then set "
+                "[kinetic] container_image (or container_image_cpu / _gpu / _tpu)",
             )
             return
         tagged = re.search(r":(?:.*[^0-9])?py(\d+\.\d+)(?![0-9])", image)

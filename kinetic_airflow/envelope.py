@@ -13,11 +13,19 @@ import json
 from typing import Any
 
 __all__ = [
+    "FORMAT_VERSION",
     "PHASES",
     "ResultRef",
     "is_result_ref",
     "summary_from_envelope",
 ]
+
+# The version of the job files' format: the manifest and payload the worker writes, the envelope
+# the runner writes back. A runner and a worker of different kinetic-airflow releases work together
+# while this number is the same; a change of the format increments it, and either side refuses the
+# other's files with a message naming both releases (runner.py, results.load_envelope). The manifest
+# and envelope of releases before the number was written are format 1.
+FORMAT_VERSION = 1
 
 # The steps of a job, in order; an envelope names the one that failed.
 PHASES = ("download", "verify", "unpickle", "setup", "execute", "upload")

@@ -37,7 +37,25 @@ def get_provider_info() -> dict:
                     "zone": option("Cluster location (default us-central1-a).", "us-central1-a"),
                     "cluster": option("GKE cluster name (default kinetic-cluster).", "kinetic-cluster"),
                     "namespace": option("Kubernetes namespace of jobs (default default).", "ml"),
-                    "container_image": option("Runner image for jobs.", "us-docker.pkg.dev/p/r/kinetic:cpu"),
+                    "container_image": option(
+                        "Runner image for cluster jobs of every accelerator kind without its own "
+                        "container_image_KIND (default: the image `kinetic-airflow image --kind KIND` "
+                        "pushes, tagged with this provider's version and the workers' Python).",
+                        "us-docker.pkg.dev/p/r/kinetic-airflow-runner-cpu:0.1.0-py3.11",
+                    ),
+                    **{
+                        f"container_image_{kind}": option(
+                            f"Runner image for {kind.upper()} jobs; wins over container_image (a task's "
+                            "container_image= wins over both).",
+                            f"us-docker.pkg.dev/p/r/kinetic-airflow-runner-{kind}:0.1.0-py3.11",
+                        )
+                        for kind in ("cpu", "gpu", "tpu")
+                    },
+                    "worker_python": option(
+                        "The Airflow workers' Python major.minor, for the images `kinetic-airflow image` "
+                        "builds (default: the Python running the command).",
+                        "3.11",
+                    ),
                     "gcp_conn_id": option(
                         "Airflow GCP connection for storage and GKE (default google_cloud_default when "
                         "defined, else ambient credentials).",

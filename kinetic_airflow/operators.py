@@ -340,7 +340,7 @@ class KineticRunOperator(BaseOperator):
     def _cluster_fields(self) -> dict[str, Any]:
         """What a cluster backend needs; all of it public (ids, names, endpoint, CA)."""
         from kinetic_airflow.backends.gke.client import gke_access, resolve_gke_cluster
-        from kinetic_airflow.backends.gke.manifest import default_image
+        from kinetic_airflow.backends.gke.manifest import runner_image
 
         spec = parse_accelerator(self.accelerator, spot=self.spot or None)
         check_backend_fits(self._backend_name(), spec)
@@ -355,8 +355,9 @@ class KineticRunOperator(BaseOperator):
             }
         )
         deadline = int(self.execution_timeout.total_seconds()) if self.execution_timeout else None
-        image = resolve_setting("container_image", self.container_image) or default_image(
+        image = runner_image(
             spec,
+            self.container_image,
             resolve_setting("project", self.project),
             resolve_setting("zone", self.zone),
             resolve_setting("cluster", self.cluster),
@@ -911,8 +912,8 @@ def check_image_python(image: str) -> None:
     """Refuse, before anything is created, an image whose tag names another Python than the worker's.
 
     cloudpickle needs the same major.minor on both sides; the runner would find out only after
-    the pod got its accelerator and pulled the image. Images built from ``docker/`` carry the
-    version in their tag (``...:py3.11``); other tags are checked by the runner at start.
+    the pod got its accelerator and pulled the image. Images built by ``kinetic-airflow image`` carry
+    the version in their tag (``...:0.1.0-py3.11``); other tags are checked by the runner at start.
     """
     import re
 
@@ -922,7 +923,7 @@ def check_image_python(image: str) -> None:
         raise ValueError(
             f"container_image {image!r} is built for Python {found.group(1)}.{found.group(2)} but this "
             f"Airflow worker runs Python {here}: cloudpickle needs the same major.minor version on both "
-            f"sides. Use an image built for Python {here} (docker/: --build-arg PYTHON_VERSION={here}), "
+            f"sides. Use an image built for Python {here} (kinetic-airflow image --python {here}), "
             "or run the workers on the image's Python."
         )
 

@@ -315,6 +315,20 @@ OPTIONS: dict[str, OptionSpec] = dict(
             config=True,
         ),
         _spec("kinetic_interop", "bool", "true or false", "", task=False, config=True),
+        # The runner image per accelerator kind (a CPU image cannot run a TPU or GPU job); they win
+        # over container_image, a task's container_image= wins over both.
+        *(
+            _spec(f"container_image_{kind}", "text", "an image reference (str)", "", task=False, config=True)
+            for kind in ("cpu", "gpu", "tpu")
+        ),
+        _spec(
+            "worker_python",
+            "text",
+            "the Airflow workers' Python major.minor, such as 3.11",
+            "",
+            task=False,
+            config=True,
+        ),
         _spec(
             "requirements_cache",
             "enum",

@@ -32,8 +32,18 @@ class PayloadError(TypeError):
     """The function or one of its arguments cannot be shipped to the job."""
 
 
-def fingerprint() -> dict[str, str]:
-    return {"python": platform.python_version(), "cloudpickle": cloudpickle.__version__}
+def fingerprint() -> dict[str, Any]:
+    """What the runner checks against itself: Python and cloudpickle (pickles), the provider's
+    release and the job files' format (``envelope.FORMAT_VERSION``)."""
+    from kinetic_airflow import __version__
+    from kinetic_airflow.envelope import FORMAT_VERSION
+
+    return {
+        "python": platform.python_version(),
+        "cloudpickle": cloudpickle.__version__,
+        "kinetic_airflow": __version__,
+        "format": FORMAT_VERSION,
+    }
 
 
 _INSTALLED_PREFIXES = tuple(

@@ -46,9 +46,28 @@ def load_envelope(storage: Storage, uri: str) -> dict[str, Any]:
     try:
         storage.download_file(uri, tmp)
         with open(tmp, "rb") as fh:
-            return cloudpickle.load(fh)
+            envelope = cloudpickle.load(fh)
     finally:
         os.unlink(tmp)
+    check_envelope_format(envelope, uri)
+    return envelope
+
+
+def check_envelope_format(envelope: Any, uri: str) -> None:
+    """Refuse, with both releases named, an envelope in another job-file format than this worker's
+    (``envelope.FORMAT_VERSION``): its fields would be misread, not merely missing."""
+    from kinetic_airflow import __version__
+    from kinetic_airflow.envelope import FORMAT_VERSION
+
+    fingerprint = (envelope.get("fingerprint") or {}) if isinstance(envelope, dict) else {}
+    found = fingerprint.get("format", 1)  # envelopes written before the field existed: 1
+    if found != FORMAT_VERSION:
+        raise KineticJobError(
+            f"the job's result {uri} is in job format {found}, written by the runner of kinetic-airflow "
+            f"{fingerprint.get('kinetic_airflow', '?')}, but this worker (kinetic-airflow {__version__}) "
+            f"reads format {FORMAT_VERSION}: rebuild the runner image with the workers' release "
+            "(kinetic-airflow image) and re-run the task"
+        )
 
 
 def _xcom_size(value: Any) -> int | None:

@@ -28,7 +28,14 @@ import time
 import traceback
 from typing import Any
 
-from kinetic_airflow.envelope import ResultRef, dump_envelope, dumps_summary, is_result_ref, replace_refs
+from kinetic_airflow.envelope import (
+    FORMAT_VERSION,
+    ResultRef,
+    dump_envelope,
+    dumps_summary,
+    is_result_ref,
+    replace_refs,
+)
 from kinetic_airflow.layout import JobLayout
 from kinetic_airflow.storage import Storage, open_storage, uri_to_local_path
 from kinetic_airflow.tracebacks import mark_traceback, user_names
@@ -173,6 +180,7 @@ class JobRunner:
                     "after upload; re-run the task to upload it again."
                 )
             client = self.manifest.get("fingerprint", {})
+            self._check_release(client)
             client_py = str(client.get("python", ""))
             here_py = platform.python_version()
             if client_py.split(".")[:2] != here_py.split(".")[:2]:
@@ -200,6 +208,38 @@ class JobRunner:
                 ) from exc
         os.unlink(local_payload)
         return payload
+
+    def _check_release(self, client: dict[str, Any]) -> None:
+        """The worker's kinetic-airflow against this runner's.
+
+        A different job-file format fails the job here, before anything of the payload is
+        unpickled, with both releases named: the envelope this runner would write could not be
+        read by that worker. The same format from another release is a warning in the job log
+        (which the task log shows), not a failure: releases that keep the format work together,
+        and an upgrade of the workers must not fail every job until each image is rebuilt.
+        """
+        from kinetic_airflow import __version__
+
+        theirs = str(client.get("kinetic_airflow") or "an older release (no version in its manifest)")
+        their_format = client.get("format", 1)  # manifests written before the field existed: 1
+        image = self.manifest.get("image") or "this job's image"
+        rebuild = (
+            f"rebuild the runner image with the workers' kinetic-airflow (kinetic-airflow image --kind KIND "
+            f"--python {'.'.join(str(client.get('python', '')).split('.')[:2]) or 'X.Y'}, then push it) or "
+            "point container_image at an image built for it"
+        )
+        if their_format != FORMAT_VERSION:
+            raise PhaseError(
+                f"job format mismatch: the Airflow worker (kinetic-airflow {theirs}) wrote job format "
+                f"{their_format}, but the runner in {image} (kinetic-airflow {__version__}) reads format "
+                f"{FORMAT_VERSION}; {rebuild}"
+            )
+        if client.get("kinetic_airflow") != __version__:
+            log(
+                f"warning: version mismatch: the Airflow worker runs kinetic-airflow {theirs}, the runner "
+                f"in {image} is kinetic-airflow {__version__} (same job format {FORMAT_VERSION}, so the job "
+                f"runs); to keep them in step, {rebuild}"
+            )
 
     def _install_requirements(self) -> None:
         """The job's extra packages, from the environment cache (installed there if need be)."""
@@ -320,7 +360,14 @@ class JobRunner:
             if heartbeat is not None:
                 heartbeat.stop_event.set()
         envelope["timings"] = {**self.timings, "total": round(_now() - started, 3)}
-        envelope["fingerprint"] = {"python": platform.python_version(), "hostname": socket.gethostname()}
+        from kinetic_airflow import __version__
+
+        envelope["fingerprint"] = {
+            "python": platform.python_version(),
+            "hostname": socket.gethostname(),
+            "kinetic_airflow": __version__,
+            "format": FORMAT_VERSION,
+        }
         envelope["attempt"] = self.manifest.get("attempt", 1)
         written = self.write_envelope(envelope)
         if written:  # kinetic's own format beside its handle.json, for `kinetic jobs result`

@@ -54,3 +54,30 @@ def base_uri(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest
         uri = request.getfixturevalue("gcs_bucket") + "/kinetic"
     monkeypatch.setenv("KINETIC_BASE_URI", uri)
     return uri
+
+
+@pytest.fixture(scope="session")
+def built_wheel(tmp_path_factory) -> Path:
+    """This checkout as the wheel a user installs (``pip wheel --no-deps``), built once a session.
+
+    Built from a copy of the package's sources: setuptools keeps a ``build/`` folder beside the
+    sources and would put files deleted since an earlier build into the wheel.
+    """
+    import shutil
+
+    out = tmp_path_factory.mktemp("wheel")
+    src = tmp_path_factory.mktemp("wheel-src")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(TESTS.parent / name, src / name)
+    shutil.copytree(
+        TESTS.parent / "kinetic_airflow",
+        src / "kinetic_airflow",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(src)],
+        check=True,
+        capture_output=True,
+    )
+    (built,) = out.glob("kinetic_airflow-*.whl")
+    return built

@@ -171,7 +171,7 @@ def test_image_for_another_python(cluster):
         run_doctor(container_image="us-docker.pkg.dev/p/kn/kinetic:cpu-py3.9"), "runner image"
     )
     assert f"Python 3.9 but this Airflow worker runs Python {HERE}" in check.detail
-    assert f"--build-arg PYTHON_VERSION={HERE}" in check.fix
+    assert f"kinetic-airflow image --python {HERE}, then set [kinetic] container_image" in check.fix
 
 
 def test_unreachable_endpoint(cluster, monkeypatch, tmp_path):

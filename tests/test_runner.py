@@ -107,3 +107,90 @@ def test_runner_on_gcs(gcs_bucket):
     proc, summary = run_runner(layout)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(json.dumps(summary))["value_repr"] == "'hello gcs'"
+
+
+def _writes_marker(path):
+    with open(path, "w") as fh:
+        fh.write("ran")
+    return "ran"
+
+
+def _fingerprint(**changes):
+    from kinetic_airflow.payload import fingerprint
+
+    return {**fingerprint(), **changes}
+
+
+def test_job_format_mismatch_fails_before_unpickling_and_names_both_releases(tmp_path):
+    from kinetic_airflow import __version__
+    from kinetic_airflow.envelope import FORMAT_VERSION
+
+    ran = tmp_path / "ran"
+    layout = make_job(
+        f"file://{tmp_path}",
+        _writes_marker,
+        (str(ran),),
+        manifest_overrides={
+            "fingerprint": _fingerprint(kinetic_airflow="9.0.0", format=FORMAT_VERSION + 1),
+            "image": "reg/kinetic-airflow-runner-tpu:old",
+        },
+    )
+    proc, summary = run_runner(layout)
+    assert proc.returncode == 1
+    assert summary["ok"] is False and summary["phase"] == "verify"
+    message = summary["error_message"]
+    assert f"the Airflow worker (kinetic-airflow 9.0.0) wrote job format {FORMAT_VERSION + 1}" in message
+    assert f"the runner in reg/kinetic-airflow-runner-tpu:old (kinetic-airflow {__version__})" in message
+    assert "rebuild the runner image with the workers' kinetic-airflow (kinetic-airflow image" in message
+    assert not ran.exists()  # nothing of the payload was unpickled or run
+
+
+def test_release_mismatch_with_the_same_format_warns_in_the_job_log_and_runs(tmp_path):
+    from kinetic_airflow import __version__
+
+    layout = make_job(
+        f"file://{tmp_path}",
+        _hello,
+        ("x",),
+        manifest_overrides={"fingerprint": _fingerprint(kinetic_airflow="0.0.9")},
+    )
+    proc, summary = run_runner(layout)
+    assert proc.returncode == 0, proc.stderr
+    assert summary["ok"] is True
+    assert (
+        f"[kinetic] warning: version mismatch: the Airflow worker runs kinetic-airflow 0.0.9, the runner "
+        f"in this job's image is kinetic-airflow {__version__}"
+    ) in proc.stderr
+    assert summary["fingerprint"]["kinetic_airflow"] == __version__
+
+
+def test_matching_release_says_nothing(tmp_path):
+    layout = make_job(f"file://{tmp_path}", _hello, ("x",))  # write_payload's own fingerprint
+    proc, summary = run_runner(layout)
+    assert summary["ok"] is True
+    assert "mismatch" not in proc.stderr
+
+
+def test_worker_refuses_an_envelope_of_another_format(tmp_path):
+    import pytest
+
+    from kinetic_airflow import __version__
+    from kinetic_airflow.envelope import FORMAT_VERSION
+    from kinetic_airflow.results import KineticJobError, load_envelope
+
+    storage = open_storage(f"file://{tmp_path}")
+    uri = f"file://{tmp_path}/result.pkl"
+    envelope = {
+        "ok": True,
+        "value": 1,
+        "fingerprint": {"kinetic_airflow": "9.0.0", "format": FORMAT_VERSION + 1},
+    }
+    storage.write_bytes(uri, cloudpickle.dumps(envelope))
+    with pytest.raises(KineticJobError) as caught:
+        load_envelope(storage, uri)
+    assert f"is in job format {FORMAT_VERSION + 1}, written by the runner of kinetic-airflow 9.0.0" in str(
+        caught.value
+    )
+    assert f"this worker (kinetic-airflow {__version__}) reads format {FORMAT_VERSION}" in str(caught.value)
+    storage.write_bytes(uri, cloudpickle.dumps({**envelope, "fingerprint": {"format": FORMAT_VERSION}}))
+    assert load_envelope(storage, uri)["value"] == 1

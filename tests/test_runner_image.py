@@ -34,7 +34,9 @@ def runner_venv(tmp_path_factory) -> Path:
     venv.EnvBuilder(with_pip=True).create(root)
     env = {**os.environ, "PATH": f"{root / 'bin'}:{os.environ['PATH']}"}
     env.pop("PYTHONPATH", None)
-    subprocess.run(["sh", str(REPO / "docker/install-runner.sh"), str(REPO)], check=True, env=env)
+    subprocess.run(
+        ["sh", str(REPO / "kinetic_airflow/docker/install-runner.sh"), str(REPO)], check=True, env=env
+    )
     return root
 
 
@@ -59,7 +61,7 @@ def test_image_environment_has_no_airflow(runner_venv):
         env=_clean_env(runner_venv),
     ).stdout.split()
     assert out == ["None", "True"]
-    dockerfile = (REPO / "docker/Dockerfile").read_text()
+    dockerfile = (REPO / "kinetic_airflow/docker/Dockerfile").read_text()
     assert "install-runner.sh" in dockerfile  # the Dockerfile runs the same steps as this test
 
 

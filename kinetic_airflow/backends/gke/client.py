@@ -80,6 +80,9 @@ def cluster_key(cluster: dict[str, Any]) -> str:
 
 
 def _api_client(cluster: dict[str, Any]) -> Any:
+    from kinetic_airflow.backends import require_providers
+
+    require_providers("cncf.kubernetes") if cluster.get("kubernetes_conn_id") else require_providers()
     if cluster.get("kubernetes_conn_id"):
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
@@ -188,6 +191,9 @@ def resolve_gke_cluster(cluster: dict[str, Any]) -> dict[str, Any]:
 def resolve_gke_cluster_info(cluster: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     """``resolve_gke_cluster`` plus the GKE API's ``Cluster`` it read (node pools, autoscaling),
     for ``kinetic-airflow doctor``; always asks the GKE API."""
+    from kinetic_airflow.backends import require_providers
+
+    require_providers("google", needed_for="finding a GKE cluster (the gke and pathways backends)")
     from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook
 
     from kinetic_airflow.gcp_auth import gcp_conn_for_cluster

@@ -36,6 +36,26 @@ def default_image(
     return default_image_uri(spec.kind, project, zone, cluster)
 
 
+def runner_image(
+    spec: AcceleratorSpec,
+    explicit: str | None = None,
+    project: str | None = None,
+    zone: str | None = None,
+    cluster: str | None = None,
+) -> str:
+    """The image of a job with this accelerator: the task's ``container_image=``, else
+    ``[kinetic] container_image_{kind}``, else ``[kinetic] container_image``, else the kind's
+    default image. Per kind, because a CPU image set for every job cannot run a TPU or GPU one."""
+    from kinetic_airflow.config import resolve_setting
+
+    return (
+        explicit
+        or resolve_setting(f"container_image_{spec.kind}")
+        or resolve_setting("container_image")
+        or default_image(spec, project, zone, cluster)
+    )
+
+
 # What kinetic sets so Keras and JAX pick the job's hardware (kinetic's k8s_utils values).
 JAX_PLATFORMS = {"cpu": "cpu", "gpu": "gpu", "tpu": "tpu"}
 
