@@ -401,3 +401,44 @@ def test_many_looks_before_the_watch_has_listed_wait_on_the_loop_not_in_threads(
         for ref in waiting:
             backend.cancel(ref)
         emulator.admin.delay_scheduling(0)
+
+
+def test_a_watcher_cancelled_as_its_job_changes_is_cancelled(cluster_env):
+    """The triggerer cancels a trigger (task cleared, triggerer stopping) in the very loop
+    iteration in which a log line sets the job's change event: the cancellation must end the
+    trigger. ``asyncio.wait_for`` on Python < 3.12 returned normally there instead, so of two
+    hundred chatty triggers cancelled at once some ran on (bench/trigger_bench.py hung)."""
+    from kinetic_airflow.backends.gke.watch_cache import wait_event
+
+    async def helper() -> None:
+        event = asyncio.Event()
+        assert await wait_event(event, 0.05) is False
+        event.set()
+        assert await wait_event(event, 0.05) is True
+        event.clear()
+        waiting = asyncio.ensure_future(wait_event(event, 30))
+        await asyncio.sleep(0.05)  # parked in the wait
+        event.set()
+        waiting.cancel()  # the same iteration
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+
+    asyncio.run(helper())
+    _, ref, _ = gke_job("cancelled", _quick, [])
+    backend = get_backend("gke")
+
+    async def watcher_side() -> None:
+        observed = await backend._aobserved(ref)
+        for _ in range(50):  # until the job has gone quiet, so that nothing else wakes the wait
+            waiting = asyncio.ensure_future(backend.await_change(ref, 30))
+            await asyncio.sleep(0.3)
+            if not waiting.done():
+                break
+        assert not waiting.done(), "the job kept changing"
+        observed.changed.set()  # what a log line or the watch does
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await asyncio.wait_for(backend.await_change(ref, 0.1), 5)  # still usable afterwards
+
+    asyncio.run(watcher_side())

@@ -28,7 +28,13 @@ from kinetic_airflow.backends.gke.manifest import (
     build_job_manifest,
 )
 from kinetic_airflow.backends.gke.volumes import pod_extras
-from kinetic_airflow.backends.gke.watch_cache import FAILED_CREATE, ClusterWatch, cached_watch, shared_watch
+from kinetic_airflow.backends.gke.watch_cache import (
+    FAILED_CREATE,
+    ClusterWatch,
+    cached_watch,
+    shared_watch,
+    wait_event,
+)
 from kinetic_airflow.config import resolve_setting
 from kinetic_airflow.layout import JOB_PREFIX, JobIdentity, check_derived_names
 from kinetic_airflow.links import job_links
@@ -351,10 +357,7 @@ class GKEBackend(Backend):
         looks again: whatever changes after that look sets it, and the next wait returns at once.
         """
         changed = (await self._aobserved(job)).changed
-        try:
-            await asyncio.wait_for(changed.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
+        await wait_event(changed, timeout)  # not asyncio.wait_for: it may swallow a cancellation
         changed.clear()
 
     def close(self) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 
 from kinetic_airflow.backends.gke.client import ApiError, KubeApi, cluster_key, kube_api
 
-__all__ = ["ClusterWatch", "ashared_watch", "cached_watch", "shared_watch"]
+__all__ = ["ClusterWatch", "ashared_watch", "cached_watch", "shared_watch", "wait_event"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,25 @@ POD_SELECTOR = "app in (kinetic,kinetic-pathways)"
 FAILED_CREATE = "reason=FailedCreate"
 _WATCH_TIMEOUT_SECONDS = 240
 _IDLE_STOP_SECONDS = 300.0
+
+
+async def wait_event(event: asyncio.Event, timeout: float) -> bool:
+    """Whether ``event`` is set within ``timeout`` seconds; a cancellation always propagates.
+
+    Not ``asyncio.wait_for(event.wait(), timeout)``: before Python 3.12 it swallows a
+    cancellation that arrives in the loop iteration in which the event is set (it returns the
+    inner result instead, python/cpython#86296). A trigger's change event is set by every log
+    line, so a triggerer cancelling two hundred triggers lost some of those cancellations and
+    the triggers ran on. ``asyncio.wait`` never swallows one.
+    """
+    if event.is_set():
+        return True
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        done, _ = await asyncio.wait({waiter}, timeout=max(0.0, timeout))
+    finally:
+        waiter.cancel()
+    return bool(done)
 
 
 def _forbidden_text(exc: ApiError, verb: str, path: str) -> str:
@@ -298,8 +317,7 @@ class ClusterWatch:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     return False
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(woken.wait(), remaining)
+                await wait_event(woken, remaining)
         finally:
             with self._waiters_lock:
                 self._sync_waiters.discard(entry)
