@@ -14,6 +14,8 @@ What it checks, in order (a check that cannot run because an earlier one failed 
   DNS endpoint), and as whom (impersonation chain);
 * permissions: a SelfSubjectAccessReview (authorization.k8s.io/v1) for every verb the
   backend uses in the namespace (``REQUIRED_RULES``; ``--print-rbac`` prints them as a Role);
+  ``list``/``watch`` on events are checked too (the reason a pod cannot be created is read
+  from them) but only warn: jobs run without them;
 * namespace and service account present; the service account's Workload Identity
   annotation (``iam.gke.io/gcp-service-account``) when job storage is in GCS;
 * job storage reachable from here (write, read, delete a probe object);
@@ -21,8 +23,9 @@ What it checks, in order (a check that cannot run because an earlier one failed 
 * nodes (or GKE node pools, node auto-provisioning, Autopilot) able to provide the accelerator;
 * the runner image's tag matching this Python (``check_image_python``).
 
-A warning (the check could not tell, e.g. a namespaced Role may not list nodes) does not
-fail the run; a failure does (exit code 1).
+A warning (the check could not tell, e.g. a namespaced Role may not list nodes; or what is
+missing costs only diagnosis, e.g. no access to events) does not fail the run; a failure
+does (exit code 1).
 """
 
 from __future__ import annotations
@@ -59,6 +62,19 @@ REQUIRED_RULES: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
 )
 
 OK, FAIL, WARN, SKIP = "ok", "fail", "warn", "skip"
+
+# What a Role without list/watch on events costs (the FailedCreate reasons come from events).
+_WITHOUT_EVENTS_LIST = (
+    "Jobs still run, but kinetic cannot read the Job and StatefulSet controllers' FailedCreate "
+    "events: a pod the cluster refuses to create (a ResourceQuota, a PodSecurity or webhook "
+    "admission, a missing service account) then shows only as a job that did not start within "
+    "startup_timeout, not with the controller's reason"
+)
+_WITHOUT_EVENTS_WATCH = (
+    "Jobs still run, but the triggerer cannot follow the controllers' FailedCreate events: it "
+    "relists them (every 15 s at most) instead, so the reason a pod cannot be created (a "
+    "ResourceQuota, an admission, a missing service account) reaches the task late"
+)
 
 
 @dataclass
@@ -386,9 +402,12 @@ class _Doctor:
 
     # permissions -------------------------------------------------------------------------
     def permissions(self) -> None:
+        """A SelfSubjectAccessReview per verb. Any verb on the backend's objects, pods or logs
+        missing fails; ``list``/``watch`` on events missing alone warns, saying what is lost:
+        jobs run without it, but a pod the cluster refuses to create is no longer explained."""
         ns = self.s["namespace"]
         backend = self.s["backend"]
-        denied: list[str] = []
+        denied: list[tuple[str, str]] = []
         for group, resource, verbs, needed_by in REQUIRED_RULES:
             if needed_by not in ("all", backend):
                 continue
@@ -403,18 +422,31 @@ class _Doctor:
                     )
                     return
                 if not answer:
-                    denied.append(f"{verb} {resource}")
+                    denied.append((verb, resource))
         asked = ", ".join(r for _, r, _, b in REQUIRED_RULES if b in ("all", backend))
-        if denied:
-            self.add(
-                "permissions",
-                FAIL,
-                f"in namespace {ns} the identity may not: {', '.join(denied)}",
-                f"grant them: kinetic-airflow doctor --print-rbac --namespace {ns} --rbac-user IDENTITY "
-                "| kubectl apply -f - (a Role with exactly the verbs kinetic uses)",
-            )
-        else:
+        if not denied:
             self.add("permissions", OK, f"every verb the {backend} backend uses on {asked} in {ns}")
+            return
+        grant = (
+            f"kinetic-airflow doctor --print-rbac --namespace {ns} --rbac-user IDENTITY "
+            "| kubectl apply -f - (a Role with exactly the verbs kinetic uses)"
+        )
+        detail = f"in namespace {ns} the identity may not: {', '.join(f'{v} {r}' for v, r in denied)}"
+        no_events = [verb for verb, resource in denied if resource == "events"]
+        if no_events:
+            detail += f". {_WITHOUT_EVENTS_LIST if 'list' in no_events else _WITHOUT_EVENTS_WATCH}"
+        if len(no_events) < len(denied):
+            self.add("permissions", FAIL, detail, f"grant them: {grant}")
+            return
+        self.add(
+            "permissions",
+            WARN,
+            detail,
+            f'grant {" and ".join(no_events)} on events (apiGroups [""]) in {ns}: {grant}; or add '
+            f"just those: kubectl create role kinetic-airflow-events -n {ns} --verb=list,watch "
+            f"--resource=events && kubectl create rolebinding kinetic-airflow-events -n {ns} "
+            "--role=kinetic-airflow-events --user=IDENTITY",
+        )
 
     def _review(self, namespace: str, group: str, resource: str, verb: str) -> bool | None:
         from kinetic_airflow.backends.gke.client import ApiError

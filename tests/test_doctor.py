@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import kubernetes
@@ -136,7 +137,72 @@ def test_denied_watch(cluster):
     k8s, _ = cluster
     k8s.deny_verb("watch")  # list allowed, watch denied: the silent partial Role of the issue
     check = _only_failure(run_doctor(), "permissions")
-    assert check.detail.endswith("may not: watch jobs, watch pods, watch events")
+    assert check.detail.startswith(
+        "in namespace ml the identity may not: watch jobs, watch pods, watch events. Jobs still run, "
+        "but the triggerer cannot follow the controllers' FailedCreate events"
+    ), check.detail
+    assert check.fix.startswith("grant them: kinetic-airflow doctor --print-rbac --namespace ml")
+
+
+def _missing_account_job(monkeypatch):
+    """A Job whose pods name a service account that does not exist: none is ever created."""
+    from jobkit import gke_job
+
+    monkeypatch.setenv("AIRFLOW__KINETIC__SERVICE_ACCOUNT", "nobody")
+    _, ref, _ = gke_job("refused", lambda: 1, [])
+    return ref
+
+
+def test_a_role_without_events_warns_and_says_what_is_lost(cluster, monkeypatch):
+    """Jobs run without events, so doctor warns (exit 0), but it says what the user loses: the
+    controller's FailedCreate reason for a pod that cannot be created. The loss is shown too."""
+    from kinetic_airflow.backends import get_backend
+    from kinetic_airflow.backends.base import JobState
+    from kinetic_airflow.backends.gke.backend import k8s_job_name
+    from kinetic_airflow.cli import main
+
+    k8s, _ = cluster
+    k8s.deny_verb("list", "events")
+    k8s.deny_verb("watch", "events")
+    report = run_doctor()
+    assert report.ok, report.render()
+    check = report.check("permissions")
+    assert check.status == WARN
+    assert check.detail == (
+        "in namespace ml the identity may not: list events, watch events. Jobs still run, but kinetic "
+        "cannot read the Job and StatefulSet controllers' FailedCreate events: a pod the cluster "
+        "refuses to create (a ResourceQuota, a PodSecurity or webhook admission, a missing service "
+        "account) then shows only as a job that did not start within startup_timeout, not with the "
+        "controller's reason"
+    )
+    assert "kinetic-airflow doctor --print-rbac --namespace ml --rbac-user IDENTITY" in check.fix
+    assert "kubectl create role kinetic-airflow-events -n ml --verb=list,watch --resource=events" in check.fix
+    assert "--role=kinetic-airflow-events --user=IDENTITY" in check.fix
+    assert "[warn] permissions: in namespace ml the identity may not: list events" in report.render()
+    assert main(["doctor", "cpu"]) == 0  # a warning, not a failure
+
+    # What doctor says is lost, on the cluster: the Job controller reports why it cannot create
+    # the pod, but with this Role the status read (the worker's look) cannot see it.
+    backend = get_backend("gke")
+    ref = _missing_account_job(monkeypatch)
+    name = k8s_job_name(ref)
+    try:
+        deadline = time.monotonic() + 30
+        while not any(e.get("reason") == "FailedCreate" for e in k8s.events_for(NS, name)):
+            assert time.monotonic() < deadline, k8s.events_for(NS, name)
+            time.sleep(0.2)
+        blind = backend.status(ref)
+        assert (blind.state, blind.reason, blind.message) == (
+            JobState.PENDING,
+            "NoPod",
+            "waiting for the Job's pod to be created",
+        ), blind
+        k8s.clear_faults()  # the Role with events: the same look names the cause
+        told = backend.status(ref)
+        assert told.reason == "FailedCreate", told
+        assert 'serviceaccount "nobody" not found' in told.message, told
+    finally:
+        backend.cancel(ref)
 
 
 def test_denied_leaderworkersets_for_a_multi_host_accelerator(cluster):

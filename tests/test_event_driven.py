@@ -291,3 +291,154 @@ def test_a_job_that_waits_for_a_node_says_so_once_then_runs(cluster_env, emulato
     assert record["history"][0]["state"] == "waiting_for_node"
     assert record["state"] == "finished" and record["running_since"] >= record["history"][0]["time"]
     assert record["node"].startswith("gke-")
+
+
+class _CountingExecutor(ThreadPoolExecutor):
+    """A default executor that adds up how long its threads are occupied (thread-seconds)."""
+
+    def __init__(self, max_workers: int) -> None:
+        super().__init__(max_workers=max_workers)
+        self._count_lock = threading.Lock()
+        self.busy_seconds = 0.0
+        self.calls = 0
+
+    def submit(self, fn, /, *args, **kwargs):
+        def counted():
+            start = time.monotonic()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                with self._count_lock:
+                    self.busy_seconds += time.monotonic() - start
+                    self.calls += 1
+
+        return super().submit(counted)
+
+
+def _refused_listings(records) -> list:
+    return [r for r in records if r.method == "GET" and r.path.endswith("/jobs") and r.status == 429]
+
+
+def _direct_job_reads(records) -> list:
+    return [r for r in records if r.method == "GET" and "/jobs/" in r.path and not r.watch]
+
+
+def test_many_looks_before_the_watch_has_listed_wait_on_the_loop_not_in_threads(
+    cluster_env, emulator, monkeypatch
+):
+    """A restarted triggerer: thirty triggers look at their jobs at once while the namespace's
+    watch is still making its first listing (the API server throttles it with 429s for ~6 s).
+    They wait for it on the event loop: the default executor stays free for a storage read or a
+    token refresh (a parked thread per look would fill it for the whole relist), and every look
+    is answered from the watch once it has listed, correctly. Past the timeout the looks read
+    the API instead, also correctly."""
+    from kinetic_airflow.backends.base import JobState
+    from kinetic_airflow.backends.gke import backend as gke_backend
+
+    backend = get_backend("gke")
+    done = [gke_job(f"done{i}", _quick, [])[1] for i in range(2)]
+    deadline = time.monotonic() + 90
+    while any(backend.status(ref).state is not JobState.SUCCEEDED for ref in done):
+        assert time.monotonic() < deadline, [backend.status(ref) for ref in done]
+        time.sleep(0.3)
+    emulator.admin.delay_scheduling(600)  # the others wait for a node: pending, no pod process
+    waiting = [gke_job(f"wait{i}", _quick, [])[1] for i in range(28)]
+    refs = done + waiting
+    expected = {ref["job_id"]: backend.status(ref).state for ref in refs}  # what the API says
+    assert list(expected.values()) == [JobState.SUCCEEDED] * 2 + [JobState.PENDING] * 28, expected
+
+    async def look_at_all(probe_after: float) -> tuple[dict, float, float, _CountingExecutor]:
+        executor = _CountingExecutor(max_workers=8)
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(executor)
+        fresh = get_backend("gke")  # a new triggerer: no watch, no client yet
+        started = time.monotonic()
+        looks = [asyncio.ensure_future(fresh.astatus(ref)) for ref in refs]
+        await asyncio.sleep(probe_after)
+        assert not any(look.done() for look in looks), "the watch listed before the probe"
+        asked = time.monotonic()
+        await loop.run_in_executor(None, time.sleep, 0)  # e.g. a storage read made meanwhile
+        probe_wait = time.monotonic() - asked
+        statuses = await asyncio.gather(*looks)
+        elapsed = time.monotonic() - started
+        return (
+            {r["job_id"]: s.state for r, s in zip(refs, statuses, strict=True)},
+            elapsed,
+            probe_wait,
+            executor,
+        )
+
+    try:
+        # 1. The listing is refused three times (Retry-After 2 s), then succeeds.
+        reset_shared_state()
+        mark = emulator.request_mark()
+        emulator.admin.inject_api_fault("GET", r"/jobs$", status=429, count=3, retry_after=2.0)
+        states, elapsed, probe_wait, executor = asyncio.run(look_at_all(probe_after=2.0))
+        served = emulator.requests(since=mark)
+        assert states == expected
+        assert len(_refused_listings(served)) == 3, served
+        assert elapsed >= 4.0, elapsed  # the looks did wait for the listing
+        assert _direct_job_reads(served) == [], _direct_job_reads(served)  # answered by the watch
+        assert probe_wait < 1.0, probe_wait  # a thread was free while thirty looks waited
+        # Connecting thirty triggers (building the client, starting the watch) is all the threads
+        # did: a thread parked per look for the ~6 s listing would be 30 x 6 = 180 thread-seconds.
+        assert executor.busy_seconds < 5.0, (executor.busy_seconds, executor.calls)
+
+        # 2. The listing keeps being refused: past the timeout each look reads the API directly.
+        monkeypatch.setattr(gke_backend, "SYNC_TIMEOUT_SECONDS", 3.0)
+        reset_shared_state()
+        mark = emulator.request_mark()
+        emulator.admin.inject_api_fault("GET", r"/jobs$", status=429, count=None, retry_after=1.0)
+        states, elapsed, probe_wait, executor = asyncio.run(look_at_all(probe_after=1.5))
+        served = emulator.requests(since=mark)
+        assert states == expected
+        assert 3.0 <= elapsed < 20.0, elapsed
+        assert len({r.path for r in _direct_job_reads(served)}) == 30, _direct_job_reads(served)
+        assert probe_wait < 1.0, probe_wait
+    finally:
+        emulator.admin.clear_faults()
+        reset_shared_state()
+        for ref in waiting:
+            backend.cancel(ref)
+        emulator.admin.delay_scheduling(0)
+
+
+def test_a_watcher_cancelled_as_its_job_changes_is_cancelled(cluster_env):
+    """The triggerer cancels a trigger (task cleared, triggerer stopping) in the very loop
+    iteration in which a log line sets the job's change event: the cancellation must end the
+    trigger. ``asyncio.wait_for`` on Python < 3.12 returned normally there instead, so of two
+    hundred chatty triggers cancelled at once some ran on (bench/trigger_bench.py hung)."""
+    from kinetic_airflow.backends.gke.watch_cache import wait_event
+
+    async def helper() -> None:
+        event = asyncio.Event()
+        assert await wait_event(event, 0.05) is False
+        event.set()
+        assert await wait_event(event, 0.05) is True
+        event.clear()
+        waiting = asyncio.ensure_future(wait_event(event, 30))
+        await asyncio.sleep(0.05)  # parked in the wait
+        event.set()
+        waiting.cancel()  # the same iteration
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+
+    asyncio.run(helper())
+    _, ref, _ = gke_job("cancelled", _quick, [])
+    backend = get_backend("gke")
+
+    async def watcher_side() -> None:
+        observed = await backend._aobserved(ref)
+        for _ in range(50):  # until the job has gone quiet, so that nothing else wakes the wait
+            waiting = asyncio.ensure_future(backend.await_change(ref, 30))
+            await asyncio.sleep(0.3)
+            if not waiting.done():
+                break
+        assert not waiting.done(), "the job kept changing"
+        observed.changed.set()  # what a log line or the watch does
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await asyncio.wait_for(backend.await_change(ref, 0.1), 5)  # still usable afterwards
+
+    asyncio.run(watcher_side())

@@ -208,6 +208,22 @@ def test_an_identity_without_watch_gets_403_on_watch_only(apis, k8s_cluster: Clu
     batch.list_namespaced_job(NS, watch=True, timeout_seconds=1, _preload_content=False).release_conn()
 
 
+def test_an_identity_without_list_gets_403_on_list_and_watch_still_works(apis, k8s_cluster: ClusterEmulator):
+    core, _, _, _ = apis
+    k8s_cluster.deny_verb("list", "events")
+    with pytest.raises(ApiException) as caught:
+        core.list_namespaced_event(NS)
+    assert caught.value.status == 403
+    assert api_error(caught.value)["message"] == (
+        'events is forbidden: User "system:serviceaccount:airflow:airflow" cannot list '
+        'resource "events" in API group "" in the namespace "default"'
+    )
+    core.list_namespaced_pod(NS)  # only the denied resource
+    core.list_namespaced_event(NS, watch=True, timeout_seconds=1, _preload_content=False).release_conn()
+    k8s_cluster.clear_faults()
+    core.list_namespaced_event(NS)
+
+
 def test_the_new_faults_over_http(apis, k8s_cluster: ClusterEmulator):
     """The same faults for an emulator in another process (``EmulatorAdminClient``)."""
     from kinetic_airflow.testing.cluster import EmulatorAdminClient

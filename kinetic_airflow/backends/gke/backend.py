@@ -20,7 +20,7 @@ from typing import Any
 from kinetic_airflow.accelerators import parse_accelerator
 from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobState
 from kinetic_airflow.backends.gke.classify import classify, with_refusal
-from kinetic_airflow.backends.gke.client import ApiError, KubeApi, kube_api
+from kinetic_airflow.backends.gke.client import ApiError, KubeApi, cached_kube_api, kube_api
 from kinetic_airflow.backends.gke.logstream import PodLogStream
 from kinetic_airflow.backends.gke.manifest import (
     CONTAINER_NAME,
@@ -28,7 +28,13 @@ from kinetic_airflow.backends.gke.manifest import (
     build_job_manifest,
 )
 from kinetic_airflow.backends.gke.volumes import pod_extras
-from kinetic_airflow.backends.gke.watch_cache import FAILED_CREATE, ClusterWatch, shared_watch
+from kinetic_airflow.backends.gke.watch_cache import (
+    FAILED_CREATE,
+    ClusterWatch,
+    cached_watch,
+    shared_watch,
+    wait_event,
+)
 from kinetic_airflow.config import resolve_setting
 from kinetic_airflow.layout import JOB_PREFIX, JobIdentity, check_derived_names
 from kinetic_airflow.links import job_links
@@ -39,6 +45,9 @@ __all__ = ["GKEBackend", "JobOwnershipError", "Observed", "k8s_job_name"]
 log = logging.getLogger(__name__)
 
 TI_LABEL = "kinetic.airflow/ti"
+# How long a trigger's look waits (on the loop) for the namespace's watch to list before it reads
+# the job from the API instead.
+SYNC_TIMEOUT_SECONDS = 30.0
 
 
 class JobOwnershipError(RuntimeError):
@@ -209,33 +218,37 @@ class GKEBackend(Backend):
             status = self._with_refusal(found, status, watch.failed_creates(self.refusal_names(job)))
         return status
 
-    def _cached_status(self, job: JobRef) -> BackendStatus:
-        watch = shared_watch(job["cluster"], job["namespace"])
-        if not watch.wait_synced(30):
-            return self._forbidden(watch) or self.status(job)
-        name = self.object_name(job)
-        found = self._cached_object(watch, name)
-        if found is None:  # just created and not seen yet, or really gone: ask once
-            return self.status(job)
-        return self._from_watch(job, watch, found)
-
     async def astatus(self, job: JobRef) -> BackendStatus:
         """From the shared watch's memory, in the loop (no thread hop) once it is synced and
-        knows the Job; otherwise in a thread, which may ask the API. A watch that RBAC refuses
-        is an error naming the verb, never a stale cache."""
+        knows the Job; otherwise a direct read in a thread.
+
+        Until the watch has listed, the look waits for it on the loop (``await_synced``), not in
+        a worker thread: forty triggers started together by a restarted triggerer must not park
+        forty threads of the default executor for the length of a relist. If the watch has not
+        listed within ``SYNC_TIMEOUT_SECONDS`` the job is read from the API instead, as before.
+        A watch that RBAC refuses is an error naming the verb, never a stale cache.
+        """
         observed = await self._aobserved(job)
-        forbidden = self._forbidden(observed.watch)
+        watch = observed.watch
+        listed = watch.synced or await watch.await_synced(SYNC_TIMEOUT_SECONDS)
+        forbidden = self._forbidden(watch)
         if forbidden is not None:
             return forbidden
-        name = self.object_name(job)
-        found = self._cached_object(observed.watch, name) if observed.watch.synced else None
+        found = self._cached_object(watch, self.object_name(job)) if listed else None
         if found is not None:
-            return self._from_watch(job, observed.watch, found)
-        return await asyncio.to_thread(self._cached_status, job)
+            return self._from_watch(job, watch, found)
+        # not listed in time, or just created and not seen yet, or really gone: ask once
+        return await asyncio.to_thread(self.status, job)
 
     def _connect(self, job: JobRef) -> tuple[KubeApi, ClusterWatch]:
         """The job's client and shared watch; may do I/O, so a trigger calls it in a thread."""
         return self._api(job), shared_watch(job["cluster"], job["namespace"])
+
+    def _connected(self, job: JobRef) -> tuple[KubeApi, ClusterWatch] | None:
+        """``_connect`` from memory when the client and watch exist already (no thread hop)."""
+        api = cached_kube_api(job["cluster"])
+        watch = cached_watch(job["cluster"], job["namespace"])
+        return (api, watch) if api is not None and watch is not None else None
 
     async def _aobserved(self, job: JobRef) -> Observed:
         """The job's ``Observed``, connected in a worker thread on first use.
@@ -247,7 +260,7 @@ class GKEBackend(Backend):
         found = self._observed.get(name)
         if found is not None and not found.watch.stopped.is_set():
             return found
-        api, watch = await asyncio.to_thread(self._connect, job)
+        api, watch = self._connected(job) or await asyncio.to_thread(self._connect, job)
         found = self._observed.get(name)  # another look of this job may have connected meanwhile
         if found is not None and found.watch is watch:
             return found
@@ -344,10 +357,7 @@ class GKEBackend(Backend):
         looks again: whatever changes after that look sets it, and the next wait returns at once.
         """
         changed = (await self._aobserved(job)).changed
-        try:
-            await asyncio.wait_for(changed.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
+        await wait_event(changed, timeout)  # not asyncio.wait_for: it may swallow a cancellation
         changed.clear()
 
     def close(self) -> None:

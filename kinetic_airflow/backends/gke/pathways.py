@@ -100,12 +100,13 @@ class PathwaysBackend(GKEBackend):
         watch.watch_groups(self.object_path(job))
         return watch
 
-    def _cached_status(self, job: JobRef) -> BackendStatus:
-        self._group_watch(job)
-        return super()._cached_status(job)
-
     def _connect(self, job: JobRef) -> tuple[KubeApi, ClusterWatch]:
         return self._api(job), self._group_watch(job)
+
+    def _connected(self, job: JobRef) -> tuple[KubeApi, ClusterWatch] | None:
+        """From memory only once the watch follows LeaderWorkerSets (their path needs discovery)."""
+        found = super()._connected(job)
+        return found if found is not None and found[1].groups is not None else None
 
     async def arelease(self, job: JobRef) -> None:
         """The attempt's outcome is known: delete the group (its hosts only wait now)."""

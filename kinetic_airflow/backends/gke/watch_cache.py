@@ -27,7 +27,7 @@ from typing import Any
 
 from kinetic_airflow.backends.gke.client import ApiError, KubeApi, cluster_key, kube_api
 
-__all__ = ["ClusterWatch", "ashared_watch", "cached_watch", "shared_watch"]
+__all__ = ["ClusterWatch", "ashared_watch", "cached_watch", "shared_watch", "wait_event"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,25 @@ POD_SELECTOR = "app in (kinetic,kinetic-pathways)"
 FAILED_CREATE = "reason=FailedCreate"
 _WATCH_TIMEOUT_SECONDS = 240
 _IDLE_STOP_SECONDS = 300.0
+
+
+async def wait_event(event: asyncio.Event, timeout: float) -> bool:
+    """Whether ``event`` is set within ``timeout`` seconds; a cancellation always propagates.
+
+    Not ``asyncio.wait_for(event.wait(), timeout)``: before Python 3.12 it swallows a
+    cancellation that arrives in the loop iteration in which the event is set (it returns the
+    inner result instead, python/cpython#86296). A trigger's change event is set by every log
+    line, so a triggerer cancelling two hundred triggers lost some of those cancellations and
+    the triggers ran on. ``asyncio.wait`` never swallows one.
+    """
+    if event.is_set():
+        return True
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        done, _ = await asyncio.wait({waiter}, timeout=max(0.0, timeout))
+    finally:
+        waiter.cancel()
+    return bool(done)
 
 
 def _forbidden_text(exc: ApiError, verb: str, path: str) -> str:
@@ -99,6 +118,7 @@ class _Collection(threading.Thread):
             self.objects = {item["metadata"]["name"]: item for item in listing.get("items", [])}
         self.resource_version = listing.get("metadata", {}).get("resourceVersion")
         self.synced.set()
+        self.owner.sync_changed()
         self.owner.notify(None)  # changes missed while the watch was down are in this listing
 
     def _watch_once(self) -> None:
@@ -123,6 +143,7 @@ class _Collection(threading.Thread):
         if self.forbidden is not None:  # the verb is granted again: trust the cache once more
             self.forbidden = None
             self.synced.set()
+            self.owner.sync_changed()
         buffer = b""
         try:
             for chunk in response.stream(65536, decode_content=True):
@@ -176,6 +197,7 @@ class _Collection(threading.Thread):
                 self.resource_version = None  # granted again later: relist, do not trust old state
                 if first:
                     log.warning("%s", exc)
+                    self.owner.sync_changed()  # who awaits the first listing must stop waiting
                     self.owner.notify(None)  # every watcher of this namespace must hear it
                 self.owner.stopped.wait(backoff)
                 backoff = min(backoff * 2, 15.0)
@@ -219,6 +241,9 @@ class ClusterWatch:
         # job name -> (loop, event) of the watchers waiting for that job to change
         self._waiters: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
         self._waiters_lock = threading.Lock()
+        # (loop, event) of the coroutines in ``await_synced``: set whenever a collection lists,
+        # is refused by RBAC, or the watch stops (guarded by _waiters_lock too)
+        self._sync_waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
         self.jobs = _Collection(self, KubeApi.jobs_path(namespace), JOB_SELECTOR)
         self.pods = _Collection(self, KubeApi.pods_path(namespace), POD_SELECTOR)
         # Why pods are missing: the Job and StatefulSet controllers' FailedCreate events (quota,
@@ -249,15 +274,61 @@ class ClusterWatch:
         found = self.events.about(names)
         return sorted(found, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
 
+    def _all_listed(self) -> bool:
+        return all(c.synced.is_set() for c in self._collections())
+
     def wait_synced(self, timeout: float = 30.0) -> bool:
         """Whether every needed collection has listed within ``timeout``; False at once when RBAC
-        refuses one (``forbidden``), which no amount of waiting mends."""
+        refuses one (``forbidden``), which no amount of waiting mends.
+
+        Blocks its thread: for synchronous callers only. A trigger uses ``await_synced``.
+        """
         deadline = time.monotonic() + timeout
         for collection in self._collections():
             while not collection.synced.wait(max(0.0, min(0.2, deadline - time.monotonic()))):
                 if self.forbidden is not None or time.monotonic() >= deadline:
                     return False
         return True
+
+    async def await_synced(self, timeout: float = 30.0) -> bool:
+        """``wait_synced`` on the event loop: the caller sleeps on an ``asyncio.Event`` that the
+        watch threads set, and no worker thread waits for it.
+
+        A triggerer restarted with forty deferred jobs starts forty triggers at once while the
+        namespace's watch makes its first listing (or relists after a 410). Parking a thread of
+        the loop's default executor per trigger for that time would starve every other blocking
+        call the triggerer makes there (storage reads, token refreshes, connection look-ups);
+        here they all wait on the loop for free. False when ``timeout`` passes, RBAC refuses a
+        listing (``forbidden``) or the watch is stopped; the caller then reads directly.
+        """
+        loop = asyncio.get_running_loop()
+        woken = asyncio.Event()
+        entry = (loop, woken)
+        deadline = loop.time() + timeout
+        with self._waiters_lock:
+            self._sync_waiters.add(entry)
+        try:
+            while True:
+                woken.clear()  # before looking: a change after the look sets it again
+                if self.forbidden is not None or self.stopped.is_set():
+                    return False
+                if self._all_listed():
+                    return True
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return False
+                await wait_event(woken, remaining)
+        finally:
+            with self._waiters_lock:
+                self._sync_waiters.discard(entry)
+
+    def sync_changed(self) -> None:
+        """Wake every ``await_synced`` (called from the watch threads, and by ``stop``)."""
+        with self._waiters_lock:
+            waiters = list(self._sync_waiters)
+        for loop, event in waiters:
+            with contextlib.suppress(RuntimeError):  # that loop has closed meanwhile
+                loop.call_soon_threadsafe(event.set)
 
     def job(self, name: str) -> dict[str, Any] | None:
         self.last_used = time.monotonic()
@@ -329,6 +400,7 @@ class ClusterWatch:
 
     def stop(self) -> None:
         self.stopped.set()
+        self.sync_changed()
 
 
 _WATCHES: dict[tuple[str, str], ClusterWatch] = {}

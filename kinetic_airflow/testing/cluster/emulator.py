@@ -418,9 +418,10 @@ class ClusterEmulator:
 
     def deny_verb(self, verb: str = "watch", resource: str | None = None) -> None:
         """Answer ``verb`` requests (on ``resource``, a plural like ``jobs``; None: every resource)
-        with RBAC's 403 Forbidden, as for an identity whose Role lacks that verb. ``list`` and the
-        other verbs stay allowed; ``clear_faults`` restores the verb. SelfSubjectAccessReviews
-        answer from the same set (``pods/log`` names the log subresource)."""
+        with RBAC's 403 Forbidden, as for an identity whose Role lacks that verb. The API refuses
+        ``watch`` and ``list``; other verbs are refused by SelfSubjectAccessReviews only, which
+        answer from the same set (``pods/log`` names the log subresource). ``clear_faults``
+        restores the verb."""
         faults = self.cluster.faults
         with faults.lock:
             faults.denied_verbs.append((verb, resource))

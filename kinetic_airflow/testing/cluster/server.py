@@ -313,6 +313,8 @@ class ApiServer:
             return await self._watch(request, rt, namespace, name)
         if name is None:
             if method == "GET":
+                if self.cluster.faults.verb_denied("list", rt.plural):  # the same 403 as for watch
+                    raise errors.forbidden_verb("list", rt, namespace)
                 return self._list(request, rt, namespace)
             if method == "POST":
                 body = await self._body(request)
