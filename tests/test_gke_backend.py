@@ -127,20 +127,24 @@ def test_preemption_oom_image_pull_and_unschedulable(gke_env, capfd):
     emulator, out = gke_env
     emulator.fail_image_pulls("registry.invalid/*")
 
+    def wait_for_line(name: str, line: str) -> None:
+        _, core = _k8s(emulator)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            log = core.read_namespaced_pod_log(name, "default", _preload_content=False).data.decode()
+            if line in log:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"pod {name} never printed {line!r}")
+
     def preempt():
         name = _wait_for_pod(emulator, "preemptible-training", timeout=300)
-        time.sleep(1.0)  # let it write its checkpoint
+        wait_for_line(name, "checkpoint written")  # preempt only once attempt 1 checkpointed
         emulator.preempt_pod("default", name, grace_seconds=1)
 
     def oom_kill():
         name = _wait_for_pod(emulator, "memory-hog", timeout=300)
-        _, core = _k8s(emulator)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # kill it once it is really working
-            log = core.read_namespaced_pod_log(name, "default", _preload_content=False).data.decode()
-            if "allocating" in log:
-                break
-            time.sleep(0.1)
+        wait_for_line(name, "allocating")  # kill it once it is really working
         emulator.oom_kill_pod("default", name)
 
     # dag.test runs the tasks in no fixed order: one watcher thread per fault

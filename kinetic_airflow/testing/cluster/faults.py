@@ -202,8 +202,6 @@ class FaultState:
                 rule.streams -= 1
                 if rule.streams <= 0:
                     self.watch_drop = None
-            self.image_pull_transient.clear()
-            self.denied_verbs.clear()
             return rule.after_events
 
     def clear(self) -> None:
