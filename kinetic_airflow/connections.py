@@ -13,7 +13,7 @@ from kinetic_airflow.gcp_auth import (
     missing_connection_error,
     no_credentials_error,
 )
-from kinetic_airflow.storage import GCSStorage, Storage, open_storage
+from kinetic_airflow.job.storage import GCSStorage, Storage, open_storage
 
 __all__ = ["KineticConfigError", "storage_for"]
 
@@ -24,7 +24,7 @@ def _ambient_storage_client(uri: str) -> Any:
     from google.auth.exceptions import DefaultCredentialsError
     from google.cloud import storage
 
-    from kinetic_airflow.storage import _ambient_client
+    from kinetic_airflow.job.storage import _ambient_client
 
     try:
         return _ambient_client(storage)

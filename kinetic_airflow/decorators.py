@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from airflow.sdk.bases.decorator import Task
     from typing_extensions import Unpack
 
-    from kinetic_airflow.data import Data
+    from kinetic_airflow.job.inputs import Data
     from kinetic_airflow.typed_args import BackendName, TaskArgs
 
     FParams = ParamSpec("FParams")

@@ -28,9 +28,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kinetic_airflow.layout import JobIdentity, JobLayout
-from kinetic_airflow.storage import FileStorage, Storage, join_uri, uri_to_local_path
-from kinetic_airflow.tracebacks import user_summary
+from kinetic_airflow.job.layout import JobIdentity, JobLayout
+from kinetic_airflow.job.storage import FileStorage, Storage, join_uri, uri_to_local_path
+from kinetic_airflow.job.tracebacks import user_summary
 
 __all__ = [
     "RECORD_NAME",
@@ -60,7 +60,7 @@ def publish_job(storage: Storage, ref: dict[str, Any], func_name: str) -> None:
     Neither may fail the task: a job without them runs the same, it is only harder to find.
     """
     from kinetic_airflow.config import resolve_setting
-    from kinetic_airflow.interop import write_handle
+    from kinetic_airflow.job.interop import write_handle
 
     created = float(ref.get("submitted_at") or time.time())
     record = {"version": 1, "job": ref, "callable": func_name, "created": created}
@@ -225,7 +225,7 @@ def backend_states(infos: Iterable[JobInfo]) -> None:
             if ref.get("backend") == "local":
                 status = get_backend("local").status(ref)
             else:
-                from kinetic_airflow.cluster_objects import snapshot_for
+                from kinetic_airflow.backends.gke.cluster_objects import snapshot_for
 
                 status = snapshot_for(snapshots, ref).status_of(ref)
         except Exception as exc:

@@ -59,7 +59,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from kinetic_airflow.layout import STATE_KEY, JobLayout
+from kinetic_airflow.job.layout import STATE_KEY, JobLayout
 
 __all__ = [
     "Action",

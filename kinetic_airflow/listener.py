@@ -18,7 +18,7 @@ from typing import Any
 
 from airflow.listeners import hookimpl
 
-from kinetic_airflow.layout import STATE_KEY
+from kinetic_airflow.job.layout import STATE_KEY
 from kinetic_airflow.lifecycle import decode_record
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kinetic_airflow.envelope import ResultRef, is_result_ref
+from kinetic_airflow.job.envelope import ResultRef, is_result_ref
 
 __all__ = ["load_result"]
 

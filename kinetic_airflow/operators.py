@@ -35,15 +35,20 @@ from airflow.sdk.exceptions import AirflowTaskTimeout
 from kinetic_airflow import lifecycle
 from kinetic_airflow.accelerators import parse_accelerator
 from kinetic_airflow.backends import BackendStatus, JobRef, JobState, get_backend
-from kinetic_airflow.codebundle import code_roots, ship_code_bundle
+from kinetic_airflow.backends.gke.pod_override import combined_override, validate_at_parse
 from kinetic_airflow.config import KineticSettingError, default_base_uri, local_state_root, resolve_setting
 from kinetic_airflow.connections import storage_for
 from kinetic_airflow.context_args import check_context_parameters
-from kinetic_airflow.data import Data, data_in
 from kinetic_airflow.envcapture import capture_env
-from kinetic_airflow.envelope import ResultRef, is_result_ref, replace_refs
+from kinetic_airflow.job.codebundle import code_roots, ship_code_bundle
+from kinetic_airflow.job.envelope import ResultRef, is_result_ref, replace_refs
+from kinetic_airflow.job.inputs import Data, data_in
+from kinetic_airflow.job.layout import JobIdentity, JobLayout, output_dir_uri
+from kinetic_airflow.job.payload import manifest_json, register_dag_modules_by_value, write_payload
+from kinetic_airflow.job.requirements import resolve_requirements
+from kinetic_airflow.job.storage import Storage, uri_to_local_path
+from kinetic_airflow.job.tracebacks import user_names
 from kinetic_airflow.jobstore import publish_job
-from kinetic_airflow.layout import JobIdentity, JobLayout, output_dir_uri
 from kinetic_airflow.lifecycle import Action, Phase, TryInfo, decide, load_record, save_record
 from kinetic_airflow.links import (
     LINKS_XCOM_KEY,
@@ -54,10 +59,7 @@ from kinetic_airflow.links import (
     job_links,
 )
 from kinetic_airflow.options import is_deferred
-from kinetic_airflow.payload import manifest_json, register_dag_modules_by_value, write_payload
-from kinetic_airflow.pod_override import combined_override, validate_at_parse
 from kinetic_airflow.preflight import preflight
-from kinetic_airflow.requirements import resolve_requirements
 from kinetic_airflow.results import (
     KineticJobError,
     load_envelope,
@@ -65,8 +67,6 @@ from kinetic_airflow.results import (
     raise_remote,
     to_xcom,
 )
-from kinetic_airflow.storage import Storage, uri_to_local_path
-from kinetic_airflow.tracebacks import user_names
 from kinetic_airflow.triggers import KineticJobTrigger
 from kinetic_airflow.usage import USAGE_XCOM_KEY, attempt_usage, emit_metrics, totals
 from kinetic_airflow.validation import (

@@ -639,13 +639,13 @@ def _check_patterns(spec: OptionSpec, value: Any, where: str) -> list[str]:
 
 
 def _check_volumes(spec: OptionSpec, value: Any, where: str) -> dict[str, Any]:
-    from kinetic_airflow.data import validate_volumes
+    from kinetic_airflow.job.inputs import validate_volumes
 
     return validate_volumes(value)
 
 
 def _check_pod_override(spec: OptionSpec, value: Any, where: str) -> Any:
-    from kinetic_airflow.pod_override import normalize_pod_override
+    from kinetic_airflow.backends.gke.pod_override import normalize_pod_override
 
     if isinstance(value, str):  # JSON text is the config's form; a task passes the dict itself
         raise _fail(spec, where, value, "is a string; a task argument takes the dict itself")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from kinetic_airflow.accelerators import parse_accelerator
 from kinetic_airflow.config import KineticSettingError, resolve_setting
 from kinetic_airflow.context_args import context_kwargs
-from kinetic_airflow.data import data_in
+from kinetic_airflow.job.inputs import data_in
 from kinetic_airflow.options import check_rendered_options
 from kinetic_airflow.validation import check_backend_fits, check_base_uri, check_local_volumes
 

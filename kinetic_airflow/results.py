@@ -10,9 +10,9 @@ from typing import Any
 
 import cloudpickle
 
-from kinetic_airflow.envelope import ResultRef
-from kinetic_airflow.storage import Storage
-from kinetic_airflow.tracebacks import clean_remote_traceback, type_name, user_summary
+from kinetic_airflow.job.envelope import ResultRef
+from kinetic_airflow.job.storage import Storage
+from kinetic_airflow.job.tracebacks import clean_remote_traceback, type_name, user_summary
 
 __all__ = [
     "KineticJobError",

@@ -39,8 +39,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from kinetic_airflow.job.storage import FileStorage, Storage, join_uri, uri_to_local_path
 from kinetic_airflow.jobstore import LIVE_STATES, JobInfo, backend_states, list_job_ids, load_job
-from kinetic_airflow.storage import FileStorage, Storage, join_uri, uri_to_local_path
 
 __all__ = ["GcPlan", "add_gc_command", "apply_plan", "make_plan", "parse_age", "run_gc"]
 
@@ -290,7 +290,7 @@ def find_orphans(
 ) -> list[Orphan]:
     """kinetic-airflow cluster objects holding pods for a task instance that no longer runs."""
     from kinetic_airflow.backends.gke.client import cluster_key
-    from kinetic_airflow.cluster_objects import ClusterSnapshot
+    from kinetic_airflow.backends.gke.cluster_objects import ClusterSnapshot
 
     if facts is None:
         return []
@@ -367,7 +367,7 @@ def _delete_prefix(storage: Storage, uri: str) -> None:
 
 def apply_plan(storage: Storage, plan: GcPlan, *, delete_orphans: bool) -> dict[str, int]:
     from kinetic_airflow.config import local_state_root
-    from kinetic_airflow.interop import interop_prefix
+    from kinetic_airflow.job.interop import interop_prefix
 
     done = {"jobs": 0, "outputs": 0, "orphans": 0}
     root = os.path.realpath(local_state_root())
@@ -435,7 +435,7 @@ def _configured_cluster(args: argparse.Namespace) -> list[tuple[dict[str, Any], 
 
 
 def _gc(args: argparse.Namespace) -> int:
-    from kinetic_airflow.cli_jobs import CliError, age, base_uri_of, print_rows, storage_of
+    from kinetic_airflow.cli.jobs import CliError, age, base_uri_of, print_rows, storage_of
     from kinetic_airflow.config import resolve_setting
 
     if args.older_than is None:
@@ -535,14 +535,14 @@ def _gc(args: argparse.Namespace) -> int:
 
 
 def run_gc(args: argparse.Namespace) -> int:
-    from kinetic_airflow.cli_jobs import guarded
+    from kinetic_airflow.cli.jobs import guarded
 
     return guarded(_gc, args)
 
 
 def add_gc_command(sub: Any) -> None:
-    from kinetic_airflow.cli_jobs import add_output_options, add_storage_options
-    from kinetic_airflow.cli_text import described
+    from kinetic_airflow.cli.jobs import add_output_options, add_storage_options
+    from kinetic_airflow.cli.text import described
 
     parser = sub.add_parser(
         "gc", help="delete old job files; find and delete orphaned cluster jobs", **described(__doc__)

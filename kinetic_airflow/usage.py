@@ -28,8 +28,8 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from kinetic_airflow.layout import JobIdentity, JobLayout
-from kinetic_airflow.storage import Storage, join_uri
+from kinetic_airflow.job.layout import JobIdentity, JobLayout
+from kinetic_airflow.job.storage import Storage, join_uri
 
 __all__ = ["USAGE_NAME", "USAGE_XCOM_KEY", "attempt_usage", "chips_of", "emit_metrics", "totals"]
 

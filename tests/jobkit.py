@@ -8,9 +8,9 @@ import subprocess
 import sys
 from typing import Any
 
-from kinetic_airflow.layout import JobLayout
-from kinetic_airflow.payload import manifest_json, write_payload
-from kinetic_airflow.storage import open_storage
+from kinetic_airflow.job.layout import JobLayout
+from kinetic_airflow.job.payload import manifest_json, write_payload
+from kinetic_airflow.job.storage import open_storage
 
 
 def make_job(
@@ -56,7 +56,7 @@ def gke_job(
 
     from kinetic_airflow.backends import get_backend
     from kinetic_airflow.connections import storage_for
-    from kinetic_airflow.layout import JobIdentity
+    from kinetic_airflow.job.layout import JobIdentity
     from kinetic_airflow.operators import KineticRunOperator
 
     op = KineticRunOperator(

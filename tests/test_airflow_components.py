@@ -83,7 +83,7 @@ def _xcom(services: AirflowServices, dag_id: str, run_id: str, task_id: str) -> 
 
 def _job_dir(services: AirflowServices, dag_id: str, run_id: str, task_id: str) -> Path:
     """Try 1's job: its id also hashes Airflow's per-try id, so find it by the run it names."""
-    from kinetic_airflow.layout import MAX_JOB_ID, dns_label
+    from kinetic_airflow.job.layout import MAX_JOB_ID, dns_label
 
     head = dns_label(f"{dag_id}-{task_id}", MAX_JOB_ID - len("-0123456789-t1a1"))
 

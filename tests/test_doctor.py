@@ -237,7 +237,7 @@ def test_a_namespaced_role_that_may_not_list_nodes_warns(cluster):
 def test_cli_exit_code_and_json(cluster):
     k8s, _ = cluster
     k8s.deny_verb("get", "pods/log")
-    from kinetic_airflow.cli import main
+    from kinetic_airflow.cli.main import main
 
     assert main(["doctor", "cpu"]) == 1
     k8s.clear_faults()
@@ -264,7 +264,7 @@ def test_cli_json_in_a_process(cluster):
 
 
 def test_print_rbac_is_the_readme_role_and_kubectl_can_read_it(capsys):
-    from kinetic_airflow.cli import main
+    from kinetic_airflow.cli.main import main
 
     assert (
         main(

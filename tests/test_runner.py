@@ -9,7 +9,7 @@ import sys
 import cloudpickle
 from jobkit import make_job, run_runner
 
-from kinetic_airflow.storage import open_storage
+from kinetic_airflow.job.storage import open_storage
 
 # The job process cannot import this test module: ship its functions by value, as the operator
 # does for DAG files.

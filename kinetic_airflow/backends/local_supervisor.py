@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.log_uri and args.log_uri.startswith("gs://"):
         try:
-            from kinetic_airflow.storage import open_storage
+            from kinetic_airflow.job.storage import open_storage
 
             open_storage(args.log_uri).upload_file(log_path, args.log_uri)
         except Exception as exc:  # the local copy stays; say why the remote one is missing

@@ -48,7 +48,7 @@ def _visible_dag_ids(user: Any, session: Any, wanted: str | None) -> set[str]:
     from airflow.models.task_state_store import TaskStateStoreModel as Store
     from sqlalchemy import select
 
-    from kinetic_airflow.layout import STATE_KEY
+    from kinetic_airflow.job.layout import STATE_KEY
 
     query = select(Store.dag_id).where(Store.key == STATE_KEY).distinct()
     if wanted is not None:

@@ -21,9 +21,9 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from kinetic_airflow.layout import STATE_KEY, JobIdentity, JobLayout, output_dir_uri
+from kinetic_airflow.job.layout import STATE_KEY, JobIdentity, JobLayout, output_dir_uri
+from kinetic_airflow.job.tracebacks import clean_remote_traceback, type_name, user_summary
 from kinetic_airflow.lifecycle import recorded_jobs
-from kinetic_airflow.tracebacks import clean_remote_traceback, type_name, user_summary
 
 __all__ = ["device_of", "job_details", "run_costs", "task_rows"]
 

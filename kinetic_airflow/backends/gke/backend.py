@@ -27,12 +27,12 @@ from kinetic_airflow.backends.gke.manifest import (
     TTL_AFTER_FINISHED_SECONDS,
     build_job_manifest,
 )
+from kinetic_airflow.backends.gke.pod_override import apply_to_manifest
 from kinetic_airflow.backends.gke.volumes import pod_extras
 from kinetic_airflow.backends.gke.watch_cache import FAILED_CREATE, ClusterWatch, shared_watch
 from kinetic_airflow.config import resolve_setting
-from kinetic_airflow.layout import JOB_PREFIX, JobIdentity, check_derived_names
+from kinetic_airflow.job.layout import JOB_PREFIX, JobIdentity, check_derived_names
 from kinetic_airflow.links import job_links
-from kinetic_airflow.pod_override import apply_to_manifest
 
 __all__ = ["GKEBackend", "JobOwnershipError", "Observed", "k8s_job_name"]
 

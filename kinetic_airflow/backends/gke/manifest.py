@@ -31,7 +31,7 @@ def default_image(
 ) -> str:
     """The runner image ``kinetic-airflow image`` builds and pushes for this accelerator kind, in
     kinetic's Artifact Registry repository of the cluster (``kn-{cluster}``)."""
-    from kinetic_airflow.cli_image import default_image_uri
+    from kinetic_airflow.cli.image import default_image_uri
 
     return default_image_uri(spec.kind, project, zone, cluster)
 

@@ -65,7 +65,7 @@ def build_commands(kind: str, image: str, cloud_build: bool) -> list[list[str]]:
 
 
 def add_image_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from kinetic_airflow.cli_text import described
+    from kinetic_airflow.cli.text import described
 
     image = sub.add_parser(
         "image", help="build and push the runner image (prints the commands)", **described(__doc__)

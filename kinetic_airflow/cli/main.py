@@ -72,8 +72,8 @@ def _check(text: str) -> int:
 
 
 def _show(job_uri: str) -> int:
-    from kinetic_airflow.layout import JobLayout
-    from kinetic_airflow.storage import open_storage
+    from kinetic_airflow.job.layout import JobLayout
+    from kinetic_airflow.job.storage import open_storage
 
     layout = JobLayout(job_uri.rstrip("/"))
     storage = open_storage(job_uri)
@@ -89,10 +89,10 @@ def _show(job_uri: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """Every command and its help, plain text (``kinetic_airflow.cli_text``)."""
-    from kinetic_airflow.cli_image import add_image_command
-    from kinetic_airflow.cli_jobs import add_job_commands
-    from kinetic_airflow.cli_text import described
-    from kinetic_airflow.reproduce import add_reproduce_command
+    from kinetic_airflow.cli.image import add_image_command
+    from kinetic_airflow.cli.jobs import add_job_commands
+    from kinetic_airflow.cli.reproduce import add_reproduce_command
+    from kinetic_airflow.cli.text import described
     from kinetic_airflow.retention import add_gc_command
 
     parser = argparse.ArgumentParser(prog="kinetic-airflow", **described(__doc__))
@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_gc_command(sub)
     add_reproduce_command(sub)
     add_image_command(sub)
-    from kinetic_airflow.cli_doctor import add_doctor_command
+    from kinetic_airflow.cli.doctor import add_doctor_command
 
     add_doctor_command(sub)
     return parser
@@ -121,10 +121,10 @@ _SHOW_HELP = "Show a job's manifest, result summary and status markers, read fro
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kinetic_airflow.cli_doctor import run_doctor_command
-    from kinetic_airflow.cli_image import run_image
-    from kinetic_airflow.cli_jobs import run_jobs_command
-    from kinetic_airflow.reproduce import run_reproduce
+    from kinetic_airflow.cli.doctor import run_doctor_command
+    from kinetic_airflow.cli.image import run_image
+    from kinetic_airflow.cli.jobs import run_jobs_command
+    from kinetic_airflow.cli.reproduce import run_reproduce
     from kinetic_airflow.retention import run_gc
 
     args = build_parser().parse_args(argv)

@@ -25,7 +25,7 @@ import re
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from kinetic_airflow.storage import join_uri
+from kinetic_airflow.job.storage import join_uri
 
 __all__ = [
     "JOB_PREFIX",

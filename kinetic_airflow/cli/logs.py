@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kinetic_airflow.job.storage import Storage
 from kinetic_airflow.jobstore import JobInfo
-from kinetic_airflow.storage import Storage
 
 __all__ = ["print_logs"]
 

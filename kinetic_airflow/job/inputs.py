@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kinetic_airflow.storage import Storage, StorageNotFound, join_uri, open_storage
+from kinetic_airflow.job.storage import Storage, StorageNotFound, join_uri, open_storage
 
 __all__ = ["Data", "data_in", "validate_volumes"]
 

@@ -164,7 +164,7 @@ def ship_code_bundle(
     storage: object, base_uri: str, roots: list[Path], path_dirs: list[Path] | None = None
 ) -> dict[str, object] | None:
     """Upload the bundle unless that content is already there; the manifest's ``code`` entry."""
-    from kinetic_airflow.storage import join_uri
+    from kinetic_airflow.job.storage import join_uri
 
     if not roots:
         return None

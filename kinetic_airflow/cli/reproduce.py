@@ -24,7 +24,7 @@ import sys
 import tempfile
 from typing import Any
 
-from kinetic_airflow.layout import JobLayout
+from kinetic_airflow.job.layout import JobLayout
 
 __all__ = ["add_reproduce_command", "default_workdir", "reproduce_commands", "run_reproduce"]
 
@@ -101,13 +101,13 @@ def copy_job(storage: Any, job_uri: str, workdir: str, output_dir: str | None) -
 
 
 def run_reproduce(args: argparse.Namespace) -> int:
-    from kinetic_airflow.cli_jobs import guarded
+    from kinetic_airflow.cli.jobs import guarded
 
     return guarded(_reproduce, args)
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from kinetic_airflow.cli_jobs import CliError, resolve_job
+    from kinetic_airflow.cli.jobs import CliError, resolve_job
     from kinetic_airflow.jobstore import load_job
 
     storage, job_uri = resolve_job(args, args.job)
@@ -155,8 +155,8 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 
 def add_reproduce_command(sub: Any) -> None:
-    from kinetic_airflow.cli_jobs import add_storage_options
-    from kinetic_airflow.cli_text import described
+    from kinetic_airflow.cli.jobs import add_storage_options
+    from kinetic_airflow.cli.text import described
 
     parser = sub.add_parser(
         "reproduce",

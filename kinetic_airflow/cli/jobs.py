@@ -24,8 +24,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from kinetic_airflow.job.storage import Storage, join_uri
 from kinetic_airflow.jobstore import JobInfo, backend_states, list_job_ids, load_job
-from kinetic_airflow.storage import Storage, join_uri
 
 __all__ = ["add_job_commands", "add_storage_options", "print_rows", "resolve_job", "run_jobs_command"]
 
@@ -217,7 +217,7 @@ def describe(info: JobInfo) -> dict[str, Any]:
             if summary.get(k) is not None
         }
     details["markers"] = {name: _iso(m.get("time")) for name, m in sorted(info.markers.items())}
-    from kinetic_airflow.reproduce import reproduce_commands
+    from kinetic_airflow.cli.reproduce import reproduce_commands
 
     details["reproduce"] = reproduce_commands(info.job_uri, info.job_id, ref)
     return details
@@ -254,7 +254,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 # jobs result ----------------------------------------------------------------------------------
 def cmd_result(args: argparse.Namespace) -> int:
-    from kinetic_airflow.layout import JobLayout
+    from kinetic_airflow.job.layout import JobLayout
 
     storage, job_uri = resolve_job(args, args.job)
     info = load_job(storage, job_uri)
@@ -346,7 +346,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 # jobs logs ------------------------------------------------------------------------------------
 def cmd_logs(args: argparse.Namespace) -> int:
-    from kinetic_airflow.logs_cli import print_logs
+    from kinetic_airflow.cli.logs import print_logs
 
     storage, job_uri = resolve_job(args, args.job)
     info = load_job(storage, job_uri)
@@ -355,7 +355,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 # Wiring ---------------------------------------------------------------------------------------
 def add_job_commands(sub: Any) -> None:
-    from kinetic_airflow.cli_text import described
+    from kinetic_airflow.cli.text import described
 
     jobs = sub.add_parser(
         "jobs", help="list jobs, read their logs and results, cancel them", **described(__doc__)
@@ -439,9 +439,9 @@ def logs_to_stderr() -> None:
 
 def guarded(handler: Any, args: argparse.Namespace) -> int:
     """User errors as one line (exit 2), never a raw library traceback."""
+    from kinetic_airflow.backends.gke.pod_override import PodOverrideError
     from kinetic_airflow.connections import KineticConfigError
-    from kinetic_airflow.pod_override import PodOverrideError
-    from kinetic_airflow.storage import StorageError
+    from kinetic_airflow.job.storage import StorageError
 
     logs_to_stderr()
     try:

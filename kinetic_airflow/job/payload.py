@@ -21,7 +21,7 @@ from typing import IO, Any
 
 import cloudpickle
 
-from kinetic_airflow.tracebacks import FilenamePickler
+from kinetic_airflow.job.tracebacks import FilenamePickler
 
 __all__ = ["PayloadError", "fingerprint", "register_dag_modules_by_value", "write_payload"]
 

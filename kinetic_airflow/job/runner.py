@@ -28,10 +28,10 @@ import time
 import traceback
 from typing import Any
 
-from kinetic_airflow.envelope import ResultRef, dump_envelope, dumps_summary, is_result_ref, replace_refs
-from kinetic_airflow.layout import JobLayout
-from kinetic_airflow.storage import Storage, open_storage, uri_to_local_path
-from kinetic_airflow.tracebacks import mark_traceback, user_names
+from kinetic_airflow.job.envelope import ResultRef, dump_envelope, dumps_summary, is_result_ref, replace_refs
+from kinetic_airflow.job.layout import JobLayout
+from kinetic_airflow.job.storage import Storage, open_storage, uri_to_local_path
+from kinetic_airflow.job.tracebacks import mark_traceback, user_names
 
 __all__ = ["main"]
 
@@ -203,7 +203,7 @@ class JobRunner:
 
     def _install_requirements(self) -> None:
         """The job's extra packages, from the environment cache (installed there if need be)."""
-        from kinetic_airflow.requirements import InstallError, ensure_environment
+        from kinetic_airflow.job.requirements import InstallError, ensure_environment
 
         lines = self.manifest.get("requirements") or []
         if not lines:
@@ -220,7 +220,7 @@ class JobRunner:
 
     def _install_code(self) -> None:
         """The DAG bundle's own code, on sys.path before anything is unpickled."""
-        from kinetic_airflow.codebundle import install_code_bundle
+        from kinetic_airflow.job.codebundle import install_code_bundle
 
         entry = self.manifest.get("code")
         if not entry:
@@ -246,7 +246,7 @@ class JobRunner:
         )
 
     def setup(self, payload: dict[str, Any]) -> tuple[Any, list[Any], dict[str, Any]]:
-        from kinetic_airflow.data import Data, mount
+        from kinetic_airflow.job.inputs import Data, mount
 
         with self._timed("setup"):
             env = payload.get("env") or {}
@@ -324,7 +324,7 @@ class JobRunner:
         envelope["attempt"] = self.manifest.get("attempt", 1)
         written = self.write_envelope(envelope)
         if written:  # kinetic's own format beside its handle.json, for `kinetic jobs result`
-            from kinetic_airflow.interop import write_kinetic_result
+            from kinetic_airflow.job.interop import write_kinetic_result
 
             write_kinetic_result(self.storage, self.layout.job_uri, self.host, envelope)
         self.marker("finished", ok=envelope["ok"] and written)

@@ -76,7 +76,7 @@ class ResultRef:
 
         import cloudpickle
 
-        from kinetic_airflow.storage import open_storage
+        from kinetic_airflow.job.storage import open_storage
 
         storage = storage or open_storage(self.uri)
         fd, tmp = tempfile.mkstemp(prefix="kinetic-ref-")
