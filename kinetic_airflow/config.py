@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from kinetic_airflow.options import KineticOptionError, parse_setting
+from kinetic_airflow.options import KineticSettingError, parse_setting
 
 __all__ = ["DEFAULTS", "KineticSettingError", "default_base_uri", "local_state_root", "resolve_setting"]
 
@@ -64,10 +64,6 @@ DEFAULTS: dict[str, Any] = {
 }
 
 BACKENDS = ("local", "gke", "pathways", "auto")
-
-
-class KineticSettingError(KineticOptionError):
-    """A configured value that does not parse: names the option, where it came from, the form."""
 
 
 def _conf() -> Any:

@@ -214,7 +214,7 @@ def backend_states(infos: Iterable[JobInfo]) -> None:
     Cluster jobs are looked up with one list of kinetic's Jobs / LeaderWorkerSets and pods
     per cluster and namespace, not a request per job.
     """
-    from kinetic_airflow.backends import get_backend
+    from kinetic_airflow.backends.registry import get_backend
 
     snapshots: dict[str, Any] = {}
     for info in infos:

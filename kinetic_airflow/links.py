@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LINKS_XCOM_KEY",
+    "TASK_TAB_ROUTE",
     "KineticJobConsoleLink",
     "KineticJobLogsLink",
     "KineticViewLink",
@@ -30,6 +31,8 @@ __all__ = [
 ]
 
 LINKS_XCOM_KEY = "kinetic_job_links"
+# The task instance's Kinetic tab: the plugin registers it under this route, the links point at it.
+TASK_TAB_ROUTE = "kinetic-job"
 
 
 def is_gke_cluster(cluster: dict) -> bool:
@@ -39,8 +42,6 @@ def is_gke_cluster(cluster: dict) -> bool:
 
 def task_tab_url(dag_id: str, run_id: str, task_id: str, map_index: int) -> str:
     """The task instance's Kinetic tab in Airflow 3's UI (relative to the UI's base path)."""
-    from kinetic_airflow.plugin import TASK_TAB_ROUTE
-
     base = _ui_base_path()
     parts = [quote(dag_id, safe=""), quote(run_id, safe=""), quote(task_id, safe="")]
     mapped = f"/mapped/{map_index}" if map_index is not None and map_index >= 0 else ""

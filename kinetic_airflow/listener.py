@@ -46,7 +46,7 @@ def _recorded_job(task_instance: Any) -> dict[str, Any] | None:
 
 
 def _cancel(job: dict[str, Any]) -> None:
-    from kinetic_airflow.backends import get_backend
+    from kinetic_airflow.backends.registry import get_backend
     from kinetic_airflow.connections import storage_for
     from kinetic_airflow.lifecycle import cancel_job
 

@@ -34,8 +34,9 @@ from airflow.sdk.exceptions import AirflowTaskTimeout
 
 from kinetic_airflow import lifecycle
 from kinetic_airflow.accelerators import parse_accelerator
-from kinetic_airflow.backends import BackendStatus, JobRef, JobState, get_backend
+from kinetic_airflow.backends import BackendStatus, JobRef, JobState
 from kinetic_airflow.backends.gke.pod_override import combined_override, validate_at_parse
+from kinetic_airflow.backends.registry import get_backend
 from kinetic_airflow.config import KineticSettingError, default_base_uri, local_state_root, resolve_setting
 from kinetic_airflow.connections import storage_for
 from kinetic_airflow.context_args import check_context_parameters
@@ -58,7 +59,7 @@ from kinetic_airflow.links import (
     is_gke_cluster,
     job_links,
 )
-from kinetic_airflow.options import is_deferred
+from kinetic_airflow.options import is_deferred, validate_backend, validate_options
 from kinetic_airflow.preflight import preflight
 from kinetic_airflow.results import (
     KineticJobError,
@@ -73,9 +74,7 @@ from kinetic_airflow.validation import (
     callable_name,
     check_backend_fits,
     ensure_name,
-    validate_backend,
     validate_callable,
-    validate_options,
 )
 from kinetic_airflow.watch import JobWatcher, describe_failure
 
@@ -243,7 +242,9 @@ class KineticRunOperator(BaseOperator):
         self.preemption_retries: int | None = options["preemption_retries"]
         self.container_env = options["container_env"] if container_env is not None else {}
         trial_accelerator = accelerator if not is_deferred(accelerator) else "cpu"
-        self.pod_override = validate_at_parse(options["pod_override"], trial_accelerator, self.spot)
+        self.pod_override = validate_at_parse(
+            options["pod_override"], trial_accelerator, self.spot, configured=resolve_setting("pod_override")
+        )
         self.requirements = options["requirements"]
         self.use_internal_ip: bool | None = options["use_internal_ip"]
         self.use_dns_endpoint: bool | None = options["use_dns_endpoint"]

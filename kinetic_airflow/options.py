@@ -35,6 +35,7 @@ from typing import Any
 __all__ = [
     "OPTIONS",
     "KineticOptionError",
+    "KineticSettingError",
     "OptionSpec",
     "check_option",
     "check_options",
@@ -42,6 +43,8 @@ __all__ = [
     "is_deferred",
     "parse_setting",
     "task_option_names",
+    "validate_backend",
+    "validate_options",
 ]
 
 
@@ -49,6 +52,10 @@ class KineticOptionError(TypeError, ValueError):
     """A wrong option value. Both a ``TypeError`` and a ``ValueError``, so a caller that
     catches either (as Airflow's DAG import and user code do) sees it; the message names the
     option, the value, what is accepted and the fix."""
+
+
+class KineticSettingError(KineticOptionError):
+    """A configured value that does not parse: names the option, where it came from, the form."""
 
 
 @dataclass(frozen=True)
@@ -700,6 +707,43 @@ _CHECKS: dict[str, Callable[[OptionSpec, Any, str], Any]] = {
 }
 
 
+# The options together -----------------------------------------------------------------------
+def validate_backend(backend: Any, where: str = "backend") -> None:
+    """``backend`` is one of ``config.BACKENDS`` (None: not given); a typo gets a "did you mean"."""
+    if backend is None:
+        return
+    check_option("backend", backend, where=where)
+
+
+def validate_options(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Every parse-time check of the job options given in ``values``; returns them checked and
+    normalized (durations in seconds, lists, dicts), other keys left out.
+
+    Each option is checked by its row of the option table above, then
+    the options are checked together (the accelerator fits the backend; no volumes on the
+    local backend). Shared by the decorator (checked when it is applied) and the operator
+    (checked when it is built), so a DAG file learns about a bad option at import either way.
+    """
+    # Not at the top: config loads this module in every Airflow process (see the docstring).
+    from kinetic_airflow.accelerators import parse_accelerator
+    from kinetic_airflow.validation import (
+        check_backend_fits,
+        check_gke_access,
+        check_local_volumes,
+        is_templated,
+    )
+
+    checked = check_options(values)
+    accelerator = checked.get("accelerator", "cpu")
+    backend = checked.get("backend")
+    check_gke_access(checked.get("use_internal_ip"), checked.get("use_dns_endpoint"))
+    if not is_templated(accelerator) and isinstance(accelerator, str):
+        check_backend_fits(backend, parse_accelerator(accelerator, spot=checked.get("spot") or None))
+    if backend == "local":
+        check_local_volumes(checked.get("volumes"))
+    return checked
+
+
 # Configured values ------------------------------------------------------------------------------
 def parse_setting(name: str, text: str, source: str, default: Any = None) -> Any:
     """A ``[kinetic]`` / environment string as the value of setting ``name``.
@@ -707,8 +751,6 @@ def parse_setting(name: str, text: str, source: str, default: Any = None) -> Any
     ``source`` names where it came from (``[kinetic] poll_interval (AIRFLOW__KINETIC__POLL_INTERVAL)``,
     ``KINETIC_POLL_INTERVAL``); every error quotes it, the value and the form expected.
     """
-    from kinetic_airflow.config import KineticSettingError
-
     spec = OPTIONS.get(name)
     if spec is None:
         return text

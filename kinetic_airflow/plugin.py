@@ -13,12 +13,12 @@ from typing import Any
 from airflow.plugins_manager import AirflowPlugin
 
 from kinetic_airflow import listener, warmup
+from kinetic_airflow.links import TASK_TAB_ROUTE
 
 __all__ = ["JOBS_PAGE_ROUTE", "TASK_TAB_ROUTE", "URL_PREFIX", "KineticPlugin"]
 
 URL_PREFIX = "/kinetic"
 JOBS_PAGE_ROUTE = "kinetic-jobs"
-TASK_TAB_ROUTE = "kinetic-job"
 
 
 class _LazyApp:

@@ -54,7 +54,7 @@ def gke_job(
     """
     import uuid
 
-    from kinetic_airflow.backends import get_backend
+    from kinetic_airflow.backends.registry import get_backend
     from kinetic_airflow.connections import storage_for
     from kinetic_airflow.job.layout import JobIdentity
     from kinetic_airflow.operators import KineticRunOperator

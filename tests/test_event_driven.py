@@ -23,8 +23,8 @@ import pytest
 from components.emulator_process import EmulatorProcess
 from jobkit import gke_job, make_job
 
-from kinetic_airflow.backends import get_backend
 from kinetic_airflow.backends.gke.watch_cache import reset_shared_state
+from kinetic_airflow.backends.registry import get_backend
 from kinetic_airflow.job.layout import JobIdentity, JobLayout
 from kinetic_airflow.job.storage import uri_to_local_path
 from kinetic_airflow.testing.gcs import FakeGCS

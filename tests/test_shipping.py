@@ -240,8 +240,7 @@ def test_a_python_version_mismatch_is_refused_before_the_job_starts(emulator_env
 def test_gs_data_with_fuse_is_mounted_through_the_csi_driver(emulator_env, storage_dir):
     from kinetic_airflow import Data
     from kinetic_airflow.backends.gke.backend import GKEBackend
-    from kinetic_airflow.backends.gke.volumes import fuse_local_path, fuse_mount_path
-    from kinetic_airflow.job.layout import JobIdentity
+    from kinetic_airflow.job.layout import JobIdentity, fuse_local_path, fuse_mount_path
     from kinetic_airflow.operators import KineticRunOperator
 
     data = Data("gs://kn-datasets/imagenet/train/", fuse=True)

@@ -17,34 +17,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+from kinetic_airflow.backends.gke.images import (
+    EXTRA_PACKAGES,
+    default_image_uri,
+    python_tag,
+)
+
 __all__ = ["EXTRA_PACKAGES", "add_image_command", "default_image_uri", "run_image"]
-
-# What each kind adds to the slim runner (docker/Dockerfile's EXTRA_PACKAGES build argument).
-EXTRA_PACKAGES = {"cpu": "jax", "gpu": "jax[cuda12]", "tpu": "jax[tpu]"}
-PLACEHOLDER_REGISTRY = "us-docker.pkg.dev/kinetic-airflow/runner"
-
-
-def registry_location(zone: str | None) -> str:
-    """Artifact Registry location for a zone, as kinetic's infrastructure picks it."""
-    zone = zone or "us-central1-a"
-    region = zone.rsplit("-", 1)[0] if zone.count("-") >= 2 else zone
-    prefix = region.split("-")[0]
-    return prefix if prefix in ("us", "asia", "europe") else region
-
-
-def python_tag() -> str:
-    return f"py{sys.version_info[0]}.{sys.version_info[1]}"
-
-
-def default_image_uri(kind: str, project: str | None, zone: str | None, cluster: str | None) -> str:
-    name = f"kinetic-airflow-runner-{kind}:{python_tag()}"
-    if project and cluster:
-        return f"{registry_location(zone)}-docker.pkg.dev/{project}/kn-{cluster}/{name}"
-    return f"{PLACEHOLDER_REGISTRY}/{name}"  # no project configured: a name to replace
 
 
 def build_commands(kind: str, image: str, cloud_build: bool) -> list[list[str]]:
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]  # kinetic_airflow/cli/image.py -> the checkout
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
     args = [
         "--build-arg",

@@ -106,9 +106,9 @@ def _ended(pod: dict[str, Any]) -> bool:
 
 
 def _cluster_logs(info: JobInfo, ref: dict[str, Any], *, follow: bool) -> int:
-    from kinetic_airflow.backends import get_backend
     from kinetic_airflow.backends.gke.client import kube_api
     from kinetic_airflow.backends.gke.group_status import host_index
+    from kinetic_airflow.backends.registry import get_backend
 
     backend = get_backend(ref["backend"])
     name = backend.object_name(ref)

@@ -89,11 +89,11 @@ def _show(job_uri: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """Every command and its help, plain text (``kinetic_airflow.cli_text``)."""
+    from kinetic_airflow.cli.gc import add_gc_command
     from kinetic_airflow.cli.image import add_image_command
     from kinetic_airflow.cli.jobs import add_job_commands
     from kinetic_airflow.cli.reproduce import add_reproduce_command
     from kinetic_airflow.cli.text import described
-    from kinetic_airflow.retention import add_gc_command
 
     parser = argparse.ArgumentParser(prog="kinetic-airflow", **described(__doc__))
     sub = parser.add_subparsers(dest="command", required=True)
@@ -122,10 +122,10 @@ _SHOW_HELP = "Show a job's manifest, result summary and status markers, read fro
 
 def main(argv: list[str] | None = None) -> int:
     from kinetic_airflow.cli.doctor import run_doctor_command
+    from kinetic_airflow.cli.gc import run_gc
     from kinetic_airflow.cli.image import run_image
     from kinetic_airflow.cli.jobs import run_jobs_command
     from kinetic_airflow.cli.reproduce import run_reproduce
-    from kinetic_airflow.retention import run_gc
 
     args = build_parser().parse_args(argv)
     if args.command == "doctor":

@@ -101,13 +101,13 @@ def copy_job(storage: Any, job_uri: str, workdir: str, output_dir: str | None) -
 
 
 def run_reproduce(args: argparse.Namespace) -> int:
-    from kinetic_airflow.cli.jobs import guarded
+    from kinetic_airflow.cli.common import guarded
 
     return guarded(_reproduce, args)
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from kinetic_airflow.cli.jobs import CliError, resolve_job
+    from kinetic_airflow.cli.common import CliError, resolve_job
     from kinetic_airflow.jobstore import load_job
 
     storage, job_uri = resolve_job(args, args.job)
@@ -155,7 +155,7 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 
 def add_reproduce_command(sub: Any) -> None:
-    from kinetic_airflow.cli.jobs import add_storage_options
+    from kinetic_airflow.cli.common import add_storage_options
     from kinetic_airflow.cli.text import described
 
     parser = sub.add_parser(

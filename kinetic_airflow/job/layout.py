@@ -11,6 +11,7 @@ layout is written down once::
     {base}/jobs/{job_id}/job.log            the job's log (local backend)
     {base}/outputs/{dag}/{run}/{task}/{map} KINETIC_OUTPUT_DIR: the same for every try
     {base}/cache/{sha256}/...               content-addressed volume uploads
+    /kinetic/fuse/{sha256(uri)[:12]}        in the pod: where ``Data(uri, fuse=True)`` is mounted
 
 Job identity is deterministic from the task instance, its try (number and Airflow's
 per-try id) and the attempt within the try, so a second ``execute`` of the same try
@@ -215,3 +216,26 @@ class JobLayout:
     @property
     def log(self) -> str:
         return join_uri(self.job_uri, "job.log")
+
+
+# In the pod: a gcsfuse volume of ``Data(uri, fuse=True)`` (the GKE backend mounts it, the runner
+# finds it; both derive the path from the URI here).
+FUSE_ROOT = "/kinetic/fuse"
+
+
+def fuse_mount_path(uri: str) -> str:
+    """Where ``Data(uri, fuse=True)``'s mount is in the pod (both sides derive it from the URI)."""
+    return f"{FUSE_ROOT}/{hashlib.sha256(uri.encode()).hexdigest()[:12]}"
+
+
+def fuse_points_at_file(uri: str) -> bool:
+    """A URI ending in ``/``, or whose last part has no extension, is a folder; else a file
+    (whose folder is mounted, so the file is at ``mount/<name>``)."""
+    last = uri.rstrip("/").rsplit("/", 1)[-1]
+    return not uri.endswith("/") and "." in last.lstrip(".")
+
+
+def fuse_local_path(uri: str) -> str:
+    """What the function receives for ``Data(uri, fuse=True)`` on a cluster."""
+    mount = fuse_mount_path(uri)
+    return f"{mount}/{uri.rstrip('/').rsplit('/', 1)[-1]}" if fuse_points_at_file(uri) else mount

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from kinetic_airflow.accelerators import AcceleratorSpec
+from kinetic_airflow.backends.gke.images import default_image_uri
 from kinetic_airflow.backends.gke.volumes import PodExtras
 
 __all__ = [
@@ -31,8 +32,6 @@ def default_image(
 ) -> str:
     """The runner image ``kinetic-airflow image`` builds and pushes for this accelerator kind, in
     kinetic's Artifact Registry repository of the cluster (``kn-{cluster}``)."""
-    from kinetic_airflow.cli.image import default_image_uri
-
     return default_image_uri(spec.kind, project, zone, cluster)
 
 

@@ -32,6 +32,8 @@ import json
 import re
 from typing import Any
 
+from kinetic_airflow.accelerators import parse_accelerator
+from kinetic_airflow.backends.gke.manifest import build_job_manifest
 from kinetic_airflow.envcapture import _CREDENTIAL_LOOKING
 
 __all__ = [
@@ -519,18 +521,16 @@ def apply_to_manifest(manifest: dict[str, Any], override: dict[str, Any] | None)
     return manifest
 
 
-def validate_at_parse(override: Any, accelerator: str, spot: bool) -> dict[str, Any] | None:
+def validate_at_parse(
+    override: Any, accelerator: str, spot: bool, configured: Any = None
+) -> dict[str, Any] | None:
     """At DAG import: normalise the task's override and try it (with ``[kinetic] pod_override``)
-    on a Job pod for this accelerator, so a bad override is an import error, not a failed run."""
+    on a Job pod for this accelerator, so a bad override is an import error, not a failed run.
+    ``configured`` is ``[kinetic] pod_override``, resolved by the caller."""
     own = normalize_pod_override(override)
-    from kinetic_airflow.config import resolve_setting
-
-    combined = combined_override(resolve_setting("pod_override"), own)
+    combined = combined_override(configured, own)
     if combined is None:
         return own
-    from kinetic_airflow.accelerators import parse_accelerator
-    from kinetic_airflow.backends.gke.manifest import build_job_manifest
-
     labels = {"app": "kinetic", "job-id": "parse-check", _KINETIC_LABEL_PREFIX + "ti": "x"}
     trial = build_job_manifest(
         name="kinetic-parse-check",
