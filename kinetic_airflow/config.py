@@ -9,6 +9,7 @@ still override it. ``KINETIC_*`` names match Keras kinetic's own variables
 
 from __future__ import annotations
 
+import configparser
 import os
 from typing import Any
 
@@ -68,6 +69,7 @@ BACKENDS = ("local", "gke", "pathways", "auto")
 
 def _conf() -> Any:
     try:
+        # Airflow start-up cost: loaded when called, not when this module is imported.
         from airflow.sdk.configuration import conf
     except ImportError:  # triggerer / scheduler side, or no task-sdk
         try:
@@ -83,7 +85,6 @@ def _set_in_airflow_config(conf: Any, key: str) -> bool:
     The provider declares its defaults (so ``airflow config list`` shows them), which makes
     ``conf.get`` always answer; a ``KINETIC_*`` variable must still win over a default.
     """
-    import configparser
 
     env = f"AIRFLOW__KINETIC__{key.upper()}"
     if any(os.environ.get(env + suffix) for suffix in ("", "_CMD", "_SECRET")):

@@ -13,7 +13,7 @@ from kinetic_airflow.gcp_auth import (
     missing_connection_error,
     no_credentials_error,
 )
-from kinetic_airflow.job.storage import GCSStorage, Storage, open_storage
+from kinetic_airflow.job.storage import GCSStorage, Storage, _ambient_client, open_storage
 
 __all__ = ["KineticConfigError", "storage_for"]
 
@@ -21,10 +21,9 @@ log = logging.getLogger(__name__)
 
 
 def _ambient_storage_client(uri: str) -> Any:
+    # Start-up cost: the Google clients load only when gs:// or GCP credentials are used.
     from google.auth.exceptions import DefaultCredentialsError
     from google.cloud import storage
-
-    from kinetic_airflow.job.storage import _ambient_client
 
     try:
         return _ambient_client(storage)
@@ -33,7 +32,10 @@ def _ambient_storage_client(uri: str) -> Any:
 
 
 def _gcs_client(gcp_conn_id: str | None, uri: str = "gs://") -> Any:
+    # Airflow start-up cost: loaded when called, not when this module is imported.
     from airflow.providers.google.cloud.hooks.gcs import GCSHook
+
+    # Start-up cost: the Google clients load only when gs:// or GCP credentials are used.
     from google.auth.exceptions import DefaultCredentialsError
 
     if gcp_conn_id == AMBIENT_CONN_ID:

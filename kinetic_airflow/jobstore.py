@@ -28,7 +28,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kinetic_airflow.job.layout import JobIdentity, JobLayout
+from kinetic_airflow.backends.gke.cluster_objects import snapshot_for
+from kinetic_airflow.backends.registry import get_backend
+from kinetic_airflow.config import resolve_setting
+from kinetic_airflow.job.interop import write_handle
+from kinetic_airflow.job.layout import RECORD_NAME, JobIdentity, JobLayout
 from kinetic_airflow.job.storage import FileStorage, Storage, join_uri, uri_to_local_path
 from kinetic_airflow.job.tracebacks import user_summary
 
@@ -45,13 +49,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-RECORD_NAME = "job.json"
 LIVE_STATES = ("pending", "running")
 FINAL_STATES = ("succeeded", "failed", "cancelled", "lost")
 
 
 def record_uri(job_uri: str) -> str:
-    return join_uri(job_uri, RECORD_NAME)
+    return JobLayout(job_uri).record
 
 
 def publish_job(storage: Storage, ref: dict[str, Any], func_name: str) -> None:
@@ -59,9 +62,6 @@ def publish_job(storage: Storage, ref: dict[str, Any], func_name: str) -> None:
 
     Neither may fail the task: a job without them runs the same, it is only harder to find.
     """
-    from kinetic_airflow.config import resolve_setting
-    from kinetic_airflow.job.interop import write_handle
-
     created = float(ref.get("submitted_at") or time.time())
     record = {"version": 1, "job": ref, "callable": func_name, "created": created}
     try:
@@ -214,8 +214,6 @@ def backend_states(infos: Iterable[JobInfo]) -> None:
     Cluster jobs are looked up with one list of kinetic's Jobs / LeaderWorkerSets and pods
     per cluster and namespace, not a request per job.
     """
-    from kinetic_airflow.backends.registry import get_backend
-
     snapshots: dict[str, Any] = {}
     for info in infos:
         ref = info.ref
@@ -225,8 +223,6 @@ def backend_states(infos: Iterable[JobInfo]) -> None:
             if ref.get("backend") == "local":
                 status = get_backend("local").status(ref)
             else:
-                from kinetic_airflow.backends.gke.cluster_objects import snapshot_for
-
                 status = snapshot_for(snapshots, ref).status_of(ref)
         except Exception as exc:
             info.backend_message = f"could not ask the {ref.get('backend')} backend: {exc}"

@@ -328,6 +328,7 @@ def until_watched(
     try:
         yield guard
     except BaseException as exc:
+        # Airflow start-up cost: loaded when called, not when this module is imported.
         from airflow.sdk.exceptions import TaskDeferred
 
         if isinstance(exc, TaskDeferred):

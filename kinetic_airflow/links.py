@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from airflow.sdk import BaseOperatorLink
 
@@ -49,9 +49,9 @@ def task_tab_url(dag_id: str, run_id: str, task_id: str, map_index: int) -> str:
 
 
 def _ui_base_path() -> str:
-    from urllib.parse import urlsplit
 
     try:
+        # Airflow start-up cost: loaded when called, not when this module is imported.
         from airflow.configuration import conf
 
         base_url = conf.get("api", "base_url", fallback="") or ""
@@ -80,6 +80,7 @@ class _KineticLink(BaseOperatorLink):
     field = ""
 
     def get_link(self, operator: Any, *, ti_key: TaskInstanceKey) -> str:
+        # Airflow start-up cost: loaded when called, not when this module is imported.
         from airflow.sdk.execution_time.xcom import XCom
 
         links = XCom.get_value(key=LINKS_XCOM_KEY, ti_key=ti_key) or {}

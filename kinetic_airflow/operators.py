@@ -35,6 +35,9 @@ from airflow.sdk.exceptions import AirflowTaskTimeout
 from kinetic_airflow import lifecycle
 from kinetic_airflow.accelerators import parse_accelerator
 from kinetic_airflow.backends import BackendStatus, JobRef, JobState
+from kinetic_airflow.backends.gke.client import gke_access, resolve_gke_cluster
+from kinetic_airflow.backends.gke.images import check_image_python
+from kinetic_airflow.backends.gke.manifest import default_image
 from kinetic_airflow.backends.gke.pod_override import combined_override, validate_at_parse
 from kinetic_airflow.backends.registry import get_backend
 from kinetic_airflow.config import KineticSettingError, default_base_uri, local_state_root, resolve_setting
@@ -340,9 +343,6 @@ class KineticRunOperator(BaseOperator):
 
     def _cluster_fields(self) -> dict[str, Any]:
         """What a cluster backend needs; all of it public (ids, names, endpoint, CA)."""
-        from kinetic_airflow.backends.gke.client import gke_access, resolve_gke_cluster
-        from kinetic_airflow.backends.gke.manifest import default_image
-
         spec = parse_accelerator(self.accelerator, spot=self.spot or None)
         check_backend_fits(self._backend_name(), spec)
         cluster = resolve_gke_cluster(
@@ -908,26 +908,6 @@ def _parse_time_backend(backend: str | None) -> str | None:
         return backend
 
 
-def check_image_python(image: str) -> None:
-    """Refuse, before anything is created, an image whose tag names another Python than the worker's.
-
-    cloudpickle needs the same major.minor on both sides; the runner would find out only after
-    the pod got its accelerator and pulled the image. Images built from ``docker/`` carry the
-    version in their tag (``...:py3.11``); other tags are checked by the runner at start.
-    """
-    import re
-
-    found = re.search(r":(?:.*[^0-9])?py(\d+)\.(\d+)(?![0-9])", image)
-    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    if found and f"{found.group(1)}.{found.group(2)}" != here:
-        raise ValueError(
-            f"container_image {image!r} is built for Python {found.group(1)}.{found.group(2)} but this "
-            f"Airflow worker runs Python {here}: cloudpickle needs the same major.minor version on both "
-            f"sides. Use an image built for Python {here} (docker/: --build-arg PYTHON_VERSION={here}), "
-            "or run the workers on the image's Python."
-        )
-
-
 @dataclass(frozen=True)
 class WaitSettings:
     """How a job is watched (``KineticRunOperator._wait_settings``)."""
@@ -965,6 +945,7 @@ def min_deferral_seconds() -> float:
     if explicit is not None:
         return float(explicit)
     try:
+        # Airflow start-up cost: loaded when called, not when this module is imported.
         from airflow.sdk.configuration import conf
 
         heartbeat = conf.getfloat("workers", "min_heartbeat_interval", fallback=5.0)
@@ -975,6 +956,7 @@ def min_deferral_seconds() -> float:
 
 def _airflow_dags_folder() -> str | None:
     try:
+        # Airflow start-up cost: loaded when called, not when this module is imported.
         from airflow.sdk.configuration import conf
 
         return conf.get("core", "dags_folder", fallback=None)

@@ -24,6 +24,7 @@ Airflow process and the CLI) loads it.
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 import re
@@ -518,7 +519,6 @@ def _check_enum(spec: OptionSpec, value: Any, where: str) -> str:
         return value
     if not isinstance(value, str):
         raise _fail(spec, where, value, f"is {_a(value)}, not a name")
-    import difflib
 
     text = value.strip().lower()
     guess = text if text in spec.choices else spec.aliases.get(text)
@@ -574,6 +574,7 @@ def _check_location(spec: OptionSpec, value: Any, where: str) -> str:
 
 def _check_base_uri(spec: OptionSpec, value: Any, where: str) -> str:
     value = _check_text(spec, value, where)
+    # Start-up cost: config loads this module everywhere (stdlib only at import).
     from kinetic_airflow.validation import check_base_uri
 
     check_base_uri(value, where=where)
@@ -583,6 +584,7 @@ def _check_base_uri(spec: OptionSpec, value: Any, where: str) -> str:
 def _check_accelerator(spec: OptionSpec, value: Any, where: str) -> str:
     if not isinstance(value, str):
         raise _fail(spec, where, value, f"is {_a(value)}, not an accelerator string")
+    # Start-up cost: config loads this module everywhere (stdlib only at import).
     from kinetic_airflow.accelerators import parse_accelerator
 
     parse_accelerator(value)  # InvalidAcceleratorError quotes the string and lists the valid ones
@@ -637,6 +639,7 @@ def _check_patterns(spec: OptionSpec, value: Any, where: str) -> list[str]:
             "is a string, not a list (keras-kinetic would read it letter by letter)",
             f"{spec.name}={names!r}" if names else None,
         )
+    # Start-up cost: config loads this module everywhere (stdlib only at import).
     from kinetic_airflow.envcapture import validate_capture_patterns
 
     try:
@@ -646,12 +649,14 @@ def _check_patterns(spec: OptionSpec, value: Any, where: str) -> list[str]:
 
 
 def _check_volumes(spec: OptionSpec, value: Any, where: str) -> dict[str, Any]:
+    # Start-up cost: config loads this module everywhere (stdlib only at import).
     from kinetic_airflow.job.inputs import validate_volumes
 
     return validate_volumes(value)
 
 
 def _check_pod_override(spec: OptionSpec, value: Any, where: str) -> Any:
+    # Start-up cost: config loads this module everywhere (stdlib only at import).
     from kinetic_airflow.backends.gke.pod_override import normalize_pod_override
 
     if isinstance(value, str):  # JSON text is the config's form; a task passes the dict itself
@@ -793,6 +798,7 @@ def parse_setting(name: str, text: str, source: str, default: Any = None) -> Any
     if spec.kind == "namespace" and (len(value) > 63 or not _DNS_LABEL.fullmatch(value)):
         raise fail("is not a valid Kubernetes namespace", spec.accepts)
     if spec.kind == "base_uri":
+        # Start-up cost: config loads this module everywhere (stdlib only at import).
         from kinetic_airflow.validation import check_base_uri
 
         check_base_uri(value, where=source)

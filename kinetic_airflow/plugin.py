@@ -29,6 +29,7 @@ class _LazyApp:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if self._app is None:
+            # Start-up cost: the app is built only in the API server, not wherever plugins load.
             from kinetic_airflow.ui.app import create_app
 
             self._app = create_app()

@@ -53,6 +53,7 @@ def load_envelope(storage: Storage, uri: str) -> dict[str, Any]:
 
 def _xcom_size(value: Any) -> int | None:
     """Serialized size through Airflow's serde, or None when XCom cannot carry the value."""
+    # Airflow start-up cost: loaded when called, not when this module is imported.
     from airflow.sdk.serde import serialize
 
     if isinstance(value, (bytes, bytearray, memoryview)):

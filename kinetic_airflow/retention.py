@@ -38,8 +38,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from kinetic_airflow.backends.gke.client import cluster_key
+from kinetic_airflow.backends.gke.cluster_objects import ClusterSnapshot
+from kinetic_airflow.config import local_state_root
+from kinetic_airflow.connections import storage_for
+from kinetic_airflow.job.interop import interop_prefix
 from kinetic_airflow.job.storage import FileStorage, Storage, join_uri, uri_to_local_path
 from kinetic_airflow.jobstore import LIVE_STATES, JobInfo, backend_states, list_job_ids, load_job
+from kinetic_airflow.lifecycle import _marker
 
 __all__ = ["GcPlan", "apply_plan", "find_orphans", "make_plan", "parse_age"]
 
@@ -116,6 +122,7 @@ def _refs_in(value: Any, depth: int = 0) -> list[str]:
 def _xcom_stored_elsewhere() -> str | None:
     """The configured XCom backend, if it serializes values itself (and so may store them
     outside the ``xcom`` table, as common.io's object-storage backend does past its threshold)."""
+    # Airflow start-up cost: only when gc asks the metadata DB (not for --help).
     from airflow.configuration import conf
     from airflow.sdk.bases.xcom import BaseXCom
 
@@ -128,6 +135,7 @@ def _xcom_stored_elsewhere() -> str | None:
 
 
 def airflow_facts(dag_ids: set[str]) -> AirflowFacts:
+    # Airflow start-up cost: only when gc asks the metadata DB (not for --help).
     from airflow.models.taskinstance import TaskInstance
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
@@ -162,7 +170,9 @@ def airflow_facts(dag_ids: set[str]) -> AirflowFacts:
 
 # The plan -----------------------------------------------------------------------------------
 @dataclass
-class Decision:
+class JobVerdict:
+    """What gc does with one job's files, and why (not lifecycle.Decision: that is the operator's)."""
+
     info: JobInfo
     delete: bool
     reason: str
@@ -179,32 +189,32 @@ class Orphan:
 class GcPlan:
     base_uri: str
     older_than: float
-    jobs: list[Decision] = field(default_factory=list)
+    jobs: list[JobVerdict] = field(default_factory=list)
     outputs: list[tuple[str, str]] = field(default_factory=list)  # (output dir URI, why)
     orphans: list[Orphan] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     @property
-    def to_delete(self) -> list[Decision]:
+    def to_delete(self) -> list[JobVerdict]:
         return [d for d in self.jobs if d.delete]
 
 
-def _decide(info: JobInfo, facts: AirflowFacts | None, cutoff: float) -> Decision:
+def _verdict(info: JobInfo, facts: AirflowFacts | None, cutoff: float) -> JobVerdict:
     # Liveness first: a live job is kept whatever its age (a quiet long job may look old).
     if info.state in LIVE_STATES:
-        return Decision(info, False, f"live ({info.state}): its files are in use")
+        return JobVerdict(info, False, f"live ({info.state}): its files are in use")
     if info.state == "unknown":
-        return Decision(info, False, "no job.json and no outcome: cannot tell whether it still runs")
+        return JobVerdict(info, False, "no job.json and no outcome: cannot tell whether it still runs")
     last = info.last_activity
     if last is None:
-        return Decision(info, False, "no timestamps in its files: kept")
+        return JobVerdict(info, False, "no timestamps in its files: kept")
     if last > cutoff:
-        return Decision(info, False, "newer than the cutoff")
+        return JobVerdict(info, False, "newer than the cutoff")
     layout_results = [u for u in facts.referenced if u.startswith(info.job_uri + "/")] if facts else []
     if layout_results:
-        return Decision(info, False, f"its result is referenced by {facts.referenced[layout_results[0]]}")
+        return JobVerdict(info, False, f"its result is referenced by {facts.referenced[layout_results[0]]}")
     if facts is not None and facts.xcom_elsewhere and info.state == "succeeded":
-        return Decision(
+        return JobVerdict(
             info,
             False,
             f"succeeded, and XCom values are stored by {facts.xcom_elsewhere}, where gc cannot look "
@@ -213,12 +223,12 @@ def _decide(info: JobInfo, facts: AirflowFacts | None, cutoff: float) -> Decisio
     identity = info.identity
     if facts is None:
         if info.state == "succeeded":
-            return Decision(info, False, "succeeded, and without Airflow's DB its result may be referenced")
+            return JobVerdict(info, False, "succeeded, and without Airflow's DB its result may be referenced")
     elif identity is not None:
         ti = facts.ti(identity.ti_key)
         if ti is not None and ti[0] in ACTIVE_TI_STATES:
-            return Decision(info, False, f"its task instance is {ti[0] or 'not yet scheduled'}")
-    return Decision(info, True, f"{info.state}, last activity {_days(time.time() - last)} ago")
+            return JobVerdict(info, False, f"its task instance is {ti[0] or 'not yet scheduled'}")
+    return JobVerdict(info, True, f"{info.state}, last activity {_days(time.time() - last)} ago")
 
 
 def _days(seconds: float) -> str:
@@ -246,7 +256,7 @@ def make_plan(
         dag_ids = {i.identity.dag_id for i in infos if i.identity}
         facts.ti_states = airflow_facts(dag_ids).ti_states if dag_ids else {}
     cutoff = now - older_than
-    plan.jobs = [_decide(info, facts, cutoff) for info in infos]
+    plan.jobs = [_verdict(info, facts, cutoff) for info in infos]
     if facts is not None and facts.xcom_elsewhere:
         plan.notes.append(
             f"[core] xcom_backend is {facts.xcom_elsewhere}: XCom values may live outside the metadata "
@@ -288,9 +298,6 @@ def find_orphans(
     notes: list[str],
 ) -> list[Orphan]:
     """kinetic-airflow cluster objects holding pods for a task instance that no longer runs."""
-    from kinetic_airflow.backends.gke.client import cluster_key
-    from kinetic_airflow.backends.gke.cluster_objects import ClusterSnapshot
-
     if facts is None:
         return []
     seen: dict[str, tuple[dict[str, Any], str]] = {}
@@ -365,9 +372,6 @@ def _delete_prefix(storage: Storage, uri: str) -> None:
 
 
 def apply_plan(storage: Storage, plan: GcPlan, *, delete_orphans: bool) -> dict[str, int]:
-    from kinetic_airflow.config import local_state_root
-    from kinetic_airflow.job.interop import interop_prefix
-
     done = {"jobs": 0, "outputs": 0, "orphans": 0}
     root = os.path.realpath(local_state_root())
     for decision in plan.to_delete:
@@ -397,9 +401,6 @@ def apply_plan(storage: Storage, plan: GcPlan, *, delete_orphans: bool) -> dict[
 
 def _stop_orphan(orphan: Orphan) -> None:
     """Mark it cancelled (so a watcher or a later try sees why) and delete it with its pods."""
-    from kinetic_airflow.connections import storage_for
-    from kinetic_airflow.lifecycle import _marker
-
     job_uri = orphan.obj.annotations.get("kinetic.airflow/job-uri")
     if job_uri:
         try:

@@ -96,6 +96,8 @@ def test_list_logs_result_show(backend, base_uri):
     code, out, _ = cli("jobs", "show", greet["job_id"])
     assert code == 0
     assert f"job_uri: {greet['job_uri']}" in out and "state: succeeded" in out
+    # what the attempt used, from its usage.json (a CPU job holds no accelerator chips)
+    assert "usage:" in out and "  chips: 0" in out and "  outcome: success" in out
     assert f"kinetic-airflow reproduce {greet['job_uri']}" in out
     assert "-m kinetic_airflow.runner --job-uri file://" in out
     if backend == "gke":

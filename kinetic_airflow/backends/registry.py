@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 from kinetic_airflow.backends.base import Backend
+from kinetic_airflow.backends.local import LocalBackend
 
 __all__ = ["get_backend"]
 
 
 def get_backend(name: str) -> Backend:
-    # Each backend is imported when a job names it: the GKE ones load the Kubernetes client.
     if name == "local":
-        from kinetic_airflow.backends.local import LocalBackend
-
         return LocalBackend()
     if name == "gke":
+        # The cluster backends are imported when a job names one: they load the Kubernetes client.
         from kinetic_airflow.backends.gke.backend import GKEBackend
 
         return GKEBackend()
     if name == "pathways":
+        # (as for "gke")
         from kinetic_airflow.backends.gke.pathways import PathwaysBackend
 
         return PathwaysBackend()

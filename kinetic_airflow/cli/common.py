@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from kinetic_airflow.job.storage import Storage, join_uri
+from kinetic_airflow.backends.gke.pod_override import PodOverrideError
+from kinetic_airflow.config import default_base_uri, resolve_setting
+from kinetic_airflow.connections import KineticConfigError, storage_for
+from kinetic_airflow.job.storage import Storage, StorageError, join_uri
 
 
 class CliError(Exception):
@@ -36,8 +40,6 @@ def add_output_options(parser: argparse.ArgumentParser) -> None:
 
 
 def base_uri_of(args: argparse.Namespace) -> str:
-    from kinetic_airflow.config import default_base_uri, resolve_setting
-
     base = args.base_uri or resolve_setting("base_uri")
     if base:
         return str(base).rstrip("/")
@@ -53,9 +55,6 @@ def base_uri_of(args: argparse.Namespace) -> str:
 
 
 def storage_of(args: argparse.Namespace, uri: str) -> Storage:
-    from kinetic_airflow.config import resolve_setting
-    from kinetic_airflow.connections import storage_for
-
     return storage_for(uri, args.gcp_conn_id or resolve_setting("gcp_conn_id"))
 
 
@@ -92,6 +91,7 @@ def print_rows(rows: Sequence[dict[str, Any]], output: str, columns: Sequence[st
         print(json.dumps(list(rows), indent=2, default=str))
         return
     if output == "yaml":
+        # Optional dependency: PyYAML only for -o yaml.
         import yaml
 
         print(yaml.safe_dump(json.loads(json.dumps(list(rows), default=str)), sort_keys=False), end="")
@@ -128,7 +128,6 @@ class _Stderr:
 
 def logs_to_stderr() -> None:
     """Airflow's logging writes to stdout; a command's output (tables, JSON) must be all there is."""
-    import logging
 
     import airflow.sdk  # noqa: F401  (configures logging: patch it after, not before)
 
@@ -137,6 +136,7 @@ def logs_to_stderr() -> None:
             if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stdout:
                 handler.setStream(_Stderr())  # type: ignore[arg-type]
     try:
+        # Airflow start-up cost: Airflow's logging is set up when a command runs, not for --help.
         import structlog
 
         factory = structlog.get_config().get("logger_factory")
@@ -148,10 +148,6 @@ def logs_to_stderr() -> None:
 
 def guarded(handler: Any, args: argparse.Namespace) -> int:
     """User errors as one line (exit 2), never a raw library traceback."""
-    from kinetic_airflow.backends.gke.pod_override import PodOverrideError
-    from kinetic_airflow.connections import KineticConfigError
-    from kinetic_airflow.job.storage import StorageError
-
     logs_to_stderr()
     try:
         return handler(args)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from kinetic_airflow.backends.gke.client import impersonation_chain_of
+from kinetic_airflow.config import resolve_setting
 from kinetic_airflow.doctor import rbac_yaml, run_doctor
 
 __all__ = ["add_doctor_command", "run_doctor_command"]
@@ -56,9 +58,6 @@ def add_doctor_command(sub: Any) -> None:
 
 
 def run_doctor_command(args: Any) -> int:
-    from kinetic_airflow.backends.gke.client import impersonation_chain_of
-    from kinetic_airflow.config import resolve_setting
-
     if args.print_rbac:
         chain = impersonation_chain_of(resolve_setting("impersonation_chain", args.impersonation_chain))
         subject = args.rbac_user or (chain[-1] if chain else None)

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from kinetic_airflow import retention
+from kinetic_airflow.backends.gke.client import gke_access, resolve_gke_cluster
 from kinetic_airflow.cli.common import (
     CliError,
     add_output_options,
@@ -18,6 +19,7 @@ from kinetic_airflow.cli.common import (
     print_rows,
     storage_of,
 )
+from kinetic_airflow.cli.text import described
 from kinetic_airflow.config import resolve_setting
 from kinetic_airflow.retention import AirflowFacts, airflow_facts, apply_plan, make_plan, parse_age
 
@@ -25,8 +27,6 @@ from kinetic_airflow.retention import AirflowFacts, airflow_facts, apply_plan, m
 # The command --------------------------------------------------------------------------------
 def _configured_cluster(args: argparse.Namespace) -> list[tuple[dict[str, Any], str]]:
     """The cluster of the [kinetic] configuration (as the operator resolves it), if one is set."""
-    from kinetic_airflow.backends.gke.client import gke_access, resolve_gke_cluster
-
     conn_id = resolve_setting("kubernetes_conn_id")
     project = args.project or resolve_setting("project")
     if not conn_id and not project:
@@ -144,8 +144,6 @@ def run_gc(args: argparse.Namespace) -> int:
 
 
 def add_gc_command(sub: Any) -> None:
-    from kinetic_airflow.cli.text import described
-
     parser = sub.add_parser(
         "gc",
         help="delete old job files; find and delete orphaned cluster jobs",

@@ -22,6 +22,8 @@ from kinetic_airflow.backends.gke.images import (
     default_image_uri,
     python_tag,
 )
+from kinetic_airflow.cli.text import described
+from kinetic_airflow.config import resolve_setting
 
 __all__ = ["EXTRA_PACKAGES", "add_image_command", "default_image_uri", "run_image"]
 
@@ -48,8 +50,6 @@ def build_commands(kind: str, image: str, cloud_build: bool) -> list[list[str]]:
 
 
 def add_image_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from kinetic_airflow.cli.text import described
-
     image = sub.add_parser(
         "image", help="build and push the runner image (prints the commands)", **described(__doc__)
     )
@@ -62,8 +62,6 @@ def add_image_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[
 
 
 def run_image(args: argparse.Namespace) -> int:
-    from kinetic_airflow.config import resolve_setting
-
     project = args.project or resolve_setting("project")
     zone = args.zone or resolve_setting("zone")
     cluster = args.cluster or resolve_setting("cluster")

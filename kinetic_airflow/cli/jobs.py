@@ -17,11 +17,15 @@ Output is a table, or ``-o json`` / ``--json`` / ``-o yaml`` as Airflow's own CL
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import os
+import socket
 import time
 from typing import Any
 
+from kinetic_airflow import lifecycle
+from kinetic_airflow.backends.registry import get_backend
 from kinetic_airflow.cli.common import (
     CliError,
     add_output_options,
@@ -33,8 +37,13 @@ from kinetic_airflow.cli.common import (
     resolve_job,
     storage_of,
 )
+from kinetic_airflow.cli.logs import print_logs
+from kinetic_airflow.cli.reproduce import reproduce_commands
+from kinetic_airflow.cli.text import described
+from kinetic_airflow.job.layout import JobLayout
 from kinetic_airflow.job.storage import join_uri
-from kinetic_airflow.jobstore import JobInfo, backend_states, list_job_ids, load_job
+from kinetic_airflow.jobstore import JobInfo, backend_states, list_job_ids, load_job, read_json_object
+from kinetic_airflow.results import load_envelope
 
 __all__ = ["add_job_commands", "add_storage_options", "print_rows", "resolve_job", "run_jobs_command"]
 
@@ -87,7 +96,12 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 # jobs show ------------------------------------------------------------------------------------
-def describe(info: JobInfo) -> dict[str, Any]:
+_USAGE_FIELDS = ("device", "chips", "spot", "queue_seconds", "run_seconds", "chip_hours", "outcome")
+
+
+def describe(info: JobInfo, usage: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What ``jobs show`` prints; ``usage`` is the job's ``usage.json`` (written when its outcome
+    reached Airflow), None before that."""
     ref = info.ref or {}
     identity = info.identity
     manifest = info.manifest or {}
@@ -106,8 +120,6 @@ def describe(info: JobInfo) -> dict[str, Any]:
         "output_dir": manifest.get("output_dir"),
     }
     if ref.get("backend") in ("gke", "pathways"):
-        from kinetic_airflow.backends.registry import get_backend
-
         cluster = ref.get("cluster") or {}
         details.update(
             cluster=cluster.get("name") or cluster.get("kubernetes_conn_id"),
@@ -125,9 +137,9 @@ def describe(info: JobInfo) -> dict[str, Any]:
             for k in ("ok", "phase", "error_type", "error_message", "value_type", "value_repr", "timings")
             if summary.get(k) is not None
         }
+    if usage:
+        details["usage"] = {k: usage.get(k) for k in _USAGE_FIELDS if usage.get(k) is not None}
     details["markers"] = {name: _iso(m.get("time")) for name, m in sorted(info.markers.items())}
-    from kinetic_airflow.cli.reproduce import reproduce_commands
-
     details["reproduce"] = reproduce_commands(info.job_uri, info.job_id, ref)
     return details
 
@@ -142,7 +154,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     storage, job_uri = resolve_job(args, args.job)
     info = load_job(storage, job_uri)
     backend_states([info])
-    details = describe(info)
+    details = describe(info, read_json_object(storage, JobLayout(job_uri).usage))
     if args.output in ("json", "yaml"):
         print_rows([details], args.output)
         return 0
@@ -163,8 +175,6 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 # jobs result ----------------------------------------------------------------------------------
 def cmd_result(args: argparse.Namespace) -> int:
-    from kinetic_airflow.job.layout import JobLayout
-
     storage, job_uri = resolve_job(args, args.job)
     info = load_job(storage, job_uri)
     if info.summary is None:
@@ -185,8 +195,6 @@ def cmd_result(args: argparse.Namespace) -> int:
             if summary.get("traceback"):
                 print("remote traceback:\n" + summary["traceback"].rstrip())
         return 0 if summary.get("ok") else 1
-    from kinetic_airflow.results import load_envelope
-
     try:
         envelope = load_envelope(storage, JobLayout(job_uri).result())
     except ModuleNotFoundError as exc:
@@ -214,8 +222,6 @@ def cmd_result(args: argparse.Namespace) -> int:
 def who_runs_this() -> str:
     """``user@host`` of this process, for the cancelled marker: whoever reads why a job stopped
     (its task's error, the Kinetic view) can tell which person, on which machine, stopped it."""
-    import getpass
-    import socket
 
     try:
         user = getpass.getuser()
@@ -225,9 +231,6 @@ def who_runs_this() -> str:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from kinetic_airflow import lifecycle
-    from kinetic_airflow.backends.registry import get_backend
-
     storage, job_uri = resolve_job(args, args.job)
     info = load_job(storage, job_uri)
     if info.ref is None:
@@ -255,8 +258,6 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 # jobs logs ------------------------------------------------------------------------------------
 def cmd_logs(args: argparse.Namespace) -> int:
-    from kinetic_airflow.cli.logs import print_logs
-
     storage, job_uri = resolve_job(args, args.job)
     info = load_job(storage, job_uri)
     return print_logs(info, storage, follow=args.follow)
@@ -264,8 +265,6 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 # Wiring ---------------------------------------------------------------------------------------
 def add_job_commands(sub: Any) -> None:
-    from kinetic_airflow.cli.text import described
-
     jobs = sub.add_parser(
         "jobs", help="list jobs, read their logs and results, cancel them", **described(__doc__)
     )

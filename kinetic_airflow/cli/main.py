@@ -24,6 +24,14 @@ from kinetic_airflow.accelerators import (
     accelerator_notes,
     parse_accelerator,
 )
+from kinetic_airflow.cli.doctor import add_doctor_command, run_doctor_command
+from kinetic_airflow.cli.gc import add_gc_command, run_gc
+from kinetic_airflow.cli.image import add_image_command, run_image
+from kinetic_airflow.cli.jobs import add_job_commands, run_jobs_command
+from kinetic_airflow.cli.reproduce import add_reproduce_command, run_reproduce
+from kinetic_airflow.cli.text import described
+from kinetic_airflow.job.layout import JobLayout
+from kinetic_airflow.job.storage import open_storage
 
 
 def _accelerators() -> None:
@@ -72,9 +80,6 @@ def _check(text: str) -> int:
 
 
 def _show(job_uri: str) -> int:
-    from kinetic_airflow.job.layout import JobLayout
-    from kinetic_airflow.job.storage import open_storage
-
     layout = JobLayout(job_uri.rstrip("/"))
     storage = open_storage(job_uri)
     for label, uri in (("manifest", layout.manifest), ("result", layout.result_summary())):
@@ -89,12 +94,6 @@ def _show(job_uri: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """Every command and its help, plain text (``kinetic_airflow.cli_text``)."""
-    from kinetic_airflow.cli.gc import add_gc_command
-    from kinetic_airflow.cli.image import add_image_command
-    from kinetic_airflow.cli.jobs import add_job_commands
-    from kinetic_airflow.cli.reproduce import add_reproduce_command
-    from kinetic_airflow.cli.text import described
-
     parser = argparse.ArgumentParser(prog="kinetic-airflow", **described(__doc__))
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("accelerators", help="list accelerator strings", description=_ACCELERATORS_HELP)
@@ -106,8 +105,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_gc_command(sub)
     add_reproduce_command(sub)
     add_image_command(sub)
-    from kinetic_airflow.cli.doctor import add_doctor_command
-
     add_doctor_command(sub)
     return parser
 
@@ -121,12 +118,6 @@ _SHOW_HELP = "Show a job's manifest, result summary and status markers, read fro
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kinetic_airflow.cli.doctor import run_doctor_command
-    from kinetic_airflow.cli.gc import run_gc
-    from kinetic_airflow.cli.image import run_image
-    from kinetic_airflow.cli.jobs import run_jobs_command
-    from kinetic_airflow.cli.reproduce import run_reproduce
-
     args = build_parser().parse_args(argv)
     if args.command == "doctor":
         return run_doctor_command(args)

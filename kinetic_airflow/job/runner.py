@@ -28,8 +28,14 @@ import time
 import traceback
 from typing import Any
 
+import cloudpickle
+
+from kinetic_airflow.job.codebundle import install_code_bundle
 from kinetic_airflow.job.envelope import ResultRef, dump_envelope, dumps_summary, is_result_ref, replace_refs
-from kinetic_airflow.job.layout import JobLayout
+from kinetic_airflow.job.inputs import Data, mount
+from kinetic_airflow.job.interop import write_kinetic_result
+from kinetic_airflow.job.layout import PAYLOAD_NAME, RESULT_NAME, JobLayout
+from kinetic_airflow.job.requirements import InstallError, ensure_environment
 from kinetic_airflow.job.storage import Storage, open_storage, uri_to_local_path
 from kinetic_airflow.job.tracebacks import mark_traceback, user_names
 
@@ -155,11 +161,9 @@ class JobRunner:
             delay = min(delay * 2, 2.0)
 
     def load_payload(self) -> dict[str, Any]:
-        import cloudpickle
-
         with self._timed("download"):
             self.manifest = json.loads(self._wait_for_manifest())
-            local_payload = os.path.join(self.workdir, "payload.pkl")
+            local_payload = os.path.join(self.workdir, PAYLOAD_NAME)
             self.storage.download_file(self.layout.payload, local_payload)
         with self._timed("verify"):
             digest = hashlib.sha256()
@@ -203,8 +207,6 @@ class JobRunner:
 
     def _install_requirements(self) -> None:
         """The job's extra packages, from the environment cache (installed there if need be)."""
-        from kinetic_airflow.job.requirements import InstallError, ensure_environment
-
         lines = self.manifest.get("requirements") or []
         if not lines:
             return
@@ -220,8 +222,6 @@ class JobRunner:
 
     def _install_code(self) -> None:
         """The DAG bundle's own code, on sys.path before anything is unpickled."""
-        from kinetic_airflow.job.codebundle import install_code_bundle
-
         entry = self.manifest.get("code")
         if not entry:
             return
@@ -246,8 +246,6 @@ class JobRunner:
         )
 
     def setup(self, payload: dict[str, Any]) -> tuple[Any, list[Any], dict[str, Any]]:
-        from kinetic_airflow.job.inputs import Data, mount
-
         with self._timed("setup"):
             env = payload.get("env") or {}
             os.environ.update({k: str(v) for k, v in env.items()})
@@ -310,6 +308,7 @@ class JobRunner:
             envelope.update(ok=True, value=value)
         except BaseException as exc:
             if self.post_mortem and self.phase == "execute":  # kinetic-airflow reproduce --pdb
+                # Only for --pdb.
                 import pdb
 
                 pdb.post_mortem(exc.__traceback__)
@@ -324,8 +323,6 @@ class JobRunner:
         envelope["attempt"] = self.manifest.get("attempt", 1)
         written = self.write_envelope(envelope)
         if written:  # kinetic's own format beside its handle.json, for `kinetic jobs result`
-            from kinetic_airflow.job.interop import write_kinetic_result
-
             write_kinetic_result(self.storage, self.layout.job_uri, self.host, envelope)
         self.marker("finished", ok=envelope["ok"] and written)
         if envelope["ok"] and written:
@@ -369,7 +366,7 @@ class JobRunner:
         if envelope["ok"]:
             envelope["value_type"] = _qualname(envelope["value"])
             envelope["value_repr"] = _safe_repr(envelope["value"])
-        local = os.path.join(self.workdir, "result.pkl")
+        local = os.path.join(self.workdir, RESULT_NAME)
         try:
             with open(local, "wb") as fh:
                 dump_envelope(envelope, fh)

@@ -96,6 +96,7 @@ def normalize_pod_override(value: Any, *, source: str = "pod_override") -> dict[
                 '{"memory": "16Gi"}}}]}}'
             ) from None
     if hasattr(value, "openapi_types") and hasattr(value, "attribute_map"):
+        # Start-up cost: the Kubernetes client loads only when a cluster is used.
         from kubernetes.client import ApiClient
 
         value = ApiClient().sanitize_for_serialization(value)
@@ -280,6 +281,7 @@ def check_pod_template(pod: dict[str, Any], generated: dict[str, Any], *, owner:
 
 
 def _model_class(name: str) -> Any:
+    # Start-up cost: the Kubernetes client loads only when a cluster is used.
     import kubernetes.client.models as models
 
     return getattr(models, name, None)
@@ -496,13 +498,14 @@ def _check_container(container: dict[str, Any], path: str, volumes: set[Any], pr
 
 
 # Where kinetic calls it ----------------------------------------------------------------------
-def pod_templates(manifest: dict[str, Any]) -> list[dict[str, Any]]:
-    """The pod templates of a Job or LeaderWorkerSet manifest (LWS: leader and worker)."""
+def _pod_template_slots(manifest: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+    """Where a Job or LeaderWorkerSet manifest holds its pod templates (LWS: leader and worker),
+    as (parent, key) so a template can be replaced."""
     spec = manifest.get("spec") or {}
     if manifest.get("kind") == "LeaderWorkerSet":
         lwt = spec.get("leaderWorkerTemplate") or {}
-        return [lwt[k] for k in ("leaderTemplate", "workerTemplate") if isinstance(lwt.get(k), dict)]
-    return [spec["template"]] if isinstance(spec.get("template"), dict) else []
+        return [(lwt, k) for k in ("leaderTemplate", "workerTemplate") if isinstance(lwt.get(k), dict)]
+    return [(spec, "template")] if isinstance(spec.get("template"), dict) else []
 
 
 def apply_to_manifest(manifest: dict[str, Any], override: dict[str, Any] | None) -> dict[str, Any]:
@@ -510,14 +513,8 @@ def apply_to_manifest(manifest: dict[str, Any], override: dict[str, Any] | None)
     if not override:
         return manifest
     kind = manifest.get("kind", "Job")
-    spec = manifest.get("spec") or {}
-    if kind == "LeaderWorkerSet":
-        lwt = spec.get("leaderWorkerTemplate") or {}
-        for key in ("leaderTemplate", "workerTemplate"):
-            if isinstance(lwt.get(key), dict):
-                lwt[key] = apply_pod_override(lwt[key], override, owner=kind)
-    elif isinstance(spec.get("template"), dict):
-        spec["template"] = apply_pod_override(spec["template"], override, owner=kind)
+    for parent, key in _pod_template_slots(manifest):
+        parent[key] = apply_pod_override(parent[key], override, owner=kind)
     return manifest
 
 
