@@ -63,7 +63,6 @@ from kinetic_airflow.links import (
     job_links,
 )
 from kinetic_airflow.options import is_deferred, validate_backend, validate_options
-from kinetic_airflow.preflight import preflight
 from kinetic_airflow.results import (
     KineticJobError,
     load_envelope,
@@ -71,6 +70,7 @@ from kinetic_airflow.results import (
     raise_remote,
     to_xcom,
 )
+from kinetic_airflow.submission import preflight
 from kinetic_airflow.triggers import KineticJobTrigger
 from kinetic_airflow.usage import USAGE_XCOM_KEY, attempt_usage, emit_metrics, totals
 from kinetic_airflow.validation import (
