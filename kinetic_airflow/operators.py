@@ -40,19 +40,13 @@ from kinetic_airflow.backends.gke.images import check_image_python
 from kinetic_airflow.backends.gke.manifest import default_image
 from kinetic_airflow.backends.gke.pod_override import combined_override, validate_at_parse
 from kinetic_airflow.backends.registry import get_backend
-from kinetic_airflow.config import KineticSettingError, default_base_uri, local_state_root, resolve_setting
+from kinetic_airflow.config import KineticSettingError, local_state_root, resolve_setting
 from kinetic_airflow.connections import storage_for
 from kinetic_airflow.context_args import check_context_parameters
-from kinetic_airflow.envcapture import capture_env
-from kinetic_airflow.job.codebundle import code_roots, ship_code_bundle
-from kinetic_airflow.job.envelope import ResultRef, is_result_ref, replace_refs
 from kinetic_airflow.job.inputs import Data, data_in
-from kinetic_airflow.job.layout import JobIdentity, JobLayout, output_dir_uri
-from kinetic_airflow.job.payload import manifest_json, register_dag_modules_by_value, write_payload
+from kinetic_airflow.job.layout import JobIdentity, JobLayout
 from kinetic_airflow.job.requirements import resolve_requirements
 from kinetic_airflow.job.storage import Storage, uri_to_local_path
-from kinetic_airflow.job.tracebacks import user_names
-from kinetic_airflow.jobstore import publish_job
 from kinetic_airflow.lifecycle import Action, Phase, TryInfo, decide, load_record, save_record
 from kinetic_airflow.links import (
     LINKS_XCOM_KEY,
@@ -62,7 +56,7 @@ from kinetic_airflow.links import (
     is_gke_cluster,
     job_links,
 )
-from kinetic_airflow.options import is_deferred, validate_backend, validate_options
+from kinetic_airflow.options import is_deferred, validate_options
 from kinetic_airflow.results import (
     KineticJobError,
     load_envelope,
@@ -70,7 +64,14 @@ from kinetic_airflow.results import (
     raise_remote,
     to_xcom,
 )
-from kinetic_airflow.submission import preflight
+from kinetic_airflow.submission import (
+    preflight,
+    publish_job,
+    resolve_backend,
+    resolve_base_uri,
+    resolve_gcp_conn_id,
+    ship_payload,
+)
 from kinetic_airflow.triggers import KineticJobTrigger
 from kinetic_airflow.usage import USAGE_XCOM_KEY, attempt_usage, emit_metrics, totals
 from kinetic_airflow.validation import (
@@ -275,23 +276,13 @@ class KineticRunOperator(BaseOperator):
 
     # Settings ---------------------------------------------------------------------------------
     def _backend_name(self) -> str:
-        backend = resolve_setting("backend", self.backend)
-        validate_backend(backend)
-        if backend == "auto":
-            spec = parse_accelerator(self.accelerator, spot=self.spot or None)
-            backend = "pathways" if spec.kind == "tpu" and spec.multi_host else "gke"
-        return backend
+        return resolve_backend(self.backend, self.accelerator, self.spot)
 
     def _base_uri(self, backend: str) -> str:
-        base = resolve_setting("base_uri", self.base_uri)
-        if base:
-            return base.rstrip("/")
-        return default_base_uri(
-            backend, resolve_setting("project", self.project), resolve_setting("cluster", self.cluster)
-        )
+        return resolve_base_uri(self.base_uri, backend, self.project, self.cluster)
 
     def _gcp_conn_id(self) -> str | None:
-        return self.gcp_conn_id or resolve_setting("gcp_conn_id")
+        return resolve_gcp_conn_id(self.gcp_conn_id)
 
     def _storage(self, uri: str) -> Storage:
         return storage_for(uri, self._gcp_conn_id())
@@ -382,11 +373,10 @@ class KineticRunOperator(BaseOperator):
 
     # Execute -----------------------------------------------------------------------------------
     def execute(self, context: Context) -> Any:
-        preflight(self, context)  # rendered values, context arguments: before any job exists
+        target = preflight(self, context)  # rendered values, context arguments: before any job exists
         ti = context["ti"]
         now = TryInfo.of(ti)
-        backend_name = self._backend_name()
-        base_uri = self._base_uri(backend_name)
+        backend_name, base_uri = target.backend, target.base_uri
         identity = JobIdentity(
             ti.dag_id,
             ti.run_id,
@@ -490,15 +480,6 @@ class KineticRunOperator(BaseOperator):
             log.warning("task killed while its kinetic job %s runs: stopping the job", ref["job_id"])
             self._cancel(ref, by=lifecycle.ON_KILL_BY, reason=lifecycle.ON_KILL_REASON)
 
-    def _resolve_args(self, storage: Storage, base_uri: str) -> tuple[list[Any], dict[str, Any]]:
-        """Stage Data arguments and turn upstream result references into loadable refs."""
-
-        def convert(value: Any) -> Any:
-            value = replace_refs(value, lambda r: ResultRef.from_xcom(r) if is_result_ref(r) else r)
-            return value.stage(storage, base_uri) if isinstance(value, Data) else value
-
-        return [convert(a) for a in self.op_args], {k: convert(v) for k, v in self.op_kwargs.items()}
-
     @staticmethod
     def _record(
         context: Context, phase: Phase, ref: JobRef, deadline: float | None, previous: Any, **extra: Any
@@ -563,49 +544,22 @@ class KineticRunOperator(BaseOperator):
         return record
 
     def _ship_payload(self, context: Context, ref: JobRef, identity: JobIdentity) -> tuple[int, str]:
-        layout = JobLayout(ref["job_uri"])
-        storage = self._storage(ref["job_uri"])
         dag = context.get("dag")
-        dag_file = getattr(dag, "fileloc", None) if dag is not None else None
-        roots = [_airflow_dags_folder()]
-        if dag_file:
-            roots.append(os.path.dirname(dag_file))
-        code = ship_code_bundle(storage, ref["base_uri"], *code_roots(_airflow_dags_folder(), dag_file))
-        by_value = register_dag_modules_by_value(self.python_callable, roots)
-        if by_value:
-            log.info("pickling DAG-folder modules by value: %s", ", ".join(map(user_names, by_value)))
-        args, kwargs = self._resolve_args(storage, ref["base_uri"])
-        volumes = {m: d.stage(storage, ref["base_uri"]) for m, d in self.volumes.items()}
-        env = capture_env(self.capture_env_vars)
-        fields = write_payload(
-            storage,
-            layout.payload,
-            self.python_callable,
-            args,
-            kwargs,
-            env=env,
-            volumes=volumes,
-            task_label=f"task {self.task_id!r}",
+        return ship_payload(
+            self._storage(ref["job_uri"]),
+            ref,
+            identity,
+            python_callable=self.python_callable,
+            op_args=self.op_args,
+            op_kwargs=self.op_kwargs,
+            volumes=self.volumes,
+            capture_env_vars=self.capture_env_vars,
+            output_dir=self.output_dir,
+            heartbeat_seconds=resolve_setting("heartbeat_seconds", self.heartbeat_seconds),
+            dag_file=getattr(dag, "fileloc", None) if dag is not None else None,
+            dags_folder=_airflow_dags_folder(),
+            task_id=self.task_id,
         )
-        output_dir = self.output_dir or output_dir_uri(ref["base_uri"], identity)
-        manifest = {
-            **fields,
-            "job_id": ref["job_id"],
-            "attempt": identity.attempt,
-            "identity": identity.to_dict(),
-            "output_dir": output_dir,
-            "heartbeat_seconds": resolve_setting("heartbeat_seconds", self.heartbeat_seconds),
-            "callable": callable_name(self.python_callable),
-            "created": time.time(),
-            "backend": ref["backend"],
-            "image": ref.get("image"),
-            "code": code,
-            "requirements": ref.get("requirements") or [],
-        }
-        # The manifest goes last: its presence tells the runner the payload is complete.
-        storage.write_text(layout.manifest, manifest_json(manifest))
-        storage.write_text(layout.status("dispatched"), json.dumps({"time": time.time()}))
-        return fields["payload_bytes"], output_dir
 
     def _watcher(self, ref: JobRef, deadline: float | None, settings: WaitSettings) -> JobWatcher:
         return JobWatcher(

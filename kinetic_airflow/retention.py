@@ -40,11 +40,12 @@ from typing import Any
 
 from kinetic_airflow.backends.gke.client import cluster_key
 from kinetic_airflow.backends.gke.cluster_objects import ClusterSnapshot
+from kinetic_airflow.backends.registry import backend_states
 from kinetic_airflow.config import local_state_root
 from kinetic_airflow.connections import storage_for
 from kinetic_airflow.job.interop import interop_prefix
 from kinetic_airflow.job.storage import FileStorage, Storage, join_uri, uri_to_local_path
-from kinetic_airflow.jobstore import LIVE_STATES, JobInfo, backend_states, list_job_ids, load_job
+from kinetic_airflow.jobstore import LIVE_STATES, JobInfo, list_job_ids, load_job
 from kinetic_airflow.lifecycle import _marker
 
 __all__ = ["GcPlan", "apply_plan", "find_orphans", "make_plan", "parse_age"]

@@ -173,7 +173,7 @@ def test_a_cancel_from_the_cli_names_the_user_and_the_host(local_env, base_uri, 
     from kinetic_airflow.backends.local import LocalBackend
     from kinetic_airflow.job.layout import JobIdentity
     from kinetic_airflow.job.storage import open_storage
-    from kinetic_airflow.jobstore import publish_job
+    from kinetic_airflow.submission import publish_job
 
     identity = JobIdentity("d", "r", "sleeps")
     layout = make_job(base_uri, time.sleep, (600,), job_id=identity.job_id)

@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from kinetic_airflow import lifecycle
-from kinetic_airflow.backends.registry import get_backend
+from kinetic_airflow.backends.registry import backend_states, get_backend
 from kinetic_airflow.cli.common import (
     CliError,
     add_output_options,
@@ -42,7 +42,7 @@ from kinetic_airflow.cli.reproduce import reproduce_commands
 from kinetic_airflow.cli.text import described
 from kinetic_airflow.job.layout import JobLayout
 from kinetic_airflow.job.storage import join_uri
-from kinetic_airflow.jobstore import JobInfo, backend_states, list_job_ids, load_job, read_json_object
+from kinetic_airflow.jobstore import JobInfo, list_job_ids, load_job, read_json_object
 from kinetic_airflow.results import load_envelope
 
 __all__ = ["add_job_commands", "add_storage_options", "print_rows", "resolve_job", "run_jobs_command"]
