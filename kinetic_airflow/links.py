@@ -25,19 +25,12 @@ __all__ = [
     "KineticJobConsoleLink",
     "KineticJobLogsLink",
     "KineticViewLink",
-    "is_gke_cluster",
-    "job_links",
     "task_tab_url",
 ]
 
 LINKS_XCOM_KEY = "kinetic_job_links"
 # The task instance's Kinetic tab: the plugin registers it under this route, the links point at it.
 TASK_TAB_ROUTE = "kinetic-job"
-
-
-def is_gke_cluster(cluster: dict) -> bool:
-    """A cluster named by project/location/name (GKE), not one reached by a Kubernetes connection."""
-    return not cluster.get("kubernetes_conn_id") and bool(cluster.get("project") and cluster.get("name"))
 
 
 def task_tab_url(dag_id: str, run_id: str, task_id: str, map_index: int) -> str:
@@ -49,7 +42,6 @@ def task_tab_url(dag_id: str, run_id: str, task_id: str, map_index: int) -> str:
 
 
 def _ui_base_path() -> str:
-
     try:
         # Airflow start-up cost: loaded when called, not when this module is imported.
         from airflow.configuration import conf
@@ -58,22 +50,6 @@ def _ui_base_path() -> str:
     except Exception:
         base_url = ""
     return urlsplit(base_url).path.rstrip("/")
-
-
-def job_links(*, project: str | None, location: str, cluster: str, namespace: str, job_name: str) -> dict:
-    """Console and Cloud Logging URLs of a GKE Job (public information, no secrets)."""
-    suffix = f"?project={quote(project)}" if project else ""
-    query = (
-        'resource.type="k8s_container"\n'
-        f'resource.labels.cluster_name="{cluster}"\n'
-        f'resource.labels.namespace_name="{namespace}"\n'
-        f'labels."k8s-pod/job-name"="{job_name}"'
-    )
-    return {
-        "console": f"https://console.cloud.google.com/kubernetes/job/{location}/{cluster}/{namespace}/"
-        f"{job_name}/details{suffix}",
-        "logs": f"https://console.cloud.google.com/logs/query;query={quote(query, safe='')}{suffix}",
-    }
 
 
 class _KineticLink(BaseOperatorLink):

@@ -36,6 +36,7 @@ from kinetic_airflow import lifecycle
 from kinetic_airflow.accelerators import parse_accelerator
 from kinetic_airflow.backends import BackendStatus, JobRef, JobState
 from kinetic_airflow.backends.gke.client import gke_access, resolve_gke_cluster
+from kinetic_airflow.backends.gke.console import is_gke_cluster, job_links
 from kinetic_airflow.backends.gke.images import check_image_python
 from kinetic_airflow.backends.gke.manifest import default_image
 from kinetic_airflow.backends.gke.pod_override import combined_override, validate_at_parse
@@ -53,8 +54,6 @@ from kinetic_airflow.links import (
     KineticJobConsoleLink,
     KineticJobLogsLink,
     KineticViewLink,
-    is_gke_cluster,
-    job_links,
 )
 from kinetic_airflow.options import is_deferred, validate_options
 from kinetic_airflow.results import (
@@ -118,7 +117,8 @@ class KineticRunOperator(BaseOperator):
     :param preemption_retries: cluster backends: resubmissions after preemption, not counted as retries.
     :param container_env: plain (non-secret) environment variables for the job's container.
     :param pod_override: cluster backends: a dict (Kubernetes JSON) or ``kubernetes.client.V1Pod`` merged
-        over the generated pod (``kinetic_airflow.pod_override``; ``[kinetic] pod_override`` is the default).
+        over the generated pod (``kinetic_airflow.backends.gke.pod_override``; ``[kinetic] pod_override``
+        is the default).
     :param requirements: packages the job needs beyond its image: requirement strings and/or
         paths of requirements files. Without it, a ``requirements.txt`` (or ``pyproject.toml``
         dependencies) beside the DAG file or at the bundle root is used. Installed by the runner

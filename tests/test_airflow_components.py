@@ -5,7 +5,7 @@ hides the by-reference pickling bug: production workers import a DAG file as
 ``unusual_prefix_<sha1>_<file>``, a module that does not exist in the job process,
 and sibling modules of the DAG file are only importable where the DAG folder is on
 ``sys.path``. cloudpickle pickles module-level functions and classes by reference,
-so without ``kinetic_airflow.payload.register_dag_modules_by_value`` the job fails
+so without ``kinetic_airflow.job.payload.register_dag_modules_by_value`` the job fails
 to unpickle its payload with ``ModuleNotFoundError`` and ``test_scheduler_run_*``
 fails (the run ends ``failed``). The test also checks, from inside the job, that
 neither module is importable there, so it cannot pass "by accident" because the

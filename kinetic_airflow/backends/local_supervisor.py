@@ -2,7 +2,7 @@
 
 It exists because the process that launched the job (an Airflow worker) may be
 gone by the time the job ends, so nobody else could collect the exit status.
-Standard library (+ kinetic_airflow.storage for a gs:// log copy) only.
+Standard library (+ kinetic_airflow.job.storage for a gs:// log copy) only.
 """
 
 from __future__ import annotations

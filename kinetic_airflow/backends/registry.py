@@ -17,7 +17,7 @@ def get_backend(name: str) -> Backend:
     if name == "local":
         return LocalBackend()
     if name == "gke":
-        # The cluster backends are imported when a job names one: they load the Kubernetes client.
+        # Start-up cost: a cluster backend (and its Kubernetes client) loads only when a job names one.
         from kinetic_airflow.backends.gke.backend import GKEBackend
 
         return GKEBackend()
@@ -44,7 +44,7 @@ def backend_states(infos: Iterable[JobInfo]) -> None:
             if ref.get("backend") == "local":
                 status = get_backend("local").status(ref)
             else:
-                # The cluster backends are imported when a job names one (see get_backend).
+                # Start-up cost: as in get_backend, the cluster code loads only for a cluster job.
                 from kinetic_airflow.backends.gke.cluster_objects import snapshot_for
 
                 status = snapshot_for(snapshots, ref).status_of(ref)

@@ -3,10 +3,10 @@
 kinetic-airflow accelerators            list accelerator strings by generation/type
 kinetic-airflow check tpu-v5p-8         show what a string resolves to (selectors, resources, notes)
 kinetic-airflow show JOB_URI            a job's manifest, markers and result summary
-kinetic-airflow jobs list|logs|result|cancel|show   find jobs and act on them (kinetic_airflow.cli_jobs)
-kinetic-airflow gc --older-than 30d     delete old job files, find orphans (kinetic_airflow.retention)
-kinetic-airflow reproduce JOB [--pdb]   run a stored job here (kinetic_airflow.reproduce)
-kinetic-airflow image [--kind tpu]      build and push the runner image (kinetic_airflow.cli_image)
+kinetic-airflow jobs list|logs|result|cancel|show   find jobs and act on them (kinetic_airflow.cli.jobs)
+kinetic-airflow gc --older-than 30d     delete old job files, find orphans (kinetic_airflow.cli.gc)
+kinetic-airflow reproduce JOB [--pdb]   run a stored job here (kinetic_airflow.cli.reproduce)
+kinetic-airflow image [--kind tpu]      build and push the runner image (kinetic_airflow.cli.image)
 kinetic-airflow doctor [tpu-v6e-8]      check a cluster for a first job, say fixes (kinetic_airflow.doctor)
 """
 
@@ -93,7 +93,7 @@ def _show(job_uri: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Every command and its help, plain text (``kinetic_airflow.cli_text``)."""
+    """Every command and its help, plain text (``kinetic_airflow.cli.text``)."""
     parser = argparse.ArgumentParser(prog="kinetic-airflow", **described(__doc__))
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("accelerators", help="list accelerator strings", description=_ACCELERATORS_HELP)

@@ -119,7 +119,7 @@ def check_derived_names(job_id: str, hosts: int = 1) -> None:
         listed = "; ".join(f"{what} {name!r} ({len(name)} characters)" for what, name in too_long.items())
         raise NameTooLongError(
             f"job id {job_id!r} gives Kubernetes names over {LABEL_VALUE_MAX} characters: {listed}. "
-            f"Job ids are at most {MAX_JOB_ID} characters (kinetic_airflow.layout.MAX_JOB_ID)."
+            f"Job ids are at most {MAX_JOB_ID} characters (kinetic_airflow.job.layout.MAX_JOB_ID)."
         )
 
 

@@ -21,6 +21,7 @@ from kinetic_airflow.accelerators import parse_accelerator
 from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobState
 from kinetic_airflow.backends.gke.classify import classify, with_refusal
 from kinetic_airflow.backends.gke.client import ApiError, KubeApi, kube_api
+from kinetic_airflow.backends.gke.console import job_links
 from kinetic_airflow.backends.gke.logstream import PodLogStream
 from kinetic_airflow.backends.gke.manifest import (
     CONTAINER_NAME,
@@ -32,7 +33,6 @@ from kinetic_airflow.backends.gke.volumes import pod_extras
 from kinetic_airflow.backends.gke.watch_cache import FAILED_CREATE, ClusterWatch, shared_watch
 from kinetic_airflow.config import resolve_setting
 from kinetic_airflow.job.layout import JOB_PREFIX, JobIdentity, check_derived_names
-from kinetic_airflow.links import job_links
 
 __all__ = ["GKEBackend", "JobOwnershipError", "Observed", "k8s_job_name"]
 
