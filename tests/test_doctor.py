@@ -16,7 +16,7 @@ from pathlib import Path
 import kubernetes
 import pytest
 
-from kinetic_airflow.doctor import FAIL, OK, SKIP, WARN, rbac_yaml, run_doctor
+from kinetic_airflow.backends.gke.doctor import FAIL, OK, SKIP, WARN, rbac_yaml, run_doctor
 from kinetic_airflow.testing.cluster import ClusterEmulator, NodePool
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -296,7 +296,7 @@ def test_print_rbac_is_the_readme_role_and_kubectl_can_read_it(capsys):
         for r in rule["resources"]
         for v in rule["verbs"]
     }
-    from kinetic_airflow.doctor import REQUIRED_RULES
+    from kinetic_airflow.backends.gke.doctor import REQUIRED_RULES
 
     assert granted == {(g, r, v) for g, r, verbs, _ in REQUIRED_RULES for v in verbs}
     assert binding["subjects"] == [

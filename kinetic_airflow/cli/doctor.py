@@ -11,8 +11,8 @@ import json
 from typing import Any
 
 from kinetic_airflow.backends.gke.client import impersonation_chain_of
+from kinetic_airflow.backends.gke.doctor import rbac_yaml, run_doctor
 from kinetic_airflow.config import resolve_setting
-from kinetic_airflow.doctor import rbac_yaml, run_doctor
 
 __all__ = ["add_doctor_command", "run_doctor_command"]
 
