@@ -1,4 +1,4 @@
-"""``kinetic-airflow doctor``: the command line of ``kinetic_airflow.doctor``.
+"""``kinetic-airflow doctor``: the command line of ``kinetic_airflow.backends.gke.doctor``.
 
 ``kinetic-airflow doctor [ACCELERATOR] [--json]`` runs the checks with ``[kinetic]`` settings
 (or the options given) and exits 1 when one fails; ``--print-rbac`` prints the minimum Role

@@ -7,7 +7,7 @@ kinetic-airflow jobs list|logs|result|cancel|show   find jobs and act on them (k
 kinetic-airflow gc --older-than 30d     delete old job files, find orphans (kinetic_airflow.cli.gc)
 kinetic-airflow reproduce JOB [--pdb]   run a stored job here (kinetic_airflow.cli.reproduce)
 kinetic-airflow image [--kind tpu]      build and push the runner image (kinetic_airflow.cli.image)
-kinetic-airflow doctor [tpu-v6e-8]      check a cluster for a first job, say fixes (kinetic_airflow.doctor)
+kinetic-airflow doctor [tpu-v6e-8]      check a cluster for a first job, say fixes (backends/gke/doctor)
 """
 
 from __future__ import annotations
