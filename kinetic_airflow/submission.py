@@ -23,9 +23,9 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from kinetic_airflow.accelerators import parse_accelerator
 from kinetic_airflow.config import KineticSettingError, default_base_uri, resolve_setting
@@ -43,10 +43,8 @@ from kinetic_airflow.job.tracebacks import user_names
 from kinetic_airflow.options import check_rendered_options, validate_backend
 from kinetic_airflow.validation import callable_name, check_backend_fits, check_base_uri, check_local_volumes
 
-if TYPE_CHECKING:
-    from kinetic_airflow.operators import KineticRunOperator
-
 __all__ = [
+    "RenderedTask",
     "Target",
     "check_settings",
     "machine_has",
@@ -60,6 +58,22 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+class RenderedTask(Protocol):
+    """What submission reads of a task: ``KineticRunOperator``'s public fields, rendered."""
+
+    python_callable: Callable[..., Any]
+    op_args: Sequence[Any]
+    op_kwargs: Mapping[str, Any]
+    volumes: Mapping[str, Data]
+    accelerator: str
+    spot: bool
+    backend: str | None
+    base_uri: str | None
+    project: str | None
+    cluster: str | None
+    gcp_conn_id: str | None
 
 
 # Settings ---------------------------------------------------------------------------------------
@@ -95,7 +109,7 @@ def resolve_gcp_conn_id(gcp_conn_id: str | None) -> str | None:
 
 
 # Before any job exists --------------------------------------------------------------------------
-def preflight(op: KineticRunOperator, context: Any) -> Target:
+def preflight(op: RenderedTask, context: Any) -> Target:
     """Check the rendered task and resolve where its job goes; adds the context arguments the
     function names to ``op.op_kwargs`` and anchors relative ``Data`` paths at the DAG file."""
     check_rendered_options(op)  # templated options, as rendered: the same table as at parse time
@@ -141,7 +155,7 @@ _RUN_SETTINGS = (
 _CLUSTER_SETTINGS = ("namespace", "startup_timeout", "heartbeat_timeout", "requirements_cache")
 
 
-def check_settings(op: KineticRunOperator, backend: str) -> None:
+def check_settings(op: RenderedTask, backend: str) -> None:
     """Resolve (and so check) every setting the job will use; cross-check the heartbeat pair."""
     names = _RUN_SETTINGS + (_CLUSTER_SETTINGS if backend != "local" else ())
     values = {name: resolve_setting(name, getattr(op, name, None)) for name in names}
@@ -177,7 +191,7 @@ def _warn_without_accelerator(spec: Any) -> None:
     )
 
 
-def _anchor_relative_data(op: KineticRunOperator, folder: str) -> None:
+def _anchor_relative_data(op: RenderedTask, folder: str) -> None:
     """``Data("./dataset")`` means the dataset beside the DAG file, not in the worker's cwd."""
     for data in data_in(op.op_args, op.op_kwargs, op.volumes):
         if data.is_remote or "://" in data.source:
