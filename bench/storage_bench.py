@@ -51,11 +51,11 @@ def step(mode: str, bucket: str, mib: int) -> dict:
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage as gcs
 
-    from kinetic_airflow.envelope import dump_envelope
-    from kinetic_airflow.layout import JobLayout
-    from kinetic_airflow.payload import write_payload
+    from kinetic_airflow.job.envelope import dump_envelope
+    from kinetic_airflow.job.layout import JobLayout
+    from kinetic_airflow.job.payload import write_payload
+    from kinetic_airflow.job.storage import GCSStorage
     from kinetic_airflow.results import load_envelope
-    from kinetic_airflow.storage import GCSStorage
 
     client = gcs.Client(project="bench", credentials=AnonymousCredentials())
     base_rss = _rss_bytes()

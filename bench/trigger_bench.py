@@ -178,7 +178,7 @@ def _job_refs(count: int, env: dict[str, str]) -> list[dict]:
     saved = dict(os.environ)
     os.environ.update(env)
     try:
-        from kinetic_airflow.layout import JobIdentity
+        from kinetic_airflow.job.layout import JobIdentity
         from kinetic_airflow.operators import KineticRunOperator
 
         op = KineticRunOperator(task_id="watched", python_callable=time.sleep, op_args=[1], backend="gke")
@@ -201,7 +201,7 @@ def _create_jobs(emulator: Any, refs: list[dict], line_every: float = LINE_EVERY
     core = kubernetes.client.CoreV1Api(emulator.api_client())
     script = f"while true; do echo tick $(date +%s); sleep {line_every:g}; done"
     for ref in refs:
-        from kinetic_airflow.layout import JobIdentity
+        from kinetic_airflow.job.layout import JobIdentity
 
         labels = JobIdentity.from_dict(ref["identity"]).labels()
         batch.create_namespaced_job(
@@ -251,7 +251,7 @@ class _Heartbeats(threading.Thread):
 
     def __init__(self, refs: list[dict]) -> None:
         super().__init__(daemon=True)
-        from kinetic_airflow.storage import open_storage
+        from kinetic_airflow.job.storage import open_storage
 
         self.refs, self.stop = refs, threading.Event()
         self.storage = open_storage(refs[0]["job_uri"])  # one client, as one runner would have
@@ -261,7 +261,7 @@ class _Heartbeats(threading.Thread):
         return sum(start <= t <= end for t in self.times)
 
     def beat(self) -> None:
-        from kinetic_airflow.layout import JobLayout
+        from kinetic_airflow.job.layout import JobLayout
 
         for ref in self.refs:
             uri = JobLayout(ref["job_uri"]).status("heartbeat")

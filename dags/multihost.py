@@ -28,7 +28,7 @@ def global_mean(values: list[float]) -> dict:
     import jax.numpy as jnp
     from jax.experimental import multihost_utils
 
-    from kinetic_airflow.multihost import initialize_jax
+    from kinetic_airflow.job.multihost import initialize_jax
 
     initialize_jax()
     me, hosts = jax.process_index(), jax.process_count()

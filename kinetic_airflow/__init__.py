@@ -15,15 +15,15 @@ _EXPORTS = {
     "kinetic_task": "kinetic_airflow.decorators",
     "KineticRunOperator": "kinetic_airflow.operators",
     "KineticJobTrigger": "kinetic_airflow.triggers",
-    "Data": "kinetic_airflow.data",
-    "ResultRef": "kinetic_airflow.envelope",
+    "Data": "kinetic_airflow.job.inputs",
+    "ResultRef": "kinetic_airflow.job.envelope",
     "load_result": "kinetic_airflow.loading",
     "parse_accelerator": "kinetic_airflow.accelerators",
     "InvalidAcceleratorError": "kinetic_airflow.accelerators",
     "KineticJobError": "kinetic_airflow.results",
     "KineticOptionError": "kinetic_airflow.options",
     "KineticRemoteError": "kinetic_airflow.results",
-    "PayloadError": "kinetic_airflow.payload",
+    "PayloadError": "kinetic_airflow.job.payload",
 }
 
 __all__ = [
@@ -43,13 +43,13 @@ __all__ = [
 
 if TYPE_CHECKING:
     from kinetic_airflow.accelerators import InvalidAcceleratorError, parse_accelerator
-    from kinetic_airflow.data import Data
     from kinetic_airflow.decorators import kinetic_task
-    from kinetic_airflow.envelope import ResultRef
+    from kinetic_airflow.job.envelope import ResultRef
+    from kinetic_airflow.job.inputs import Data
+    from kinetic_airflow.job.payload import PayloadError
     from kinetic_airflow.loading import load_result
     from kinetic_airflow.operators import KineticRunOperator
     from kinetic_airflow.options import KineticOptionError
-    from kinetic_airflow.payload import PayloadError
     from kinetic_airflow.results import KineticJobError, KineticRemoteError
     from kinetic_airflow.triggers import KineticJobTrigger
 

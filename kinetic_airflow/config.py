@@ -9,10 +9,11 @@ still override it. ``KINETIC_*`` names match Keras kinetic's own variables
 
 from __future__ import annotations
 
+import configparser
 import os
 from typing import Any
 
-from kinetic_airflow.options import KineticOptionError, parse_setting
+from kinetic_airflow.options import KineticSettingError, parse_setting
 
 __all__ = ["DEFAULTS", "KineticSettingError", "default_base_uri", "local_state_root", "resolve_setting"]
 
@@ -72,12 +73,9 @@ DEFAULTS: dict[str, Any] = {
 BACKENDS = ("local", "gke", "pathways", "auto")
 
 
-class KineticSettingError(KineticOptionError):
-    """A configured value that does not parse: names the option, where it came from, the form."""
-
-
 def _conf() -> Any:
     try:
+        # Airflow start-up cost: loaded when called, not when this module is imported.
         from airflow.sdk.configuration import conf
     except ImportError:  # triggerer / scheduler side, or no task-sdk
         try:
@@ -93,7 +91,6 @@ def _set_in_airflow_config(conf: Any, key: str) -> bool:
     The provider declares its defaults (so ``airflow config list`` shows them), which makes
     ``conf.get`` always answer; a ``KINETIC_*`` variable must still win over a default.
     """
-    import configparser
 
     env = f"AIRFLOW__KINETIC__{key.upper()}"
     if any(os.environ.get(env + suffix) for suffix in ("", "_CMD", "_SECRET")):

@@ -13,7 +13,8 @@ from kinetic_airflow.gcp_auth import (
     missing_connection_error,
     no_credentials_error,
 )
-from kinetic_airflow.storage import GCSStorage, Storage, open_storage
+from kinetic_airflow.job.storage import GCSStorage, Storage, _ambient_client, open_storage
+from kinetic_airflow.optional import require_providers
 
 __all__ = ["KineticConfigError", "storage_for"]
 
@@ -21,10 +22,9 @@ log = logging.getLogger(__name__)
 
 
 def _ambient_storage_client(uri: str) -> Any:
+    # Start-up cost: the Google clients load only when gs:// or GCP credentials are used.
     from google.auth.exceptions import DefaultCredentialsError
     from google.cloud import storage
-
-    from kinetic_airflow.storage import _ambient_client
 
     try:
         return _ambient_client(storage)
@@ -33,9 +33,8 @@ def _ambient_storage_client(uri: str) -> Any:
 
 
 def _gcs_client(gcp_conn_id: str | None, uri: str = "gs://") -> Any:
+    # Start-up cost: the Google clients load only when gs:// or GCP credentials are used.
     from google.auth.exceptions import DefaultCredentialsError
-
-    from kinetic_airflow.backends import require_providers
 
     if gcp_conn_id == AMBIENT_CONN_ID:
         return _ambient_storage_client(uri)
@@ -46,6 +45,7 @@ def _gcs_client(gcp_conn_id: str | None, uri: str = "gs://") -> Any:
             return _ambient_storage_client(uri)
         raise missing_connection_error(conn_id)
     require_providers("google", needed_for=f"job storage {uri} through the Airflow connection {conn_id!r}")
+    # Airflow start-up cost, and an optional provider (the gke extra): loaded when used.
     from airflow.providers.google.cloud.hooks.gcs import GCSHook
 
     try:

@@ -65,6 +65,7 @@ _INSTEAD = {
 
 def _airflow_context_keys() -> frozenset[str]:
     try:
+        # Airflow start-up cost: loaded when called, not when this module is imported.
         from airflow.sdk.definitions.context import KNOWN_CONTEXT_KEYS
     except ImportError:  # the runner, without Airflow: nothing to check there
         return TRAVELLING_KEYS

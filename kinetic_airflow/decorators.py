@@ -13,7 +13,8 @@ from airflow.sdk.bases.decorator import DecoratedOperator, task_decorator_factor
 
 from kinetic_airflow.context_args import check_context_parameters
 from kinetic_airflow.operators import DEFAULT_MAP_INDEX_TEMPLATE, KineticRunOperator
-from kinetic_airflow.validation import as_function, callable_name, validate_callable, validate_options
+from kinetic_airflow.options import validate_options
+from kinetic_airflow.validation import as_function, callable_name, validate_callable
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from airflow.sdk.bases.decorator import Task
     from typing_extensions import Unpack
 
-    from kinetic_airflow.data import Data
+    from kinetic_airflow.job.inputs import Data
     from kinetic_airflow.typed_args import BackendName, TaskArgs
 
     FParams = ParamSpec("FParams")

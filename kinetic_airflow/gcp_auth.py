@@ -41,6 +41,7 @@ class KineticConfigError(ValueError):
 
 
 def connection_exists(conn_id: str) -> bool:
+    # Airflow start-up cost: loaded when called, not when this module is imported.
     from airflow.sdk import BaseHook
     from airflow.sdk.exceptions import AirflowNotFoundException
 
@@ -75,6 +76,7 @@ def no_credentials_error(what: str, detail: str = "") -> KineticConfigError:
 
 def _ambient_credentials_problem() -> str | None:
     """None when Application Default Credentials are available, else why not."""
+    # Start-up cost: the Google clients load only when gs:// or GCP credentials are used.
     import google.auth
     from google.auth.exceptions import DefaultCredentialsError
 

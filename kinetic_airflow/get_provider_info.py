@@ -183,6 +183,7 @@ def _declare_defaults(options: dict) -> None:
     ``airflow config list --section kinetic`` and ``airflow config get-value kinetic backend`` show
     them. Options whose default is derived (base_uri, project, ...) stay empty: their description
     says how the value is found."""
+    # Start-up cost: the providers manager imports this module in every process.
     from kinetic_airflow.config import DEFAULTS
 
     for name, option in options.items():

@@ -1,13 +1,14 @@
 """Job storage as a catalogue: every job's record, and what state it is in.
 
-The worker writes ``{job_uri}/job.json`` (the job reference: backend, accelerator,
+The worker writes ``{job_uri}/job.json`` (``submission.publish_job``: backend, accelerator,
 cluster endpoint, namespace, identity; public data only, as in trigger kwargs) before it
 creates the job, so the jobs CLI and retention can find and reach any job from storage
 alone, with the same connections as the operator. Jobs written before ``job.json``
 existed are still listed from their manifest (without the cluster, so without a live
 backend state).
 
-A job's state, from its files and (while it has no outcome) its backend::
+A job's state, from its files and (while it has no outcome) its backend
+(``backends.registry.backend_states``)::
 
     pending    created, not started (scheduling, pulling, waiting for its payload)
     running    the backend says so
@@ -23,62 +24,30 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kinetic_airflow.layout import JobIdentity, JobLayout
-from kinetic_airflow.storage import FileStorage, Storage, join_uri, uri_to_local_path
-from kinetic_airflow.tracebacks import user_summary
+from kinetic_airflow.job.layout import RECORD_NAME, JobIdentity, JobLayout
+from kinetic_airflow.job.storage import FileStorage, Storage, join_uri, uri_to_local_path
+from kinetic_airflow.job.tracebacks import user_summary
 
 __all__ = [
     "RECORD_NAME",
     "JobInfo",
-    "backend_states",
     "list_job_ids",
     "load_job",
-    "publish_job",
     "read_json_object",
     "record_uri",
 ]
 
 log = logging.getLogger(__name__)
 
-RECORD_NAME = "job.json"
 LIVE_STATES = ("pending", "running")
 FINAL_STATES = ("succeeded", "failed", "cancelled", "lost")
 
 
 def record_uri(job_uri: str) -> str:
-    return join_uri(job_uri, RECORD_NAME)
-
-
-def publish_job(storage: Storage, ref: dict[str, Any], func_name: str) -> None:
-    """Worker, before the job is created: its record in job storage, and kinetic's handle.
-
-    Neither may fail the task: a job without them runs the same, it is only harder to find.
-    """
-    from kinetic_airflow.config import resolve_setting
-    from kinetic_airflow.interop import write_handle
-
-    created = float(ref.get("submitted_at") or time.time())
-    record = {"version": 1, "job": ref, "callable": func_name, "created": created}
-    try:
-        storage.write_text(record_uri(ref["job_uri"]), json.dumps(record, sort_keys=True, default=str))
-    except Exception as exc:
-        log.warning("could not write the job record of %s: %s", ref["job_id"], exc)
-    interop = resolve_setting("kinetic_interop")
-    if interop is False or str(interop).lower() in ("0", "false", "no", "off"):
-        return
-    try:
-        uri = write_handle(storage, ref, func_name, created)
-        if uri:
-            log.info("kinetic's own tools see this job: handle at %s", uri)
-    except Exception as exc:
-        log.warning(
-            "could not write kinetic's handle of %s (kinetic's CLI will skip it): %s", ref["job_id"], exc
-        )
+    return JobLayout(job_uri).record
 
 
 def list_job_ids(storage: Storage, base_uri: str) -> list[str]:
@@ -206,30 +175,3 @@ def load_job(storage: Storage, job_uri: str) -> JobInfo:
             if marker is not None:
                 info.markers[name[: -len(".json")]] = marker
     return info
-
-
-def backend_states(infos: Iterable[JobInfo]) -> None:
-    """Ask each job's backend about the jobs that have no outcome in storage yet.
-
-    Cluster jobs are looked up with one list of kinetic's Jobs / LeaderWorkerSets and pods
-    per cluster and namespace, not a request per job.
-    """
-    from kinetic_airflow.backends import get_backend
-
-    snapshots: dict[str, Any] = {}
-    for info in infos:
-        ref = info.ref
-        if ref is None or info.summary is not None or info.cancelled is not None:
-            continue
-        try:
-            if ref.get("backend") == "local":
-                status = get_backend("local").status(ref)
-            else:
-                from kinetic_airflow.cluster_objects import snapshot_for
-
-                status = snapshot_for(snapshots, ref).status_of(ref)
-        except Exception as exc:
-            info.backend_message = f"could not ask the {ref.get('backend')} backend: {exc}"
-            continue
-        info.backend_state = status.state.value
-        info.backend_message = status.message

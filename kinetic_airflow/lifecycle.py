@@ -59,7 +59,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from kinetic_airflow.layout import STATE_KEY, JobLayout
+from kinetic_airflow.job.layout import STATE_KEY, JobLayout
 
 __all__ = [
     "Action",
@@ -328,6 +328,7 @@ def until_watched(
     try:
         yield guard
     except BaseException as exc:
+        # Airflow start-up cost: loaded when called, not when this module is imported.
         from airflow.sdk.exceptions import TaskDeferred
 
         if isinstance(exc, TaskDeferred):

@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from airflow.sdk import BaseOperatorLink
 
@@ -21,26 +21,20 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LINKS_XCOM_KEY",
+    "TASK_TAB_ROUTE",
     "KineticJobConsoleLink",
     "KineticJobLogsLink",
     "KineticViewLink",
-    "is_gke_cluster",
-    "job_links",
     "task_tab_url",
 ]
 
 LINKS_XCOM_KEY = "kinetic_job_links"
-
-
-def is_gke_cluster(cluster: dict) -> bool:
-    """A cluster named by project/location/name (GKE), not one reached by a Kubernetes connection."""
-    return not cluster.get("kubernetes_conn_id") and bool(cluster.get("project") and cluster.get("name"))
+# The task instance's Kinetic tab: the plugin registers it under this route, the links point at it.
+TASK_TAB_ROUTE = "kinetic-job"
 
 
 def task_tab_url(dag_id: str, run_id: str, task_id: str, map_index: int) -> str:
     """The task instance's Kinetic tab in Airflow 3's UI (relative to the UI's base path)."""
-    from kinetic_airflow.plugin import TASK_TAB_ROUTE
-
     base = _ui_base_path()
     parts = [quote(dag_id, safe=""), quote(run_id, safe=""), quote(task_id, safe="")]
     mapped = f"/mapped/{map_index}" if map_index is not None and map_index >= 0 else ""
@@ -48,9 +42,8 @@ def task_tab_url(dag_id: str, run_id: str, task_id: str, map_index: int) -> str:
 
 
 def _ui_base_path() -> str:
-    from urllib.parse import urlsplit
-
     try:
+        # Airflow start-up cost: loaded when called, not when this module is imported.
         from airflow.configuration import conf
 
         base_url = conf.get("api", "base_url", fallback="") or ""
@@ -59,26 +52,11 @@ def _ui_base_path() -> str:
     return urlsplit(base_url).path.rstrip("/")
 
 
-def job_links(*, project: str | None, location: str, cluster: str, namespace: str, job_name: str) -> dict:
-    """Console and Cloud Logging URLs of a GKE Job (public information, no secrets)."""
-    suffix = f"?project={quote(project)}" if project else ""
-    query = (
-        'resource.type="k8s_container"\n'
-        f'resource.labels.cluster_name="{cluster}"\n'
-        f'resource.labels.namespace_name="{namespace}"\n'
-        f'labels."k8s-pod/job-name"="{job_name}"'
-    )
-    return {
-        "console": f"https://console.cloud.google.com/kubernetes/job/{location}/{cluster}/{namespace}/"
-        f"{job_name}/details{suffix}",
-        "logs": f"https://console.cloud.google.com/logs/query;query={quote(query, safe='')}{suffix}",
-    }
-
-
 class _KineticLink(BaseOperatorLink):
     field = ""
 
     def get_link(self, operator: Any, *, ti_key: TaskInstanceKey) -> str:
+        # Airflow start-up cost: loaded when called, not when this module is imported.
         from airflow.sdk.execution_time.xcom import XCom
 
         links = XCom.get_value(key=LINKS_XCOM_KEY, ti_key=ti_key) or {}

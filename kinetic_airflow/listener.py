@@ -18,8 +18,10 @@ from typing import Any
 
 from airflow.listeners import hookimpl
 
-from kinetic_airflow.layout import STATE_KEY
-from kinetic_airflow.lifecycle import decode_record
+from kinetic_airflow.backends.registry import get_backend
+from kinetic_airflow.connections import storage_for
+from kinetic_airflow.job.layout import STATE_KEY
+from kinetic_airflow.lifecycle import cancel_job, decode_record
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +29,7 @@ _MANUAL = "manually set"
 
 
 def _recorded_job(task_instance: Any) -> dict[str, Any] | None:
+    # Airflow start-up cost: its models load when used, not when the plugin is registered.
     from airflow.models.task_state_store import TaskStateStoreModel
     from airflow.utils.session import create_session
     from sqlalchemy import select
@@ -46,10 +49,6 @@ def _recorded_job(task_instance: Any) -> dict[str, Any] | None:
 
 
 def _cancel(job: dict[str, Any]) -> None:
-    from kinetic_airflow.backends import get_backend
-    from kinetic_airflow.connections import storage_for
-    from kinetic_airflow.lifecycle import cancel_job
-
     try:
         cancel_job(
             job,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kinetic_airflow.envelope import ResultRef, is_result_ref
+from kinetic_airflow.connections import storage_for
+from kinetic_airflow.job.envelope import ResultRef, is_result_ref
 
 __all__ = ["load_result"]
 
@@ -21,6 +22,4 @@ def load_result(value: Any, *, gcp_conn_id: str | None = None) -> Any:
     if not (is_result_ref(value) or isinstance(value, ResultRef)):
         return value
     ref = ResultRef.from_xcom(value) if is_result_ref(value) else value
-    from kinetic_airflow.connections import storage_for
-
     return ref.load(storage_for(ref.uri, gcp_conn_id))

@@ -34,30 +34,28 @@ from airflow.sdk.exceptions import AirflowTaskTimeout
 
 from kinetic_airflow import lifecycle
 from kinetic_airflow.accelerators import parse_accelerator
-from kinetic_airflow.backends import BackendStatus, JobRef, JobState, get_backend
-from kinetic_airflow.codebundle import code_roots, ship_code_bundle
-from kinetic_airflow.config import KineticSettingError, default_base_uri, local_state_root, resolve_setting
+from kinetic_airflow.backends import BackendStatus, JobRef, JobState
+from kinetic_airflow.backends.gke.client import gke_access, resolve_gke_cluster
+from kinetic_airflow.backends.gke.console import is_gke_cluster, job_links
+from kinetic_airflow.backends.gke.image_choice import runner_image
+from kinetic_airflow.backends.gke.images import check_image_python
+from kinetic_airflow.backends.gke.pod_override import combined_override, validate_at_parse
+from kinetic_airflow.backends.registry import get_backend
+from kinetic_airflow.config import KineticSettingError, local_state_root, resolve_setting
 from kinetic_airflow.connections import storage_for
 from kinetic_airflow.context_args import check_context_parameters
-from kinetic_airflow.data import Data, data_in
-from kinetic_airflow.envcapture import capture_env
-from kinetic_airflow.envelope import ResultRef, is_result_ref, replace_refs
-from kinetic_airflow.jobstore import publish_job
-from kinetic_airflow.layout import JobIdentity, JobLayout, output_dir_uri
+from kinetic_airflow.job.inputs import Data, data_in
+from kinetic_airflow.job.layout import JobIdentity, JobLayout
+from kinetic_airflow.job.requirements import resolve_requirements
+from kinetic_airflow.job.storage import Storage, uri_to_local_path
 from kinetic_airflow.lifecycle import Action, Phase, TryInfo, decide, load_record, save_record
 from kinetic_airflow.links import (
     LINKS_XCOM_KEY,
     KineticJobConsoleLink,
     KineticJobLogsLink,
     KineticViewLink,
-    is_gke_cluster,
-    job_links,
 )
-from kinetic_airflow.options import is_deferred
-from kinetic_airflow.payload import manifest_json, register_dag_modules_by_value, write_payload
-from kinetic_airflow.pod_override import combined_override, validate_at_parse
-from kinetic_airflow.preflight import preflight
-from kinetic_airflow.requirements import resolve_requirements
+from kinetic_airflow.options import is_deferred, validate_options
 from kinetic_airflow.results import (
     KineticJobError,
     load_envelope,
@@ -65,17 +63,21 @@ from kinetic_airflow.results import (
     raise_remote,
     to_xcom,
 )
-from kinetic_airflow.storage import Storage, uri_to_local_path
-from kinetic_airflow.tracebacks import user_names
+from kinetic_airflow.submission import (
+    preflight,
+    publish_job,
+    resolve_backend,
+    resolve_base_uri,
+    resolve_gcp_conn_id,
+    ship_payload,
+)
 from kinetic_airflow.triggers import KineticJobTrigger
 from kinetic_airflow.usage import USAGE_XCOM_KEY, attempt_usage, emit_metrics, totals
 from kinetic_airflow.validation import (
     callable_name,
     check_backend_fits,
     ensure_name,
-    validate_backend,
     validate_callable,
-    validate_options,
 )
 from kinetic_airflow.watch import JobWatcher, describe_failure
 
@@ -115,7 +117,8 @@ class KineticRunOperator(BaseOperator):
     :param preemption_retries: cluster backends: resubmissions after preemption, not counted as retries.
     :param container_env: plain (non-secret) environment variables for the job's container.
     :param pod_override: cluster backends: a dict (Kubernetes JSON) or ``kubernetes.client.V1Pod`` merged
-        over the generated pod (``kinetic_airflow.pod_override``; ``[kinetic] pod_override`` is the default).
+        over the generated pod (``kinetic_airflow.backends.gke.pod_override``; ``[kinetic] pod_override``
+        is the default).
     :param requirements: packages the job needs beyond its image: requirement strings and/or
         paths of requirements files. Without it, a ``requirements.txt`` (or ``pyproject.toml``
         dependencies) beside the DAG file or at the bundle root is used. Installed by the runner
@@ -243,7 +246,9 @@ class KineticRunOperator(BaseOperator):
         self.preemption_retries: int | None = options["preemption_retries"]
         self.container_env = options["container_env"] if container_env is not None else {}
         trial_accelerator = accelerator if not is_deferred(accelerator) else "cpu"
-        self.pod_override = validate_at_parse(options["pod_override"], trial_accelerator, self.spot)
+        self.pod_override = validate_at_parse(
+            options["pod_override"], trial_accelerator, self.spot, configured=resolve_setting("pod_override")
+        )
         self.requirements = options["requirements"]
         self.use_internal_ip: bool | None = options["use_internal_ip"]
         self.use_dns_endpoint: bool | None = options["use_dns_endpoint"]
@@ -271,23 +276,13 @@ class KineticRunOperator(BaseOperator):
 
     # Settings ---------------------------------------------------------------------------------
     def _backend_name(self) -> str:
-        backend = resolve_setting("backend", self.backend)
-        validate_backend(backend)
-        if backend == "auto":
-            spec = parse_accelerator(self.accelerator, spot=self.spot or None)
-            backend = "pathways" if spec.kind == "tpu" and spec.multi_host else "gke"
-        return backend
+        return resolve_backend(self.backend, self.accelerator, self.spot)
 
     def _base_uri(self, backend: str) -> str:
-        base = resolve_setting("base_uri", self.base_uri)
-        if base:
-            return base.rstrip("/")
-        return default_base_uri(
-            backend, resolve_setting("project", self.project), resolve_setting("cluster", self.cluster)
-        )
+        return resolve_base_uri(self.base_uri, backend, self.project, self.cluster)
 
     def _gcp_conn_id(self) -> str | None:
-        return self.gcp_conn_id or resolve_setting("gcp_conn_id")
+        return resolve_gcp_conn_id(self.gcp_conn_id)
 
     def _storage(self, uri: str) -> Storage:
         return storage_for(uri, self._gcp_conn_id())
@@ -339,9 +334,6 @@ class KineticRunOperator(BaseOperator):
 
     def _cluster_fields(self) -> dict[str, Any]:
         """What a cluster backend needs; all of it public (ids, names, endpoint, CA)."""
-        from kinetic_airflow.backends.gke.client import gke_access, resolve_gke_cluster
-        from kinetic_airflow.backends.gke.manifest import runner_image
-
         spec = parse_accelerator(self.accelerator, spot=self.spot or None)
         check_backend_fits(self._backend_name(), spec)
         cluster = resolve_gke_cluster(
@@ -382,11 +374,10 @@ class KineticRunOperator(BaseOperator):
 
     # Execute -----------------------------------------------------------------------------------
     def execute(self, context: Context) -> Any:
-        preflight(self, context)  # rendered values, context arguments: before any job exists
+        target = preflight(self, context)  # rendered values, context arguments: before any job exists
         ti = context["ti"]
         now = TryInfo.of(ti)
-        backend_name = self._backend_name()
-        base_uri = self._base_uri(backend_name)
+        backend_name, base_uri = target.backend, target.base_uri
         identity = JobIdentity(
             ti.dag_id,
             ti.run_id,
@@ -490,15 +481,6 @@ class KineticRunOperator(BaseOperator):
             log.warning("task killed while its kinetic job %s runs: stopping the job", ref["job_id"])
             self._cancel(ref, by=lifecycle.ON_KILL_BY, reason=lifecycle.ON_KILL_REASON)
 
-    def _resolve_args(self, storage: Storage, base_uri: str) -> tuple[list[Any], dict[str, Any]]:
-        """Stage Data arguments and turn upstream result references into loadable refs."""
-
-        def convert(value: Any) -> Any:
-            value = replace_refs(value, lambda r: ResultRef.from_xcom(r) if is_result_ref(r) else r)
-            return value.stage(storage, base_uri) if isinstance(value, Data) else value
-
-        return [convert(a) for a in self.op_args], {k: convert(v) for k, v in self.op_kwargs.items()}
-
     @staticmethod
     def _record(
         context: Context, phase: Phase, ref: JobRef, deadline: float | None, previous: Any, **extra: Any
@@ -563,49 +545,22 @@ class KineticRunOperator(BaseOperator):
         return record
 
     def _ship_payload(self, context: Context, ref: JobRef, identity: JobIdentity) -> tuple[int, str]:
-        layout = JobLayout(ref["job_uri"])
-        storage = self._storage(ref["job_uri"])
         dag = context.get("dag")
-        dag_file = getattr(dag, "fileloc", None) if dag is not None else None
-        roots = [_airflow_dags_folder()]
-        if dag_file:
-            roots.append(os.path.dirname(dag_file))
-        code = ship_code_bundle(storage, ref["base_uri"], *code_roots(_airflow_dags_folder(), dag_file))
-        by_value = register_dag_modules_by_value(self.python_callable, roots)
-        if by_value:
-            log.info("pickling DAG-folder modules by value: %s", ", ".join(map(user_names, by_value)))
-        args, kwargs = self._resolve_args(storage, ref["base_uri"])
-        volumes = {m: d.stage(storage, ref["base_uri"]) for m, d in self.volumes.items()}
-        env = capture_env(self.capture_env_vars)
-        fields = write_payload(
-            storage,
-            layout.payload,
-            self.python_callable,
-            args,
-            kwargs,
-            env=env,
-            volumes=volumes,
-            task_label=f"task {self.task_id!r}",
+        return ship_payload(
+            self._storage(ref["job_uri"]),
+            ref,
+            identity,
+            python_callable=self.python_callable,
+            op_args=self.op_args,
+            op_kwargs=self.op_kwargs,
+            volumes=self.volumes,
+            capture_env_vars=self.capture_env_vars,
+            output_dir=self.output_dir,
+            heartbeat_seconds=resolve_setting("heartbeat_seconds", self.heartbeat_seconds),
+            dag_file=getattr(dag, "fileloc", None) if dag is not None else None,
+            dags_folder=_airflow_dags_folder(),
+            task_id=self.task_id,
         )
-        output_dir = self.output_dir or output_dir_uri(ref["base_uri"], identity)
-        manifest = {
-            **fields,
-            "job_id": ref["job_id"],
-            "attempt": identity.attempt,
-            "identity": identity.to_dict(),
-            "output_dir": output_dir,
-            "heartbeat_seconds": resolve_setting("heartbeat_seconds", self.heartbeat_seconds),
-            "callable": callable_name(self.python_callable),
-            "created": time.time(),
-            "backend": ref["backend"],
-            "image": ref.get("image"),
-            "code": code,
-            "requirements": ref.get("requirements") or [],
-        }
-        # The manifest goes last: its presence tells the runner the payload is complete.
-        storage.write_text(layout.manifest, manifest_json(manifest))
-        storage.write_text(layout.status("dispatched"), json.dumps({"time": time.time()}))
-        return fields["payload_bytes"], output_dir
 
     def _watcher(self, ref: JobRef, deadline: float | None, settings: WaitSettings) -> JobWatcher:
         return JobWatcher(
@@ -908,26 +863,6 @@ def _parse_time_backend(backend: str | None) -> str | None:
         return backend
 
 
-def check_image_python(image: str) -> None:
-    """Refuse, before anything is created, an image whose tag names another Python than the worker's.
-
-    cloudpickle needs the same major.minor on both sides; the runner would find out only after
-    the pod got its accelerator and pulled the image. Images built by ``kinetic-airflow image`` carry
-    the version in their tag (``...:0.1.0-py3.11``); other tags are checked by the runner at start.
-    """
-    import re
-
-    found = re.search(r":(?:.*[^0-9])?py(\d+)\.(\d+)(?![0-9])", image)
-    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    if found and f"{found.group(1)}.{found.group(2)}" != here:
-        raise ValueError(
-            f"container_image {image!r} is built for Python {found.group(1)}.{found.group(2)} but this "
-            f"Airflow worker runs Python {here}: cloudpickle needs the same major.minor version on both "
-            f"sides. Use an image built for Python {here} (kinetic-airflow image --python {here}), "
-            "or run the workers on the image's Python."
-        )
-
-
 @dataclass(frozen=True)
 class WaitSettings:
     """How a job is watched (``KineticRunOperator._wait_settings``)."""
@@ -965,6 +900,7 @@ def min_deferral_seconds() -> float:
     if explicit is not None:
         return float(explicit)
     try:
+        # Airflow start-up cost: loaded when called, not when this module is imported.
         from airflow.sdk.configuration import conf
 
         heartbeat = conf.getfloat("workers", "min_heartbeat_interval", fallback=5.0)
@@ -975,6 +911,7 @@ def min_deferral_seconds() -> float:
 
 def _airflow_dags_folder() -> str | None:
     try:
+        # Airflow start-up cost: loaded when called, not when this module is imported.
         from airflow.sdk.configuration import conf
 
         return conf.get("core", "dags_folder", fallback=None)

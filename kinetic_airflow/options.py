@@ -24,6 +24,7 @@ Airflow process and the CLI) loads it.
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 import re
@@ -35,6 +36,7 @@ from typing import Any
 __all__ = [
     "OPTIONS",
     "KineticOptionError",
+    "KineticSettingError",
     "OptionSpec",
     "check_option",
     "check_options",
@@ -42,6 +44,8 @@ __all__ = [
     "is_deferred",
     "parse_setting",
     "task_option_names",
+    "validate_backend",
+    "validate_options",
 ]
 
 
@@ -49,6 +53,10 @@ class KineticOptionError(TypeError, ValueError):
     """A wrong option value. Both a ``TypeError`` and a ``ValueError``, so a caller that
     catches either (as Airflow's DAG import and user code do) sees it; the message names the
     option, the value, what is accepted and the fix."""
+
+
+class KineticSettingError(KineticOptionError):
+    """A configured value that does not parse: names the option, where it came from, the form."""
 
 
 @dataclass(frozen=True)
@@ -525,7 +533,6 @@ def _check_enum(spec: OptionSpec, value: Any, where: str) -> str:
         return value
     if not isinstance(value, str):
         raise _fail(spec, where, value, f"is {_a(value)}, not a name")
-    import difflib
 
     text = value.strip().lower()
     guess = text if text in spec.choices else spec.aliases.get(text)
@@ -581,6 +588,7 @@ def _check_location(spec: OptionSpec, value: Any, where: str) -> str:
 
 def _check_base_uri(spec: OptionSpec, value: Any, where: str) -> str:
     value = _check_text(spec, value, where)
+    # Start-up cost: config loads this module everywhere (stdlib only at import).
     from kinetic_airflow.validation import check_base_uri
 
     check_base_uri(value, where=where)
@@ -590,6 +598,7 @@ def _check_base_uri(spec: OptionSpec, value: Any, where: str) -> str:
 def _check_accelerator(spec: OptionSpec, value: Any, where: str) -> str:
     if not isinstance(value, str):
         raise _fail(spec, where, value, f"is {_a(value)}, not an accelerator string")
+    # Start-up cost: config loads this module everywhere (stdlib only at import).
     from kinetic_airflow.accelerators import parse_accelerator
 
     parse_accelerator(value)  # InvalidAcceleratorError quotes the string and lists the valid ones
@@ -644,6 +653,7 @@ def _check_patterns(spec: OptionSpec, value: Any, where: str) -> list[str]:
             "is a string, not a list (keras-kinetic would read it letter by letter)",
             f"{spec.name}={names!r}" if names else None,
         )
+    # Start-up cost: config loads this module everywhere (stdlib only at import).
     from kinetic_airflow.envcapture import validate_capture_patterns
 
     try:
@@ -653,13 +663,15 @@ def _check_patterns(spec: OptionSpec, value: Any, where: str) -> list[str]:
 
 
 def _check_volumes(spec: OptionSpec, value: Any, where: str) -> dict[str, Any]:
-    from kinetic_airflow.data import validate_volumes
+    # Start-up cost: config loads this module everywhere (stdlib only at import).
+    from kinetic_airflow.job.inputs import validate_volumes
 
     return validate_volumes(value)
 
 
 def _check_pod_override(spec: OptionSpec, value: Any, where: str) -> Any:
-    from kinetic_airflow.pod_override import normalize_pod_override
+    # Start-up cost: config loads this module everywhere (stdlib only at import).
+    from kinetic_airflow.backends.gke.pod_override import normalize_pod_override
 
     if isinstance(value, str):  # JSON text is the config's form; a task passes the dict itself
         raise _fail(spec, where, value, "is a string; a task argument takes the dict itself")
@@ -714,6 +726,43 @@ _CHECKS: dict[str, Callable[[OptionSpec, Any, str], Any]] = {
 }
 
 
+# The options together -----------------------------------------------------------------------
+def validate_backend(backend: Any, where: str = "backend") -> None:
+    """``backend`` is one of ``config.BACKENDS`` (None: not given); a typo gets a "did you mean"."""
+    if backend is None:
+        return
+    check_option("backend", backend, where=where)
+
+
+def validate_options(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Every parse-time check of the job options given in ``values``; returns them checked and
+    normalized (durations in seconds, lists, dicts), other keys left out.
+
+    Each option is checked by its row of the option table above, then
+    the options are checked together (the accelerator fits the backend; no volumes on the
+    local backend). Shared by the decorator (checked when it is applied) and the operator
+    (checked when it is built), so a DAG file learns about a bad option at import either way.
+    """
+    # Not at the top: config loads this module in every Airflow process (see the docstring).
+    from kinetic_airflow.accelerators import parse_accelerator
+    from kinetic_airflow.validation import (
+        check_backend_fits,
+        check_gke_access,
+        check_local_volumes,
+        is_templated,
+    )
+
+    checked = check_options(values)
+    accelerator = checked.get("accelerator", "cpu")
+    backend = checked.get("backend")
+    check_gke_access(checked.get("use_internal_ip"), checked.get("use_dns_endpoint"))
+    if not is_templated(accelerator) and isinstance(accelerator, str):
+        check_backend_fits(backend, parse_accelerator(accelerator, spot=checked.get("spot") or None))
+    if backend == "local":
+        check_local_volumes(checked.get("volumes"))
+    return checked
+
+
 # Configured values ------------------------------------------------------------------------------
 def parse_setting(name: str, text: str, source: str, default: Any = None) -> Any:
     """A ``[kinetic]`` / environment string as the value of setting ``name``.
@@ -721,8 +770,6 @@ def parse_setting(name: str, text: str, source: str, default: Any = None) -> Any
     ``source`` names where it came from (``[kinetic] poll_interval (AIRFLOW__KINETIC__POLL_INTERVAL)``,
     ``KINETIC_POLL_INTERVAL``); every error quotes it, the value and the form expected.
     """
-    from kinetic_airflow.config import KineticSettingError
-
     spec = OPTIONS.get(name)
     if spec is None:
         return text
@@ -765,6 +812,7 @@ def parse_setting(name: str, text: str, source: str, default: Any = None) -> Any
     if spec.kind == "namespace" and (len(value) > 63 or not _DNS_LABEL.fullmatch(value)):
         raise fail("is not a valid Kubernetes namespace", spec.accepts)
     if spec.kind == "base_uri":
+        # Start-up cost: config loads this module everywhere (stdlib only at import).
         from kinetic_airflow.validation import check_base_uri
 
         check_base_uri(value, where=source)

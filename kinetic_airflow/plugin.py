@@ -13,12 +13,12 @@ from typing import Any
 from airflow.plugins_manager import AirflowPlugin
 
 from kinetic_airflow import listener, warmup
+from kinetic_airflow.links import TASK_TAB_ROUTE
 
 __all__ = ["JOBS_PAGE_ROUTE", "TASK_TAB_ROUTE", "URL_PREFIX", "KineticPlugin"]
 
 URL_PREFIX = "/kinetic"
 JOBS_PAGE_ROUTE = "kinetic-jobs"
-TASK_TAB_ROUTE = "kinetic-job"
 
 
 class _LazyApp:
@@ -29,6 +29,7 @@ class _LazyApp:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if self._app is None:
+            # Start-up cost: the app is built only in the API server, not wherever plugins load.
             from kinetic_airflow.ui.app import create_app
 
             self._app = create_app()

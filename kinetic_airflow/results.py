@@ -10,9 +10,10 @@ from typing import Any
 
 import cloudpickle
 
-from kinetic_airflow.envelope import ResultRef
-from kinetic_airflow.storage import Storage
-from kinetic_airflow.tracebacks import clean_remote_traceback, type_name, user_summary
+from kinetic_airflow import __version__
+from kinetic_airflow.job.envelope import FORMAT_VERSION, ResultRef
+from kinetic_airflow.job.storage import Storage
+from kinetic_airflow.job.tracebacks import clean_remote_traceback, type_name, user_summary
 
 __all__ = [
     "KineticJobError",
@@ -56,9 +57,6 @@ def load_envelope(storage: Storage, uri: str) -> dict[str, Any]:
 def check_envelope_format(envelope: Any, uri: str) -> None:
     """Refuse, with both releases named, an envelope in another job-file format than this worker's
     (``envelope.FORMAT_VERSION``): its fields would be misread, not merely missing."""
-    from kinetic_airflow import __version__
-    from kinetic_airflow.envelope import FORMAT_VERSION
-
     fingerprint = (envelope.get("fingerprint") or {}) if isinstance(envelope, dict) else {}
     found = fingerprint.get("format", 1)  # envelopes written before the field existed: 1
     if found != FORMAT_VERSION:
@@ -72,6 +70,7 @@ def check_envelope_format(envelope: Any, uri: str) -> None:
 
 def _xcom_size(value: Any) -> int | None:
     """Serialized size through Airflow's serde, or None when XCom cannot carry the value."""
+    # Airflow start-up cost: loaded when called, not when this module is imported.
     from airflow.sdk.serde import serialize
 
     if isinstance(value, (bytes, bytearray, memoryview)):

@@ -28,7 +28,6 @@ them cancelled (as ``on_kill`` does) and deletes them with their pods.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import logging
@@ -39,10 +38,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from kinetic_airflow.jobstore import LIVE_STATES, JobInfo, backend_states, list_job_ids, load_job
-from kinetic_airflow.storage import FileStorage, Storage, join_uri, uri_to_local_path
+from kinetic_airflow.backends.gke.client import cluster_key
+from kinetic_airflow.backends.gke.cluster_objects import ClusterSnapshot
+from kinetic_airflow.backends.registry import backend_states
+from kinetic_airflow.config import local_state_root
+from kinetic_airflow.connections import storage_for
+from kinetic_airflow.job.interop import interop_prefix
+from kinetic_airflow.job.storage import FileStorage, Storage, join_uri, uri_to_local_path
+from kinetic_airflow.jobstore import LIVE_STATES, JobInfo, list_job_ids, load_job
+from kinetic_airflow.lifecycle import _marker
 
-__all__ = ["GcPlan", "add_gc_command", "apply_plan", "make_plan", "parse_age", "run_gc"]
+__all__ = ["GcPlan", "apply_plan", "find_orphans", "make_plan", "parse_age"]
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +123,7 @@ def _refs_in(value: Any, depth: int = 0) -> list[str]:
 def _xcom_stored_elsewhere() -> str | None:
     """The configured XCom backend, if it serializes values itself (and so may store them
     outside the ``xcom`` table, as common.io's object-storage backend does past its threshold)."""
+    # Airflow start-up cost: only when gc asks the metadata DB (not for --help).
     from airflow.configuration import conf
     from airflow.sdk.bases.xcom import BaseXCom
 
@@ -129,6 +136,7 @@ def _xcom_stored_elsewhere() -> str | None:
 
 
 def airflow_facts(dag_ids: set[str]) -> AirflowFacts:
+    # Airflow start-up cost: only when gc asks the metadata DB (not for --help).
     from airflow.models.taskinstance import TaskInstance
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
@@ -163,7 +171,9 @@ def airflow_facts(dag_ids: set[str]) -> AirflowFacts:
 
 # The plan -----------------------------------------------------------------------------------
 @dataclass
-class Decision:
+class JobVerdict:
+    """What gc does with one job's files, and why (not lifecycle.Decision: that is the operator's)."""
+
     info: JobInfo
     delete: bool
     reason: str
@@ -180,32 +190,32 @@ class Orphan:
 class GcPlan:
     base_uri: str
     older_than: float
-    jobs: list[Decision] = field(default_factory=list)
+    jobs: list[JobVerdict] = field(default_factory=list)
     outputs: list[tuple[str, str]] = field(default_factory=list)  # (output dir URI, why)
     orphans: list[Orphan] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     @property
-    def to_delete(self) -> list[Decision]:
+    def to_delete(self) -> list[JobVerdict]:
         return [d for d in self.jobs if d.delete]
 
 
-def _decide(info: JobInfo, facts: AirflowFacts | None, cutoff: float) -> Decision:
+def _verdict(info: JobInfo, facts: AirflowFacts | None, cutoff: float) -> JobVerdict:
     # Liveness first: a live job is kept whatever its age (a quiet long job may look old).
     if info.state in LIVE_STATES:
-        return Decision(info, False, f"live ({info.state}): its files are in use")
+        return JobVerdict(info, False, f"live ({info.state}): its files are in use")
     if info.state == "unknown":
-        return Decision(info, False, "no job.json and no outcome: cannot tell whether it still runs")
+        return JobVerdict(info, False, "no job.json and no outcome: cannot tell whether it still runs")
     last = info.last_activity
     if last is None:
-        return Decision(info, False, "no timestamps in its files: kept")
+        return JobVerdict(info, False, "no timestamps in its files: kept")
     if last > cutoff:
-        return Decision(info, False, "newer than the cutoff")
+        return JobVerdict(info, False, "newer than the cutoff")
     layout_results = [u for u in facts.referenced if u.startswith(info.job_uri + "/")] if facts else []
     if layout_results:
-        return Decision(info, False, f"its result is referenced by {facts.referenced[layout_results[0]]}")
+        return JobVerdict(info, False, f"its result is referenced by {facts.referenced[layout_results[0]]}")
     if facts is not None and facts.xcom_elsewhere and info.state == "succeeded":
-        return Decision(
+        return JobVerdict(
             info,
             False,
             f"succeeded, and XCom values are stored by {facts.xcom_elsewhere}, where gc cannot look "
@@ -214,12 +224,12 @@ def _decide(info: JobInfo, facts: AirflowFacts | None, cutoff: float) -> Decisio
     identity = info.identity
     if facts is None:
         if info.state == "succeeded":
-            return Decision(info, False, "succeeded, and without Airflow's DB its result may be referenced")
+            return JobVerdict(info, False, "succeeded, and without Airflow's DB its result may be referenced")
     elif identity is not None:
         ti = facts.ti(identity.ti_key)
         if ti is not None and ti[0] in ACTIVE_TI_STATES:
-            return Decision(info, False, f"its task instance is {ti[0] or 'not yet scheduled'}")
-    return Decision(info, True, f"{info.state}, last activity {_days(time.time() - last)} ago")
+            return JobVerdict(info, False, f"its task instance is {ti[0] or 'not yet scheduled'}")
+    return JobVerdict(info, True, f"{info.state}, last activity {_days(time.time() - last)} ago")
 
 
 def _days(seconds: float) -> str:
@@ -247,7 +257,7 @@ def make_plan(
         dag_ids = {i.identity.dag_id for i in infos if i.identity}
         facts.ti_states = airflow_facts(dag_ids).ti_states if dag_ids else {}
     cutoff = now - older_than
-    plan.jobs = [_decide(info, facts, cutoff) for info in infos]
+    plan.jobs = [_verdict(info, facts, cutoff) for info in infos]
     if facts is not None and facts.xcom_elsewhere:
         plan.notes.append(
             f"[core] xcom_backend is {facts.xcom_elsewhere}: XCom values may live outside the metadata "
@@ -289,9 +299,6 @@ def find_orphans(
     notes: list[str],
 ) -> list[Orphan]:
     """kinetic-airflow cluster objects holding pods for a task instance that no longer runs."""
-    from kinetic_airflow.backends.gke.client import cluster_key
-    from kinetic_airflow.cluster_objects import ClusterSnapshot
-
     if facts is None:
         return []
     seen: dict[str, tuple[dict[str, Any], str]] = {}
@@ -366,9 +373,6 @@ def _delete_prefix(storage: Storage, uri: str) -> None:
 
 
 def apply_plan(storage: Storage, plan: GcPlan, *, delete_orphans: bool) -> dict[str, int]:
-    from kinetic_airflow.config import local_state_root
-    from kinetic_airflow.interop import interop_prefix
-
     done = {"jobs": 0, "outputs": 0, "orphans": 0}
     root = os.path.realpath(local_state_root())
     for decision in plan.to_delete:
@@ -398,9 +402,6 @@ def apply_plan(storage: Storage, plan: GcPlan, *, delete_orphans: bool) -> dict[
 
 def _stop_orphan(orphan: Orphan) -> None:
     """Mark it cancelled (so a watcher or a later try sees why) and delete it with its pods."""
-    from kinetic_airflow.connections import storage_for
-    from kinetic_airflow.lifecycle import _marker
-
     job_uri = orphan.obj.annotations.get("kinetic.airflow/job-uri")
     if job_uri:
         try:
@@ -411,165 +412,3 @@ def _stop_orphan(orphan: Orphan) -> None:
         except Exception as exc:
             log.warning("could not mark %s cancelled: %s", orphan.obj.name, exc)
     orphan.snapshot.delete(orphan.obj)
-
-
-# The command --------------------------------------------------------------------------------
-def _configured_cluster(args: argparse.Namespace) -> list[tuple[dict[str, Any], str]]:
-    """The cluster of the [kinetic] configuration (as the operator resolves it), if one is set."""
-    from kinetic_airflow.backends.gke.client import gke_access, resolve_gke_cluster
-    from kinetic_airflow.config import resolve_setting
-
-    conn_id = resolve_setting("kubernetes_conn_id")
-    project = args.project or resolve_setting("project")
-    if not conn_id and not project:
-        return []
-    cluster = {
-        "kubernetes_conn_id": conn_id,
-        "gcp_conn_id": args.gcp_conn_id or resolve_setting("gcp_conn_id"),
-        "project": project,
-        "location": resolve_setting("zone"),
-        "name": args.cluster or resolve_setting("cluster"),
-        **gke_access(),
-    }
-    return [(resolve_gke_cluster(cluster), args.namespace or resolve_setting("namespace"))]
-
-
-def _gc(args: argparse.Namespace) -> int:
-    from kinetic_airflow.cli_jobs import CliError, age, base_uri_of, print_rows, storage_of
-    from kinetic_airflow.config import resolve_setting
-
-    if args.older_than is None:
-        days = resolve_setting("retention_days")
-        if days in (None, ""):
-            raise CliError(
-                "how old must job files be to go? Pass --older-than (e.g. 30d) or set [kinetic] "
-                "retention_days (AIRFLOW__KINETIC__RETENTION_DAYS=30)"
-            )
-        older_than = float(days) * 86400
-    else:
-        try:
-            older_than = parse_age(args.older_than)
-        except ValueError as exc:
-            raise CliError(str(exc)) from None
-    base = base_uri_of(args)
-    storage = storage_of(args, base)
-    facts: AirflowFacts | None = None
-    if not args.skip_airflow_checks:
-        try:
-            facts = airflow_facts(set())
-        except Exception as exc:
-            raise CliError(
-                f"gc needs Airflow's metadata DB to know which results task instances still need ({exc}). "
-                "Run it where `airflow db check` works, or pass --skip-airflow-checks (then every job "
-                "that succeeded is kept, and orphans are not looked for)"
-            ) from None
-    plan = make_plan(
-        storage,
-        base,
-        older_than,
-        facts=facts,
-        include_outputs=args.include_outputs,
-        clusters=_configured_cluster(args),
-        orphan_grace=parse_age(args.orphan_grace),
-    )
-    now = time.time()
-    shown = [d for d in plan.jobs if d.delete or d.reason != "newer than the cutoff" or args.verbose]
-    rows = [
-        {
-            "job_id": d.info.job_id,
-            "task_instance": d.info.task_instance,
-            "state": d.info.state,
-            "age": age(now - d.info.last_activity if d.info.last_activity else None),
-            "action": ("would delete" if args.dry_run else "delete") if d.delete else "keep",
-            "reason": d.reason,
-        }
-        for d in shown
-    ]
-    rows += [
-        {"job_id": "-", "task_instance": uri, "state": "-", "age": "-",
-         "action": "would delete" if args.dry_run else "delete", "reason": why}
-        for uri, why in plan.outputs
-    ]  # fmt: skip
-    orphan_rows = [
-        {
-            "kind": o.obj.kind,
-            "name": o.obj.name,
-            "namespace": o.obj.namespace,
-            "state": o.obj.status.state.value,
-            "action": "delete" if args.delete_orphans and not args.dry_run else "report",
-            "reason": o.reason,
-        }
-        for o in plan.orphans
-    ]
-    done = None if args.dry_run else apply_plan(storage, plan, delete_orphans=args.delete_orphans)
-    if args.output in ("json", "yaml"):
-        report = {
-            "base_uri": base,
-            "older_than_seconds": older_than,
-            "dry_run": bool(args.dry_run),
-            "files": rows,
-            "orphans": orphan_rows,
-            "deleted": done,
-            "notes": plan.notes,
-        }
-        print_rows([report], args.output)
-        return 0
-    print(f"job storage {base}: jobs with no activity for {age(older_than)}")
-    print_rows(rows, "table") if rows else print("nothing to delete")
-    if orphan_rows:
-        print("\norphaned cluster objects (their task instance no longer runs):")
-        print_rows(orphan_rows, "table")
-    for note in plan.notes:
-        print(f"note: {note}")
-    if done is None:
-        print(
-            f"dry run: would delete {len(plan.to_delete)} job(s) and {len(plan.outputs)} output dir(s)"
-            + (f", {len(plan.orphans)} orphan(s)" if args.delete_orphans else "")
-        )
-        return 0
-    print(
-        f"deleted {done['jobs']} job(s), {done['outputs']} output dir(s), {done['orphans']} orphan(s); "
-        f"kept {len(plan.jobs) - done['jobs']} job(s)"
-    )
-    return 0
-
-
-def run_gc(args: argparse.Namespace) -> int:
-    from kinetic_airflow.cli_jobs import guarded
-
-    return guarded(_gc, args)
-
-
-def add_gc_command(sub: Any) -> None:
-    from kinetic_airflow.cli_jobs import add_output_options, add_storage_options
-    from kinetic_airflow.cli_text import described
-
-    parser = sub.add_parser(
-        "gc", help="delete old job files; find and delete orphaned cluster jobs", **described(__doc__)
-    )
-    parser.add_argument("--older-than", help="age, e.g. 30d, 12h (default: [kinetic] retention_days)")
-    parser.add_argument("--dry-run", action="store_true", help="show what would go; delete nothing")
-    parser.add_argument(
-        "--include-outputs",
-        action="store_true",
-        help="also delete KINETIC_OUTPUT_DIR of task instances done with",
-    )
-    parser.add_argument(
-        "--delete-orphans",
-        action="store_true",
-        help="delete orphaned Jobs / LeaderWorkerSets (else reported)",
-    )
-    parser.add_argument(
-        "--orphan-grace", default="10m", help="objects younger than this are never orphans (default 10m)"
-    )
-    parser.add_argument(
-        "--skip-airflow-checks",
-        action="store_true",
-        help="without Airflow's DB: keep every succeeded job, do not look for orphans",
-    )
-    parser.add_argument("--namespace", help="namespace to look for orphans in ([kinetic] namespace)")
-    parser.add_argument(
-        "-v", "--verbose", action="store_true", help="also list the jobs kept for being recent"
-    )
-    add_storage_options(parser)
-    add_output_options(parser)

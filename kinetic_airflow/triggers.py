@@ -61,7 +61,7 @@ class KineticJobTrigger(BaseTrigger):
         synchronous supervisor call that must not run on the triggerer's event loop."""
         # Imported here, in that thread: Airflow imports this module on the triggerer's event
         # loop, where importing the watcher, storage clients and backends would block every trigger.
-        from kinetic_airflow.backends import get_backend
+        from kinetic_airflow.backends.registry import get_backend
         from kinetic_airflow.connections import storage_for
         from kinetic_airflow.watch import JobWatcher
 
@@ -95,7 +95,7 @@ class KineticJobTrigger(BaseTrigger):
 
     def _cancel(self) -> None:
         # In a worker thread, imports included (see ``_watcher``).
-        from kinetic_airflow.backends import get_backend
+        from kinetic_airflow.backends.registry import get_backend
         from kinetic_airflow.connections import storage_for
         from kinetic_airflow.lifecycle import cancel_job
 

@@ -12,8 +12,9 @@ when its outcome reaches Airflow::
     spot           Spot / preemptible capacity, or on-demand
 
 The figures go to the task's XCom under ``USAGE_XCOM_KEY`` (every attempt of the try and
-their sums), to ``{job_uri}/usage.json`` beside the result summary (the Kinetic view and
-the jobs CLI read it), and to Airflow's metrics (StatsD / OpenTelemetry) as
+their sums), into the task's job record (the Kinetic view reads it there), to
+``{job_uri}/usage.json`` beside the result summary (``kinetic-airflow jobs show`` reads it
+there, from storage alone), and to Airflow's metrics (StatsD / OpenTelemetry) as
 ``kinetic.chip_seconds`` (a counter, so a dashboard can sum a night's sweep),
 ``kinetic.queue_wait`` and ``kinetic.run_time`` (timers), tagged with DAG, task,
 accelerator, backend and spot.
@@ -28,23 +29,21 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from kinetic_airflow.layout import JobIdentity, JobLayout
-from kinetic_airflow.storage import Storage, join_uri
+from kinetic_airflow.accelerators import parse_accelerator
+from kinetic_airflow.job.layout import USAGE_NAME, JobIdentity, JobLayout
+from kinetic_airflow.job.storage import Storage
 
 __all__ = ["USAGE_NAME", "USAGE_XCOM_KEY", "attempt_usage", "chips_of", "emit_metrics", "totals"]
 
 log = logging.getLogger(__name__)
 
 USAGE_XCOM_KEY = "kinetic_usage"
-USAGE_NAME = "usage.json"
 
 
 def chips_of(ref: dict[str, Any]) -> tuple[int, bool]:
     """(chips, spot) of a job's accelerator; a CPU job holds no chips, and neither does a local
     one: the local backend runs any accelerator string as a process on this machine's CPU, so
     billing its ``tpu-v6e-8t`` as 8 TPU chips would report an accelerator bill nobody paid."""
-    from kinetic_airflow.accelerators import parse_accelerator
-
     if ref.get("backend") == "local":
         return 0, False
     text = ref.get("accelerator") or "cpu"
@@ -99,7 +98,7 @@ def attempt_usage(storage: Storage, ref: dict[str, Any], outcome: str, *, ended:
         "outcome": outcome,
     }
     try:
-        storage.write_text(join_uri(ref["job_uri"], USAGE_NAME), json.dumps(usage, sort_keys=True))
+        storage.write_text(JobLayout(ref["job_uri"]).usage, json.dumps(usage, sort_keys=True))
     except Exception as exc:  # a figure must never fail the task
         log.warning("could not record the usage of job %s: %s", ref["job_id"], exc)
     return usage
@@ -119,6 +118,7 @@ def totals(attempts: list[dict[str, Any]]) -> dict[str, Any]:
 def emit_metrics(usage: dict[str, Any], dag_id: str, task_id: str) -> None:
     """Through Airflow's own metrics: StatsD, Datadog or OpenTelemetry, as configured."""
     try:
+        # Airflow start-up cost: loaded when called, not when this module is imported.
         from airflow.sdk.observability.stats import Stats
     except ImportError:  # an Airflow without the task SDK's metrics
         return

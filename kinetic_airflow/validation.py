@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import inspect
 import types
-from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
@@ -14,9 +13,7 @@ __all__ = [
     "check_base_uri",
     "check_gke_access",
     "check_local_volumes",
-    "validate_backend",
     "validate_callable",
-    "validate_options",
 ]
 
 
@@ -83,15 +80,6 @@ def as_function(fn: Any) -> Any:
     call.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
     call.__annotations__ = dict(getattr(getattr(fn, "func", fn), "__annotations__", {}) or {})
     return call
-
-
-def validate_backend(backend: Any, where: str = "backend") -> None:
-    """``backend`` is one of ``config.BACKENDS`` (None: not given); a typo gets a "did you mean"."""
-    if backend is None:
-        return
-    from kinetic_airflow.options import check_option
-
-    check_option("backend", backend, where=where)
 
 
 _SCHEMES = ("gs://", "file://")
@@ -182,26 +170,3 @@ def check_gke_access(
             "(name@project.iam.gserviceaccount.com); the last one is impersonated, the ones before it "
             "are delegates."
         )
-
-
-def validate_options(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Every parse-time check of the job options given in ``values``; returns them checked and
-    normalized (durations in seconds, lists, dicts), other keys left out.
-
-    Each option is checked by its row of the option table (``kinetic_airflow.options``), then
-    the options are checked together (the accelerator fits the backend; no volumes on the
-    local backend). Shared by the decorator (checked when it is applied) and the operator
-    (checked when it is built), so a DAG file learns about a bad option at import either way.
-    """
-    from kinetic_airflow.accelerators import parse_accelerator
-    from kinetic_airflow.options import check_options
-
-    checked = check_options(values)
-    accelerator = checked.get("accelerator", "cpu")
-    backend = checked.get("backend")
-    check_gke_access(checked.get("use_internal_ip"), checked.get("use_dns_endpoint"))
-    if not is_templated(accelerator) and isinstance(accelerator, str):
-        check_backend_fits(backend, parse_accelerator(accelerator, spot=checked.get("spot") or None))
-    if backend == "local":
-        check_local_volumes(checked.get("volumes"))
-    return checked

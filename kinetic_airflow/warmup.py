@@ -30,6 +30,8 @@ from typing import Any
 
 from airflow.listeners import hookimpl
 
+from kinetic_airflow.config import resolve_setting
+
 __all__ = ["WARM_MODULES", "on_starting"]
 
 log = logging.getLogger(__name__)
@@ -70,8 +72,6 @@ def warm_up() -> list[str]:
 def on_starting(component: Any) -> None:
     if not _is_triggerer():
         return
-    from kinetic_airflow.config import resolve_setting
-
     try:
         if resolve_setting("backend") == "local":
             return

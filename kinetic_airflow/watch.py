@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobState
-from kinetic_airflow.config import DEFAULTS
-from kinetic_airflow.layout import JobLayout
+from kinetic_airflow.config import DEFAULTS, local_state_root
+from kinetic_airflow.job.layout import JobLayout
+from kinetic_airflow.job.storage import Storage, StorageError, is_storage_error
+from kinetic_airflow.job.tracebacks import StreamedTracebackFilter, type_name, user_names
 from kinetic_airflow.lifecycle import acancel_job, cancelled_marker
 from kinetic_airflow.progress import PROGRESS_NAME, Progress, ProgressTracker
 from kinetic_airflow.startup import startup_failure
-from kinetic_airflow.storage import Storage, StorageError, is_storage_error
-from kinetic_airflow.tracebacks import StreamedTracebackFilter, type_name, user_names
 
 __all__ = [
     "EVENT_JOB_FIELDS",
@@ -195,8 +195,6 @@ def _classify_exit(status: BackendStatus) -> tuple[str, str, str]:
 
 
 def _local_cursor_path(job: JobRef) -> Path:
-    from kinetic_airflow.config import local_state_root
-
     where = hashlib.sha256(job["job_uri"].encode()).hexdigest()[:12]  # one job id, two storages
     return Path(local_state_root()) / "log-cursors" / f"{job['job_id']}-{where}.json"
 

@@ -8,9 +8,9 @@ import subprocess
 import sys
 from typing import Any
 
-from kinetic_airflow.layout import JobLayout
-from kinetic_airflow.payload import manifest_json, write_payload
-from kinetic_airflow.storage import open_storage
+from kinetic_airflow.job.layout import JobLayout
+from kinetic_airflow.job.payload import manifest_json, write_payload
+from kinetic_airflow.job.storage import open_storage
 
 
 def make_job(
@@ -54,9 +54,9 @@ def gke_job(
     """
     import uuid
 
-    from kinetic_airflow.backends import get_backend
+    from kinetic_airflow.backends.registry import get_backend
     from kinetic_airflow.connections import storage_for
-    from kinetic_airflow.layout import JobIdentity
+    from kinetic_airflow.job.layout import JobIdentity
     from kinetic_airflow.operators import KineticRunOperator
 
     op = KineticRunOperator(

@@ -22,7 +22,7 @@ NODE_POOLS = list(DEFAULT_NODE_POOLS)
 
 def cli(*argv: str) -> tuple[int, str, str]:
     """Run ``kinetic-airflow`` in this process: (exit code, stdout, stderr)."""
-    from kinetic_airflow.cli import main
+    from kinetic_airflow.cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

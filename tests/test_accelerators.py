@@ -404,7 +404,7 @@ def test_notes_say_what_the_numbers_count() -> None:
 
 
 def test_cli_check_and_listing_explain_counts(capsys: pytest.CaptureFixture[str]) -> None:
-    from kinetic_airflow.cli import main
+    from kinetic_airflow.cli.main import main
 
     assert main(["check", "tpu-v5p-8"]) == 0
     out = json.loads(capsys.readouterr().out)

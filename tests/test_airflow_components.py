@@ -5,7 +5,7 @@ hides the by-reference pickling bug: production workers import a DAG file as
 ``unusual_prefix_<sha1>_<file>``, a module that does not exist in the job process,
 and sibling modules of the DAG file are only importable where the DAG folder is on
 ``sys.path``. cloudpickle pickles module-level functions and classes by reference,
-so without ``kinetic_airflow.payload.register_dag_modules_by_value`` the job fails
+so without ``kinetic_airflow.job.payload.register_dag_modules_by_value`` the job fails
 to unpickle its payload with ``ModuleNotFoundError`` and ``test_scheduler_run_*``
 fails (the run ends ``failed``). The test also checks, from inside the job, that
 neither module is importable there, so it cannot pass "by accident" because the
@@ -83,7 +83,7 @@ def _xcom(services: AirflowServices, dag_id: str, run_id: str, task_id: str) -> 
 
 def _job_dir(services: AirflowServices, dag_id: str, run_id: str, task_id: str) -> Path:
     """Try 1's job: its id also hashes Airflow's per-try id, so find it by the run it names."""
-    from kinetic_airflow.layout import MAX_JOB_ID, dns_label
+    from kinetic_airflow.job.layout import MAX_JOB_ID, dns_label
 
     head = dns_label(f"{dag_id}-{task_id}", MAX_JOB_ID - len("-0123456789-t1a1"))
 

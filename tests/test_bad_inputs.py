@@ -11,8 +11,8 @@ import pytest
 
 from kinetic_airflow import Data, InvalidAcceleratorError, KineticRunOperator, kinetic_task
 from kinetic_airflow.envcapture import capture_env
-from kinetic_airflow.payload import PayloadError, write_payload
-from kinetic_airflow.storage import FileStorage
+from kinetic_airflow.job.payload import PayloadError, write_payload
+from kinetic_airflow.job.storage import FileStorage
 
 
 def _plain(x):
@@ -151,7 +151,7 @@ def test_unpicklable_argument_is_named(tmp_path):
 
 def test_missing_bucket_and_connection(fake_gcs, monkeypatch):
     from kinetic_airflow.connections import KineticConfigError, storage_for
-    from kinetic_airflow.storage import StorageError
+    from kinetic_airflow.job.storage import StorageError
 
     storage = storage_for("gs://no-such-bucket/kinetic")
     with pytest.raises(StorageError, match=r"bucket gs://no-such-bucket does not exist.*Create it"):
@@ -161,7 +161,7 @@ def test_missing_bucket_and_connection(fake_gcs, monkeypatch):
 
 
 def test_bad_base_uri():
-    from kinetic_airflow.storage import StorageError, open_storage
+    from kinetic_airflow.job.storage import StorageError, open_storage
 
     with pytest.raises(StorageError, match="use gs://bucket/prefix or file:///absolute/path"):
         open_storage("s3://bucket/x")

@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kinetic_airflow.cli import build_parser
-from kinetic_airflow.cli_text import plain
+from kinetic_airflow.cli.main import build_parser
+from kinetic_airflow.cli.text import plain
 
 MARKUP = re.compile(r"``|:[a-z]+:`|(?<![\w`])`[^`\s][^`]*`")
 

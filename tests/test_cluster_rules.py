@@ -12,7 +12,7 @@ import pytest
 from emulated_cluster import point_kinetic_at, running_emulator
 from helpers import ti_states, xcom
 
-from kinetic_airflow.layout import (
+from kinetic_airflow.job.layout import (
     LABEL_VALUE_MAX,
     MAX_JOB_ID,
     JobIdentity,

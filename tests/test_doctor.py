@@ -17,7 +17,7 @@ from pathlib import Path
 import kubernetes
 import pytest
 
-from kinetic_airflow.doctor import FAIL, OK, SKIP, WARN, rbac_yaml, run_doctor
+from kinetic_airflow.backends.gke.doctor import FAIL, OK, SKIP, WARN, rbac_yaml, run_doctor
 from kinetic_airflow.testing.cluster import ClusterEmulator, NodePool
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -156,9 +156,9 @@ def _missing_account_job(monkeypatch):
 def test_a_role_without_events_warns_and_says_what_is_lost(cluster, monkeypatch):
     """Jobs run without events, so doctor warns (exit 0), but it says what the user loses: the
     controller's FailedCreate reason for a pod that cannot be created. The loss is shown too."""
-    from kinetic_airflow.backends import get_backend
     from kinetic_airflow.backends.base import JobState
     from kinetic_airflow.backends.gke.backend import k8s_job_name
+    from kinetic_airflow.backends.registry import get_backend
     from kinetic_airflow.cli import main
 
     k8s, _ = cluster
@@ -303,7 +303,7 @@ def test_a_namespaced_role_that_may_not_list_nodes_warns(cluster):
 def test_cli_exit_code_and_json(cluster):
     k8s, _ = cluster
     k8s.deny_verb("get", "pods/log")
-    from kinetic_airflow.cli import main
+    from kinetic_airflow.cli.main import main
 
     assert main(["doctor", "cpu"]) == 1
     k8s.clear_faults()
@@ -330,7 +330,7 @@ def test_cli_json_in_a_process(cluster):
 
 
 def test_print_rbac_is_the_readme_role_and_kubectl_can_read_it(capsys):
-    from kinetic_airflow.cli import main
+    from kinetic_airflow.cli.main import main
 
     assert (
         main(
@@ -362,7 +362,7 @@ def test_print_rbac_is_the_readme_role_and_kubectl_can_read_it(capsys):
         for r in rule["resources"]
         for v in rule["verbs"]
     }
-    from kinetic_airflow.doctor import REQUIRED_RULES
+    from kinetic_airflow.backends.gke.doctor import REQUIRED_RULES
 
     assert granted == {(g, r, v) for g, r, verbs, _ in REQUIRED_RULES for v in verbs}
     assert binding["subjects"] == [

@@ -87,7 +87,7 @@ def _local_dir(base_uri: str, job: str) -> Path:
 
 def _job_dirs(base_uri: str, task_id: str) -> list[str]:
     """Job ids of ``task_id``'s jobs, by the identity in each job's manifest (ids are shortened)."""
-    from kinetic_airflow.storage import open_storage
+    from kinetic_airflow.job.storage import open_storage
 
     storage = open_storage(base_uri)
     jobs = {uri.split("/jobs/", 1)[1].split("/", 1)[0] for uri in storage.list(base_uri + "/jobs")}
@@ -123,7 +123,7 @@ def test_duplicate_execute_timeout_and_in_worker_wait(base_uri, tmp_path, monkey
     assert kind == "airflow.sdk.exceptions.AirflowTaskTimeout"
     assert "execution_timeout passed" in message and "the job was stopped" in message
     (job,) = _job_dirs(base_uri, "runs_too_long")
-    from kinetic_airflow.storage import open_storage
+    from kinetic_airflow.job.storage import open_storage
 
     summary = open_storage(base_uri).read_text_or_none(f"{base_uri}/jobs/{job}/result.json")
     assert summary is None  # it never finished on its own

@@ -23,10 +23,10 @@ import pytest
 from components.emulator_process import EmulatorProcess
 from jobkit import gke_job, make_job
 
-from kinetic_airflow.backends import get_backend
 from kinetic_airflow.backends.gke.watch_cache import reset_shared_state
-from kinetic_airflow.layout import JobIdentity, JobLayout
-from kinetic_airflow.storage import uri_to_local_path
+from kinetic_airflow.backends.registry import get_backend
+from kinetic_airflow.job.layout import JobIdentity, JobLayout
+from kinetic_airflow.job.storage import uri_to_local_path
 from kinetic_airflow.testing.gcs import FakeGCS
 from kinetic_airflow.watch import JobWatcher
 
@@ -124,7 +124,7 @@ def test_an_ended_job_is_seen_without_waiting_for_a_poll(cluster_env, tmp_path, 
             "python": sys.executable,
             "identity": JobIdentity("d", "r", "quick").to_dict(),
         }
-        from kinetic_airflow.storage import open_storage
+        from kinetic_airflow.job.storage import open_storage
 
         storage = open_storage(base)
         get_backend("local").submit(ref)

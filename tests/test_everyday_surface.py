@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -309,12 +310,16 @@ def test_local_volume_mount_paths_are_refused(file_base_uri, tmp_path, monkeypat
 
 
 def test_tpu_accelerator_on_the_local_backend_warns_once(file_base_uri, caplog):
-    from kinetic_airflow.preflight import machine_has
+    from kinetic_airflow.submission import machine_has
 
     assert not machine_has("tpu")  # this test machine has none
     dr = _dag("kn_tpu_on_local").test()
     assert dr.state == "success", ti_states(dr)
-    warnings = [r.getMessage() for r in caplog.records if r.name == "kinetic_airflow.preflight"]
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "kinetic_airflow.submission" and r.levelno >= logging.WARNING
+    ]
     assert len(warnings) == 1, warnings
     assert warnings[0].startswith(
         "accelerator='tpu-v6e-8t' asks for TPU, but this task runs on the local backend and this "

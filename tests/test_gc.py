@@ -29,7 +29,7 @@ from ops_support import (
     wait_for,
 )
 
-from kinetic_airflow.storage import open_storage
+from kinetic_airflow.job.storage import open_storage
 
 __all__ = ["cluster", "gke_env", "local_env"]  # fixtures
 
@@ -121,7 +121,7 @@ def test_a_metastore_with_hundreds_of_runs_keeps_every_referenced_result(local_e
     from airflow.utils.session import create_session
     from sqlalchemy import update
 
-    from kinetic_airflow.layout import JobIdentity
+    from kinetic_airflow.job.layout import JobIdentity
 
     base = f"file://{tmp_path}/kinetic"
     monkeypatch.setenv("KINETIC_BASE_URI", base)

@@ -219,7 +219,7 @@ def test_stale_heartbeat_counts_as_node_loss(gke_env, base_uri, monkeypatch):
     The task log says so as it happens, and the try's usage counts both attempts."""
     import signal
 
-    from kinetic_airflow.storage import open_storage
+    from kinetic_airflow.job.storage import open_storage
 
     monkeypatch.setenv("KINETIC_HEARTBEAT_TIMEOUT", "3")
     storage = open_storage(base_uri)
@@ -255,7 +255,7 @@ def test_stale_heartbeat_counts_as_node_loss(gke_env, base_uri, monkeypatch):
 def test_name_clash_with_another_task_instances_job_is_refused(gke_env):
     """A 409 is adopted only for a Job labelled as this task instance's."""
     from kinetic_airflow.backends.gke.backend import GKEBackend, JobOwnershipError, k8s_job_name
-    from kinetic_airflow.layout import JobIdentity
+    from kinetic_airflow.job.layout import JobIdentity
     from kinetic_airflow.operators import KineticRunOperator
 
     op = KineticRunOperator(task_id="clash", python_callable=print, backend="gke")

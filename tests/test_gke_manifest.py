@@ -7,7 +7,7 @@ import pytest
 
 from kinetic_airflow.accelerators import parse_accelerator
 from kinetic_airflow.backends.gke.manifest import build_job_manifest
-from kinetic_airflow.layout import JobIdentity
+from kinetic_airflow.job.layout import JobIdentity
 
 TPU = "cloud.google.com/gke-tpu-accelerator"
 TOPO = "cloud.google.com/gke-tpu-topology"

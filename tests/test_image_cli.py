@@ -97,7 +97,7 @@ def test_image_builds_the_packaged_dockerfile_for_the_given_python(installed, tm
     assert dockerfile == context / "kinetic_airflow" / "docker" / "Dockerfile"
     site = next((installed / "lib").glob("python3.*/site-packages"))
     assert dockerfile.read_bytes() == (site / "kinetic_airflow" / "docker" / "Dockerfile").read_bytes()
-    assert (context / "kinetic_airflow" / "runner.py").is_file()
+    assert (context / "kinetic_airflow" / "job" / "runner.py").is_file()
     assert not list(context.rglob("__pycache__"))
     assert str(REPO) not in proc.stdout
     assert build[-1] == str(context)
@@ -161,8 +161,8 @@ def test_cloud_build_uses_the_packaged_recipe(installed, tmp_path):
 
 def test_container_image_per_accelerator_kind(monkeypatch):
     from kinetic_airflow.accelerators import parse_accelerator
-    from kinetic_airflow.backends.gke.manifest import runner_image
-    from kinetic_airflow.cli_image import default_image_uri
+    from kinetic_airflow.backends.gke.image_choice import runner_image
+    from kinetic_airflow.cli.image import default_image_uri
 
     tpu, gpu, cpu = (parse_accelerator(a) for a in ("tpu-v6e-8t", "gpu-l4", "cpu"))
     for kind in ("", "_CPU", "_GPU", "_TPU"):
@@ -196,7 +196,7 @@ class Hide(importlib.abc.MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, Hide())
-from kinetic_airflow.backends import get_backend
+from kinetic_airflow.backends.registry import get_backend
 try:
     get_backend("gke")
 except ModuleNotFoundError as exc:

@@ -18,9 +18,9 @@ from helpers import dag_runs_in_metastore
 from jobkit import make_job
 
 from kinetic_airflow.backends.local import LocalBackend
-from kinetic_airflow.layout import STATE_KEY, JobIdentity
+from kinetic_airflow.job.layout import STATE_KEY, JobIdentity
+from kinetic_airflow.job.storage import open_storage, uri_to_local_path
 from kinetic_airflow.lifecycle import Phase, TryInfo, decode_record, load_record, save_record
-from kinetic_airflow.storage import open_storage, uri_to_local_path
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 
 from kinetic_airflow.backends.base import BackendStatus, JobState
-from kinetic_airflow.layout import JobIdentity, JobLayout
-from kinetic_airflow.links import LINKS_XCOM_KEY, KineticViewLink, is_gke_cluster, task_tab_url
+from kinetic_airflow.backends.gke.console import is_gke_cluster
+from kinetic_airflow.job.layout import JobIdentity, JobLayout
+from kinetic_airflow.job.storage import FileStorage
+from kinetic_airflow.links import LINKS_XCOM_KEY, KineticViewLink, task_tab_url
 from kinetic_airflow.operators import DEFAULT_MAP_INDEX_TEMPLATE, KineticRunOperator, map_label
 from kinetic_airflow.progress import progress_of
-from kinetic_airflow.storage import FileStorage
 from kinetic_airflow.usage import attempt_usage, chips_of, totals
 from kinetic_airflow.watch import event_job
 

@@ -96,6 +96,8 @@ def test_list_logs_result_show(backend, base_uri):
     code, out, _ = cli("jobs", "show", greet["job_id"])
     assert code == 0
     assert f"job_uri: {greet['job_uri']}" in out and "state: succeeded" in out
+    # what the attempt used, from its usage.json (a CPU job holds no accelerator chips)
+    assert "usage:" in out and "  chips: 0" in out and "  outcome: success" in out
     assert f"kinetic-airflow reproduce {greet['job_uri']}" in out
     assert "-m kinetic_airflow.runner --job-uri file://" in out
     if backend == "gke":
@@ -169,9 +171,9 @@ def test_a_cancel_from_the_cli_names_the_user_and_the_host(local_env, base_uri, 
     from jobkit import make_job
 
     from kinetic_airflow.backends.local import LocalBackend
-    from kinetic_airflow.jobstore import publish_job
-    from kinetic_airflow.layout import JobIdentity
-    from kinetic_airflow.storage import open_storage
+    from kinetic_airflow.job.layout import JobIdentity
+    from kinetic_airflow.job.storage import open_storage
+    from kinetic_airflow.submission import publish_job
 
     identity = JobIdentity("d", "r", "sleeps")
     layout = make_job(base_uri, time.sleep, (600,), job_id=identity.job_id)

@@ -14,7 +14,7 @@ import pytest
 from helpers import ti_states, xcom
 from ops_support import cli, cli_json, cluster, gke_env
 
-from kinetic_airflow.storage import open_storage
+from kinetic_airflow.job.storage import open_storage
 
 __all__ = ["cluster", "gke_env"]  # fixtures
 

@@ -18,7 +18,8 @@ from jobkit import make_job
 
 from kinetic_airflow.backends.gke.classify import classify
 from kinetic_airflow.backends.local import LocalBackend
-from kinetic_airflow.layout import JobIdentity
+from kinetic_airflow.job.layout import JobIdentity
+from kinetic_airflow.job.storage import open_storage, uri_to_local_path
 from kinetic_airflow.lifecycle import (
     Action,
     Phase,
@@ -28,7 +29,6 @@ from kinetic_airflow.lifecycle import (
     decide,
     save_record,
 )
-from kinetic_airflow.storage import open_storage, uri_to_local_path
 from kinetic_airflow.watch import JobWatcher
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -30,8 +30,8 @@ from components.airflow_services import AirflowServices, poll, process_alive
 from components.dag_runs import parsed, run_path, trigger
 from components.stack import ComponentStack
 
-from kinetic_airflow.layout import MAX_JOB_ID, JobIdentity, dns_label, output_dir_uri
-from kinetic_airflow.storage import uri_to_local_path
+from kinetic_airflow.job.layout import MAX_JOB_ID, JobIdentity, dns_label, output_dir_uri
+from kinetic_airflow.job.storage import uri_to_local_path
 
 DAG_FILE = Path(__file__).resolve().parent / "lifecycle_dags" / "kn_lifecycle.py"
 RUN_TIMEOUT = 240.0

@@ -21,9 +21,9 @@ import pytest
 from emulated_cluster import point_kinetic_at, running_emulator
 from jobkit import gke_job
 
-from kinetic_airflow.backends import get_backend
 from kinetic_airflow.backends.gke import logstream
 from kinetic_airflow.backends.gke.logstream import PodLogStream
+from kinetic_airflow.backends.registry import get_backend
 from kinetic_airflow.watch import JobWatcher
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

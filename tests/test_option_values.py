@@ -359,7 +359,7 @@ def test_the_heartbeat_must_come_before_the_job_counts_as_lost(monkeypatch):
     from types import SimpleNamespace
 
     from kinetic_airflow.config import KineticSettingError
-    from kinetic_airflow.preflight import check_settings
+    from kinetic_airflow.submission import check_settings
 
     monkeypatch.setenv("AIRFLOW__KINETIC__HEARTBEAT_TIMEOUT", "20")
     task = SimpleNamespace(heartbeat_seconds=30.0, poll_interval=None, namespace=None)
@@ -417,7 +417,7 @@ def test_cluster_settings_are_checked_for_cluster_backends(monkeypatch):
     from types import SimpleNamespace
 
     from kinetic_airflow.config import KineticSettingError
-    from kinetic_airflow.preflight import check_settings
+    from kinetic_airflow.submission import check_settings
 
     monkeypatch.setenv("KINETIC_NAMESPACE", "ML_Jobs")
     monkeypatch.setenv("AIRFLOW__KINETIC__REQUIREMENTS_CACHE", "tmpfs")

@@ -103,7 +103,7 @@ def test_every_host_runs_and_host_0_returns(lws_env, capfd):
 
 def test_the_leader_worker_set_is_what_kinetic_makes(lws_env):
     from kinetic_airflow.backends.gke.pathways import PathwaysBackend
-    from kinetic_airflow.layout import JobIdentity
+    from kinetic_airflow.job.layout import JobIdentity
     from kinetic_airflow.operators import KineticRunOperator
 
     op = KineticRunOperator(task_id="shape", python_callable=print, accelerator="tpu-v6e-16:spot")
@@ -262,7 +262,7 @@ def test_the_multihost_example_runs_as_it_is_on_the_emulator_walkthrough(lws_env
 
 def test_a_cluster_without_leader_worker_sets_is_named(lws_env):
     from kinetic_airflow.backends.gke.pathways import LwsMissingError, PathwaysBackend, _discovered_version
-    from kinetic_airflow.layout import JobIdentity
+    from kinetic_airflow.job.layout import JobIdentity
     from kinetic_airflow.operators import KineticRunOperator
 
     _discovered_version.cache_clear()

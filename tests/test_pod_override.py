@@ -18,7 +18,7 @@ from ops_support import cluster, gke_env, k8s
 from kinetic_airflow.accelerators import parse_accelerator
 from kinetic_airflow.backends.gke.lws_manifest import build_lws_manifest
 from kinetic_airflow.backends.gke.manifest import build_job_manifest
-from kinetic_airflow.pod_override import (
+from kinetic_airflow.backends.gke.pod_override import (
     PodOverrideError,
     apply_to_manifest,
     combined_override,
@@ -381,7 +381,7 @@ def test_override_on_the_emulator_secret_env_reaches_the_function(gke_env, base_
     )
 
     # the secret itself is nowhere in what Airflow stores: the record has only the reference
-    from kinetic_airflow.storage import open_storage
+    from kinetic_airflow.job.storage import open_storage
 
     job_id = made.metadata.labels["job-id"]
     record = open_storage(base_uri).read_text(f"{base_uri}/jobs/{job_id}/job.json")

@@ -11,7 +11,7 @@ import pytest
 from helpers import ti_states
 from ops_support import cli, cli_json, cli_run, cluster, gke_env, local_env
 
-from kinetic_airflow.storage import open_storage
+from kinetic_airflow.job.storage import open_storage
 
 __all__ = ["cluster", "gke_env", "local_env"]  # fixtures
 

@@ -9,7 +9,7 @@ import sys
 import cloudpickle
 from jobkit import make_job, run_runner
 
-from kinetic_airflow.storage import open_storage
+from kinetic_airflow.job.storage import open_storage
 
 # The job process cannot import this test module: ship its functions by value, as the operator
 # does for DAG files.
@@ -116,14 +116,14 @@ def _writes_marker(path):
 
 
 def _fingerprint(**changes):
-    from kinetic_airflow.payload import fingerprint
+    from kinetic_airflow.job.payload import fingerprint
 
     return {**fingerprint(), **changes}
 
 
 def test_job_format_mismatch_fails_before_unpickling_and_names_both_releases(tmp_path):
     from kinetic_airflow import __version__
-    from kinetic_airflow.envelope import FORMAT_VERSION
+    from kinetic_airflow.job.envelope import FORMAT_VERSION
 
     ran = tmp_path / "ran"
     layout = make_job(
@@ -175,7 +175,7 @@ def test_worker_refuses_an_envelope_of_another_format(tmp_path):
     import pytest
 
     from kinetic_airflow import __version__
-    from kinetic_airflow.envelope import FORMAT_VERSION
+    from kinetic_airflow.job.envelope import FORMAT_VERSION
     from kinetic_airflow.results import KineticJobError, load_envelope
 
     storage = open_storage(f"file://{tmp_path}")

@@ -179,8 +179,8 @@ def test_the_code_archive_is_uploaded_once_for_many_jobs(where, storage_dir):
 
 
 def test_the_archive_leaves_out_what_it_should(tmp_path, caplog):
-    from kinetic_airflow.codebundle import build_code_bundle, ship_code_bundle
-    from kinetic_airflow.storage import open_storage
+    from kinetic_airflow.job.codebundle import build_code_bundle, ship_code_bundle
+    from kinetic_airflow.job.storage import open_storage
 
     root = tmp_path / "dags"
     for rel in ("dag.py", "lib/__init__.py", "lib/util.py", ".git/config", "lib/__pycache__/util.pyc",
@@ -202,7 +202,7 @@ def test_the_archive_leaves_out_what_it_should(tmp_path, caplog):
 
 
 def test_requirements_are_discovered_beside_the_dag_file(tmp_path):
-    from kinetic_airflow.requirements import resolve_requirements
+    from kinetic_airflow.job.requirements import resolve_requirements
 
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "requirements.txt").write_text("# pinned\nkn-tiny==0.1  # a comment\n\n")
@@ -225,7 +225,7 @@ def test_requirements_are_discovered_beside_the_dag_file(tmp_path):
 
 
 def test_a_python_version_mismatch_is_refused_before_the_job_starts(emulator_env, storage_dir, monkeypatch):
-    from kinetic_airflow.layout import JobIdentity
+    from kinetic_airflow.job.layout import JobIdentity
     from kinetic_airflow.operators import KineticRunOperator
 
     other = f"3.{sys.version_info[1] - 1}"
@@ -240,8 +240,7 @@ def test_a_python_version_mismatch_is_refused_before_the_job_starts(emulator_env
 def test_gs_data_with_fuse_is_mounted_through_the_csi_driver(emulator_env, storage_dir):
     from kinetic_airflow import Data
     from kinetic_airflow.backends.gke.backend import GKEBackend
-    from kinetic_airflow.backends.gke.volumes import fuse_local_path, fuse_mount_path
-    from kinetic_airflow.layout import JobIdentity
+    from kinetic_airflow.job.layout import JobIdentity, fuse_local_path, fuse_mount_path
     from kinetic_airflow.operators import KineticRunOperator
 
     data = Data("gs://kn-datasets/imagenet/train/", fuse=True)

@@ -149,7 +149,7 @@ def test_gcs_outage_while_the_job_ends_fails_no_task(outage_env, tmp_path, monke
     import kn_outage
     from google.api_core import exceptions as gexc
 
-    from kinetic_airflow.storage import GCSStorage
+    from kinetic_airflow.job.storage import GCSStorage
 
     flag, _ = outage_env
     monkeypatch.setenv("KINETIC_BASE_URI", f"{gcs_bucket}/kinetic")

@@ -564,7 +564,7 @@ def test_a_failure_shows_the_users_traceback_and_names(stack: UiStack, sweep: di
         browser.goto(f"{base}/dags/kn_ui_fail/runs/{run}/tasks/diverges/plugin/kinetic-job")
         tab = browser.wait_for_text(frame, timeout=60)
         assert source in tab and "kn_ui.TrainingDiverged: loss 1e+09 at step 7" in tab, tab
-        assert "kinetic_airflow/runner.py" not in tab and "unusual_prefix_" not in tab, tab
+        assert "kinetic_airflow/job/runner.py" not in tab and "unusual_prefix_" not in tab, tab
         _shot(browser, "kinetic-task-tab-traceback.png")
 
         browser.goto(f"{base}/plugin/kinetic-jobs")

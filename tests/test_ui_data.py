@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from helpers import dag_runs_in_metastore
 
-from kinetic_airflow.layout import STATE_KEY, JobIdentity, JobLayout
+from kinetic_airflow.job.layout import STATE_KEY, JobIdentity, JobLayout
+from kinetic_airflow.job.storage import open_storage
 from kinetic_airflow.lifecycle import Phase, TryInfo, save_record
-from kinetic_airflow.storage import open_storage
 
 DAG_ID = "kn_ops_local"
 PATHS = {

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from kinetic_airflow.config import default_base_uri, resolve_setting
-from kinetic_airflow.data import Data
-from kinetic_airflow.envelope import ResultRef, is_result_ref
-from kinetic_airflow.layout import JobIdentity
+from kinetic_airflow.job.envelope import ResultRef, is_result_ref
+from kinetic_airflow.job.inputs import Data
+from kinetic_airflow.job.layout import JobIdentity
+from kinetic_airflow.job.storage import FileStorage, open_storage
 from kinetic_airflow.results import to_xcom
-from kinetic_airflow.storage import FileStorage, open_storage
 
 
 def test_settings_precedence(monkeypatch):
@@ -113,7 +113,7 @@ def test_provider_is_registered_with_airflow():
 
 
 def test_cli_check_and_accelerators():
-    from kinetic_airflow.cli import main
+    from kinetic_airflow.cli.main import main
 
     assert main(["check", "gpu-a100x4"]) == 0
     assert main(["check", "tpu-v9-8"]) == 2
@@ -128,7 +128,7 @@ def test_log_lines_are_not_repeated_by_a_rebuilt_watcher(tmp_path):
     from jobkit import make_job
 
     from kinetic_airflow.backends.local import LocalBackend
-    from kinetic_airflow.storage import open_storage
+    from kinetic_airflow.job.storage import open_storage
     from kinetic_airflow.watch import JobWatcher
 
     def chatty():
@@ -162,7 +162,7 @@ def test_log_lines_are_not_repeated_by_a_rebuilt_watcher(tmp_path):
 
 def test_names_read_as_the_user_wrote_them():
     """Airflow imports a DAG file as ``unusual_prefix_<sha1>_<file>``: shown as ``<file>``."""
-    from kinetic_airflow.tracebacks import type_name, user_names, user_summary
+    from kinetic_airflow.job.tracebacks import type_name, user_names, user_summary
 
     generated = "unusual_prefix_" + "f8d32b84" * 5 + "_nt_fail"
     assert type_name(f"{generated}.TrainingDiverged") == "nt_fail.TrainingDiverged"

@@ -23,11 +23,11 @@ import pytest
 from emulated_cluster import point_kinetic_at, running_emulator
 from helpers import ti_states
 
-from kinetic_airflow.backends import get_backend
 from kinetic_airflow.backends.local import process_alive
-from kinetic_airflow.layout import STATE_KEY
+from kinetic_airflow.backends.registry import get_backend
+from kinetic_airflow.job.layout import STATE_KEY
+from kinetic_airflow.job.storage import open_storage
 from kinetic_airflow.lifecycle import Phase, cancelled_marker
-from kinetic_airflow.storage import open_storage
 
 pytestmark = pytest.mark.timeout(240)
 

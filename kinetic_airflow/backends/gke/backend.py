@@ -21,12 +21,14 @@ from kinetic_airflow.accelerators import parse_accelerator
 from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobState
 from kinetic_airflow.backends.gke.classify import classify, with_refusal
 from kinetic_airflow.backends.gke.client import ApiError, KubeApi, cached_kube_api, kube_api
+from kinetic_airflow.backends.gke.console import job_links
 from kinetic_airflow.backends.gke.logstream import PodLogStream
 from kinetic_airflow.backends.gke.manifest import (
     CONTAINER_NAME,
     TTL_AFTER_FINISHED_SECONDS,
     build_job_manifest,
 )
+from kinetic_airflow.backends.gke.pod_override import apply_to_manifest
 from kinetic_airflow.backends.gke.volumes import pod_extras
 from kinetic_airflow.backends.gke.watch_cache import (
     FAILED_CREATE,
@@ -36,9 +38,7 @@ from kinetic_airflow.backends.gke.watch_cache import (
     wait_event,
 )
 from kinetic_airflow.config import resolve_setting
-from kinetic_airflow.layout import JOB_PREFIX, JobIdentity, check_derived_names
-from kinetic_airflow.links import job_links
-from kinetic_airflow.pod_override import apply_to_manifest
+from kinetic_airflow.job.layout import JOB_PREFIX, JobIdentity, check_derived_names
 
 __all__ = ["GKEBackend", "JobOwnershipError", "Observed", "k8s_job_name"]
 

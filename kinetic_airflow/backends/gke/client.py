@@ -30,6 +30,10 @@ import threading
 import time
 from typing import Any
 
+from kinetic_airflow.config import resolve_setting
+from kinetic_airflow.gcp_auth import gcp_conn_for_cluster
+from kinetic_airflow.optional import require_providers
+
 __all__ = [
     "ApiError",
     "KubeApi",
@@ -80,19 +84,17 @@ def cluster_key(cluster: dict[str, Any]) -> str:
 
 
 def _api_client(cluster: dict[str, Any]) -> Any:
-    from kinetic_airflow.backends import require_providers
-
     require_providers("cncf.kubernetes") if cluster.get("kubernetes_conn_id") else require_providers()
     if cluster.get("kubernetes_conn_id"):
+        # Airflow start-up cost: loaded when called, not when this module is imported.
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
         return KubernetesHook(conn_id=cluster["kubernetes_conn_id"]).get_conn()
+    # Airflow start-up cost: loaded when called, not when this module is imported.
     from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEKubernetesHook
 
     if not cluster.get("endpoint"):
         raise ValueError("a GKE cluster reference needs its endpoint; resolve_gke_cluster() fills it in")
-    from kinetic_airflow.gcp_auth import gcp_conn_for_cluster
-
     return GKEKubernetesHook(
         cluster_url=f"https://{cluster['endpoint']}",
         ssl_ca_cert=cluster["ca"],
@@ -118,8 +120,6 @@ def gke_access(
     impersonation_chain: str | list[str] | tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
     """The three access settings of a GKE cluster reference: task argument > ``[kinetic]`` > env."""
-    from kinetic_airflow.config import resolve_setting
-
     return {
         "use_internal_ip": bool(resolve_setting("use_internal_ip", use_internal_ip)),
         "use_dns_endpoint": bool(resolve_setting("use_dns_endpoint", use_dns_endpoint)),
@@ -191,12 +191,9 @@ def resolve_gke_cluster(cluster: dict[str, Any]) -> dict[str, Any]:
 def resolve_gke_cluster_info(cluster: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     """``resolve_gke_cluster`` plus the GKE API's ``Cluster`` it read (node pools, autoscaling),
     for ``kinetic-airflow doctor``; always asks the GKE API."""
-    from kinetic_airflow.backends import require_providers
-
     require_providers("google", needed_for="finding a GKE cluster (the gke and pathways backends)")
+    # Airflow start-up cost: loaded when called, not when this module is imported.
     from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook
-
-    from kinetic_airflow.gcp_auth import gcp_conn_for_cluster
 
     # No connection at all means ambient credentials (README): the same id then reaches the
     # triggerer in the job reference, so it mints its tokens the same way.
@@ -235,6 +232,7 @@ class KubeApi:
         retry: bool = True,
     ) -> Any:
         """JSON of the response (or the raw streaming response); 429/5xx/resets are retried."""
+        # Start-up cost: the Kubernetes client loads only when a cluster is used.
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 

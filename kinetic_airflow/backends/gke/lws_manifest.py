@@ -30,7 +30,7 @@ from typing import Any
 
 from kinetic_airflow.accelerators import AcceleratorSpec
 from kinetic_airflow.backends.gke.manifest import pod_template
-from kinetic_airflow.layout import LWS_PREFIX
+from kinetic_airflow.job.layout import LWS_PREFIX
 
 __all__ = ["LWS_GROUP", "LWS_PLURAL", "build_lws_manifest", "coordinator_port", "lws_name"]
 

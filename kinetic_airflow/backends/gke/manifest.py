@@ -14,7 +14,6 @@ from kinetic_airflow.backends.gke.volumes import PodExtras
 __all__ = [
     "CONTAINER_NAME",
     "build_job_manifest",
-    "default_image",
     "platform_env",
     "pod_spec",
     "pod_template",
@@ -24,36 +23,6 @@ CONTAINER_NAME = "kinetic-worker"
 # Long enough that a triggerer restarted after an outage still finds the finished Job.
 TTL_AFTER_FINISHED_SECONDS = 24 * 3600
 CPU_REQUESTS = {"cpu": "1", "memory": "4Gi"}
-
-
-def default_image(
-    spec: AcceleratorSpec, project: str | None = None, zone: str | None = None, cluster: str | None = None
-) -> str:
-    """The runner image ``kinetic-airflow image`` builds and pushes for this accelerator kind, in
-    kinetic's Artifact Registry repository of the cluster (``kn-{cluster}``)."""
-    from kinetic_airflow.cli_image import default_image_uri
-
-    return default_image_uri(spec.kind, project, zone, cluster)
-
-
-def runner_image(
-    spec: AcceleratorSpec,
-    explicit: str | None = None,
-    project: str | None = None,
-    zone: str | None = None,
-    cluster: str | None = None,
-) -> str:
-    """The image of a job with this accelerator: the task's ``container_image=``, else
-    ``[kinetic] container_image_{kind}``, else ``[kinetic] container_image``, else the kind's
-    default image. Per kind, because a CPU image set for every job cannot run a TPU or GPU one."""
-    from kinetic_airflow.config import resolve_setting
-
-    return (
-        explicit
-        or resolve_setting(f"container_image_{spec.kind}")
-        or resolve_setting("container_image")
-        or default_image(spec, project, zone, cluster)
-    )
 
 
 # What kinetic sets so Keras and JAX pick the job's hardware (kinetic's k8s_utils values).

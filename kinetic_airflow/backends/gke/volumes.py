@@ -13,12 +13,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import posixpath
 from dataclasses import dataclass, field
 from typing import Any
 
 from kinetic_airflow.backends.base import JobRef
+from kinetic_airflow.job.layout import fuse_local_path, fuse_mount_path, fuse_points_at_file
 
 __all__ = ["ENV_CACHE_MOUNT", "PodExtras", "fuse_local_path", "fuse_mount_path", "pod_extras"]
 
@@ -26,7 +26,6 @@ ENV_CACHE_HOST_PATH = "/var/cache/kinetic/envs"
 ENV_CACHE_MOUNT = "/kinetic/envs"
 FUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
 FUSE_ANNOTATION = "gke-gcsfuse/volumes"
-FUSE_ROOT = "/kinetic/fuse"
 
 
 @dataclass
@@ -35,24 +34,6 @@ class PodExtras:
     volumes: list[dict[str, Any]] = field(default_factory=list)
     mounts: list[dict[str, Any]] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
-
-
-def fuse_mount_path(uri: str) -> str:
-    """Where ``Data(uri, fuse=True)``'s mount is in the pod (both sides derive it from the URI)."""
-    return f"{FUSE_ROOT}/{hashlib.sha256(uri.encode()).hexdigest()[:12]}"
-
-
-def fuse_points_at_file(uri: str) -> bool:
-    """A URI ending in ``/``, or whose last part has no extension, is a folder; else a file
-    (whose folder is mounted, so the file is at ``mount/<name>``)."""
-    last = uri.rstrip("/").rsplit("/", 1)[-1]
-    return not uri.endswith("/") and "." in last.lstrip(".")
-
-
-def fuse_local_path(uri: str) -> str:
-    """What the function receives for ``Data(uri, fuse=True)`` on a cluster."""
-    mount = fuse_mount_path(uri)
-    return f"{mount}/{uri.rstrip('/').rsplit('/', 1)[-1]}" if fuse_points_at_file(uri) else mount
 
 
 def _split(uri: str) -> tuple[str, str]:

@@ -25,6 +25,7 @@ import threading
 import time
 from typing import Any
 
+from kinetic_airflow.backends.gke import client
 from kinetic_airflow.backends.gke.client import ApiError, KubeApi, cluster_key, kube_api
 
 __all__ = ["ClusterWatch", "ashared_watch", "cached_watch", "shared_watch", "wait_event"]
@@ -453,8 +454,6 @@ async def ashared_watch(cluster: dict[str, Any], namespace: str) -> ClusterWatch
 
 def reset_shared_state() -> None:
     """Stop all watches and forget cached clients (tests point one connection id at new clusters)."""
-    from kinetic_airflow.backends.gke import client
-
     with _WATCHES_LOCK:
         watches = list(_WATCHES.values())
         _WATCHES.clear()

@@ -1,4 +1,4 @@
-"""``kinetic-airflow doctor``: the command line of ``kinetic_airflow.doctor``.
+"""``kinetic-airflow doctor``: the command line of ``kinetic_airflow.backends.gke.doctor``.
 
 ``kinetic-airflow doctor [ACCELERATOR] [--json]`` runs the checks with ``[kinetic]`` settings
 (or the options given) and exits 1 when one fails; ``--print-rbac`` prints the minimum Role
@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kinetic_airflow.doctor import rbac_yaml, run_doctor
+from kinetic_airflow.backends.gke.client import impersonation_chain_of
+from kinetic_airflow.backends.gke.doctor import rbac_yaml, run_doctor
+from kinetic_airflow.config import resolve_setting
 
 __all__ = ["add_doctor_command", "run_doctor_command"]
 
@@ -56,9 +58,6 @@ def add_doctor_command(sub: Any) -> None:
 
 
 def run_doctor_command(args: Any) -> int:
-    from kinetic_airflow.backends.gke.client import impersonation_chain_of
-    from kinetic_airflow.config import resolve_setting
-
     if args.print_rbac:
         chain = impersonation_chain_of(resolve_setting("impersonation_chain", args.impersonation_chain))
         subject = args.rbac_user or (chain[-1] if chain else None)

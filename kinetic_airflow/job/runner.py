@@ -28,7 +28,11 @@ import time
 import traceback
 from typing import Any
 
-from kinetic_airflow.envelope import (
+import cloudpickle
+
+from kinetic_airflow import __version__
+from kinetic_airflow.job.codebundle import install_code_bundle
+from kinetic_airflow.job.envelope import (
     FORMAT_VERSION,
     ResultRef,
     dump_envelope,
@@ -36,9 +40,12 @@ from kinetic_airflow.envelope import (
     is_result_ref,
     replace_refs,
 )
-from kinetic_airflow.layout import JobLayout
-from kinetic_airflow.storage import Storage, open_storage, uri_to_local_path
-from kinetic_airflow.tracebacks import mark_traceback, user_names
+from kinetic_airflow.job.inputs import Data, mount
+from kinetic_airflow.job.interop import write_kinetic_result
+from kinetic_airflow.job.layout import PAYLOAD_NAME, RESULT_NAME, JobLayout
+from kinetic_airflow.job.requirements import InstallError, ensure_environment
+from kinetic_airflow.job.storage import Storage, open_storage, uri_to_local_path
+from kinetic_airflow.job.tracebacks import mark_traceback, user_names
 
 __all__ = ["main"]
 
@@ -162,11 +169,9 @@ class JobRunner:
             delay = min(delay * 2, 2.0)
 
     def load_payload(self) -> dict[str, Any]:
-        import cloudpickle
-
         with self._timed("download"):
             self.manifest = json.loads(self._wait_for_manifest())
-            local_payload = os.path.join(self.workdir, "payload.pkl")
+            local_payload = os.path.join(self.workdir, PAYLOAD_NAME)
             self.storage.download_file(self.layout.payload, local_payload)
         with self._timed("verify"):
             digest = hashlib.sha256()
@@ -218,8 +223,6 @@ class JobRunner:
         (which the task log shows), not a failure: releases that keep the format work together,
         and an upgrade of the workers must not fail every job until each image is rebuilt.
         """
-        from kinetic_airflow import __version__
-
         theirs = str(client.get("kinetic_airflow") or "an older release (no version in its manifest)")
         their_format = client.get("format", 1)  # manifests written before the field existed: 1
         image = self.manifest.get("image") or "this job's image"
@@ -243,8 +246,6 @@ class JobRunner:
 
     def _install_requirements(self) -> None:
         """The job's extra packages, from the environment cache (installed there if need be)."""
-        from kinetic_airflow.requirements import InstallError, ensure_environment
-
         lines = self.manifest.get("requirements") or []
         if not lines:
             return
@@ -260,8 +261,6 @@ class JobRunner:
 
     def _install_code(self) -> None:
         """The DAG bundle's own code, on sys.path before anything is unpickled."""
-        from kinetic_airflow.codebundle import install_code_bundle
-
         entry = self.manifest.get("code")
         if not entry:
             return
@@ -286,8 +285,6 @@ class JobRunner:
         )
 
     def setup(self, payload: dict[str, Any]) -> tuple[Any, list[Any], dict[str, Any]]:
-        from kinetic_airflow.data import Data, mount
-
         with self._timed("setup"):
             env = payload.get("env") or {}
             os.environ.update({k: str(v) for k, v in env.items()})
@@ -350,6 +347,7 @@ class JobRunner:
             envelope.update(ok=True, value=value)
         except BaseException as exc:
             if self.post_mortem and self.phase == "execute":  # kinetic-airflow reproduce --pdb
+                # Only for --pdb.
                 import pdb
 
                 pdb.post_mortem(exc.__traceback__)
@@ -360,8 +358,6 @@ class JobRunner:
             if heartbeat is not None:
                 heartbeat.stop_event.set()
         envelope["timings"] = {**self.timings, "total": round(_now() - started, 3)}
-        from kinetic_airflow import __version__
-
         envelope["fingerprint"] = {
             "python": platform.python_version(),
             "hostname": socket.gethostname(),
@@ -371,8 +367,6 @@ class JobRunner:
         envelope["attempt"] = self.manifest.get("attempt", 1)
         written = self.write_envelope(envelope)
         if written:  # kinetic's own format beside its handle.json, for `kinetic jobs result`
-            from kinetic_airflow.interop import write_kinetic_result
-
             write_kinetic_result(self.storage, self.layout.job_uri, self.host, envelope)
         self.marker("finished", ok=envelope["ok"] and written)
         if envelope["ok"] and written:
@@ -416,7 +410,7 @@ class JobRunner:
         if envelope["ok"]:
             envelope["value_type"] = _qualname(envelope["value"])
             envelope["value_repr"] = _safe_repr(envelope["value"])
-        local = os.path.join(self.workdir, "result.pkl")
+        local = os.path.join(self.workdir, RESULT_NAME)
         try:
             with open(local, "wb") as fh:
                 dump_envelope(envelope, fh)

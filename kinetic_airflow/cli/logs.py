@@ -8,13 +8,20 @@ pathways  every host's pod, each line prefixed ``[hN]``; a host whose runner end
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from kinetic_airflow.backends.gke.client import ApiError, KubeApi, kube_api
+from kinetic_airflow.backends.gke.group_status import host_index
+from kinetic_airflow.backends.gke.manifest import CONTAINER_NAME
+from kinetic_airflow.backends.local import process_alive
+from kinetic_airflow.backends.registry import get_backend
+from kinetic_airflow.job.layout import EXIT_NAME, LAUNCH_NAME, LOG_NAME
+from kinetic_airflow.job.storage import Storage
 from kinetic_airflow.jobstore import JobInfo
-from kinetic_airflow.storage import Storage
 
 __all__ = ["print_logs"]
 
@@ -30,7 +37,7 @@ def print_logs(info: JobInfo, storage: Storage, *, follow: bool) -> int:
     ref = info.ref
     if info.backend in ("gke", "pathways") and ref is not None:
         return _cluster_logs(info, ref, follow=follow)
-    if ref is not None and ref.get("local_dir") and Path(ref["local_dir"], "job.log").exists():
+    if ref is not None and ref.get("local_dir") and Path(ref["local_dir"], LOG_NAME).exists():
         return _local_logs(Path(ref["local_dir"]), follow=follow)
     text = storage.read_text_or_none(f"{info.job_uri}/job.log")
     if text is None:
@@ -45,9 +52,7 @@ def print_logs(info: JobInfo, storage: Storage, *, follow: bool) -> int:
 
 
 def _local_logs(state: Path, *, follow: bool) -> int:
-    from kinetic_airflow.backends.local import process_alive
-
-    path = state / "job.log"
+    path = state / LOG_NAME
     offset = 0
     while True:
         with open(path, "rb") as fh:
@@ -57,12 +62,10 @@ def _local_logs(state: Path, *, follow: bool) -> int:
         _out(data.decode("utf-8", "replace"))
         if not follow:
             return 0
-        ended = (state / "exit.json").exists()
+        ended = (state / EXIT_NAME).exists()
         if not ended:
             try:
-                import json
-
-                pid = int(json.loads((state / "launch.json").read_text())["pid"])
+                pid = int(json.loads((state / LAUNCH_NAME).read_text())["pid"])
                 ended = not process_alive(pid)
             except (OSError, ValueError, KeyError):
                 ended = True
@@ -75,17 +78,12 @@ def _local_logs(state: Path, *, follow: bool) -> int:
 
 
 def _pods(api: Any, namespace: str, name: str) -> list[dict[str, Any]]:
-    from kinetic_airflow.backends.gke.client import KubeApi
-
     found = api.request("GET", KubeApi.pods_path(namespace), query={"labelSelector": f"job-name={name}"})
     return sorted(found.get("items", []), key=lambda p: p["metadata"].get("creationTimestamp") or "")
 
 
 def _read(api: Any, namespace: str, pod: str, *, previous: bool = False) -> str | None:
     """The container's log, or None while it has not started (400) or the pod is gone (404)."""
-    from kinetic_airflow.backends.gke.client import ApiError, KubeApi
-    from kinetic_airflow.backends.gke.manifest import CONTAINER_NAME
-
     query = {"container": CONTAINER_NAME, "previous": "true" if previous else None}
     try:
         response = api.request("GET", KubeApi.pods_path(namespace, pod) + "/log", query=query, stream=True)
@@ -106,10 +104,6 @@ def _ended(pod: dict[str, Any]) -> bool:
 
 
 def _cluster_logs(info: JobInfo, ref: dict[str, Any], *, follow: bool) -> int:
-    from kinetic_airflow.backends import get_backend
-    from kinetic_airflow.backends.gke.client import kube_api
-    from kinetic_airflow.backends.gke.group_status import host_index
-
     backend = get_backend(ref["backend"])
     name = backend.object_name(ref)
     namespace = ref.get("namespace") or "default"
@@ -167,9 +161,6 @@ def _cluster_logs(info: JobInfo, ref: dict[str, Any], *, follow: bool) -> int:
 
 def _stream(api: Any, namespace: str, pod: str, *, skip: int) -> None:
     """Print a running container's log as it is written, from line ``skip`` on, until it ends."""
-    from kinetic_airflow.backends.gke.client import KubeApi
-    from kinetic_airflow.backends.gke.manifest import CONTAINER_NAME
-
     response = api.request(
         "GET",
         KubeApi.pods_path(namespace, pod) + "/log",

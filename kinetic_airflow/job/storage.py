@@ -234,6 +234,7 @@ class GCSStorage(Storage):
     @property
     def client(self) -> Any:
         if self._client is None:
+            # Start-up cost: the Google clients load only when gs:// or GCP credentials are used.
             from google.cloud import storage
 
             self._client = _without_bucket_metadata_cache(_ambient_client(storage))
@@ -245,6 +246,7 @@ class GCSStorage(Storage):
         return self.client.bucket(bucket).blob(name, chunk_size=_CHUNK_SIZE if upload else None)
 
     def _translate(self, uri: str, exc: Exception) -> Exception:
+        # Start-up cost: the Google clients load only when gs:// or GCP credentials are used.
         from google.api_core import exceptions as gexc
 
         if isinstance(exc, gexc.NotFound):
@@ -267,6 +269,7 @@ class GCSStorage(Storage):
 
     def _bucket_exists_or_raise(self, uri: str, exc: Exception) -> Exception:
         """A 404 on upload means the bucket is missing; say so instead of 'object not found'."""
+        # Start-up cost: the Google clients load only when gs:// or GCP credentials are used.
         from google.api_core import exceptions as gexc
 
         if isinstance(exc, gexc.NotFound):
@@ -279,6 +282,7 @@ class GCSStorage(Storage):
         return self._translate(uri, exc)
 
     def write_bytes(self, uri: str, data: bytes, *, if_absent: bool = False) -> bool:
+        # Start-up cost: the Google clients load only when gs:// or GCP credentials are used.
         from google.api_core import exceptions as gexc
 
         blob = self._blob(uri)
@@ -363,6 +367,7 @@ def _without_bucket_metadata_cache(client: Any) -> Any:
 def _ambient_client(storage_module: Any) -> Any:
     """A client from ambient credentials; anonymous against an emulator (tests, local runs)."""
     if os.environ.get("STORAGE_EMULATOR_HOST"):
+        # Start-up cost: the Google clients load only when gs:// or GCP credentials are used.
         from google.auth.credentials import AnonymousCredentials
 
         return storage_module.Client(

@@ -9,8 +9,15 @@ layout is written down once::
     {base}/jobs/{job_id}/result.json        the envelope's JSON summary (no user objects)
     {base}/jobs/{job_id}/status/*.json      dispatched / started / heartbeat / finished
     {base}/jobs/{job_id}/job.log            the job's log (local backend)
+    {base}/jobs/{job_id}/job.json           the job's record (the jobs CLI, gc: ``jobstore``)
+    {base}/jobs/{job_id}/usage.json         chips x time of the attempt (``usage``; ``jobs show``)
     {base}/outputs/{dag}/{run}/{task}/{map} KINETIC_OUTPUT_DIR: the same for every try
     {base}/cache/{sha256}/...               content-addressed volume uploads
+
+A local job's own state directory (``local_dir``: the worker machine's pid, exit code and
+log; ``backends/local``) and ``kinetic-airflow reproduce``'s local copy of a job use the
+same names (``LOCAL_STATE_FILES`` and the ``*_NAME`` constants below).
+    /kinetic/fuse/{sha256(uri)[:12]}        in the pod: where ``Data(uri, fuse=True)`` is mounted
 
 Job identity is deterministic from the task instance, its try (number and Airflow's
 per-try id) and the attempt within the try, so a second ``execute`` of the same try
@@ -25,13 +32,25 @@ import re
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from kinetic_airflow.storage import join_uri
+from kinetic_airflow.job.storage import join_uri
 
 __all__ = [
+    "CANCEL_NAME",
+    "EXIT_NAME",
     "JOB_PREFIX",
+    "LAUNCH_NAME",
+    "LOCAL_STATE_FILES",
+    "LOG_NAME",
     "LWS_PREFIX",
+    "MANIFEST_NAME",
     "MAX_JOB_ID",
+    "PAYLOAD_NAME",
+    "RECORD_NAME",
+    "RESULT_NAME",
     "STATE_KEY",
+    "SUMMARY_NAME",
+    "SUPERVISOR_LOG_NAME",
+    "USAGE_NAME",
     "JobIdentity",
     "JobLayout",
     "NameTooLongError",
@@ -100,7 +119,7 @@ def check_derived_names(job_id: str, hosts: int = 1) -> None:
         listed = "; ".join(f"{what} {name!r} ({len(name)} characters)" for what, name in too_long.items())
         raise NameTooLongError(
             f"job id {job_id!r} gives Kubernetes names over {LABEL_VALUE_MAX} characters: {listed}. "
-            f"Job ids are at most {MAX_JOB_ID} characters (kinetic_airflow.layout.MAX_JOB_ID)."
+            f"Job ids are at most {MAX_JOB_ID} characters (kinetic_airflow.job.layout.MAX_JOB_ID)."
         )
 
 
@@ -184,6 +203,21 @@ def output_dir_uri(base_uri: str, identity: JobIdentity) -> str:
     )
 
 
+MANIFEST_NAME = "manifest.json"
+PAYLOAD_NAME = "payload.pkl"
+RESULT_NAME = "result.pkl"
+SUMMARY_NAME = "result.json"
+LOG_NAME = "job.log"
+RECORD_NAME = "job.json"
+USAGE_NAME = "usage.json"
+# A local job's state directory: the launch (pid), the exit record, a cancel request, the supervisor's log.
+LAUNCH_NAME = "launch.json"
+EXIT_NAME = "exit.json"
+CANCEL_NAME = "cancel.json"
+SUPERVISOR_LOG_NAME = "supervisor.log"
+LOCAL_STATE_FILES = (LAUNCH_NAME, EXIT_NAME, CANCEL_NAME, LOG_NAME, SUPERVISOR_LOG_NAME)
+
+
 @dataclass(frozen=True)
 class JobLayout:
     """URIs of one job's files."""
@@ -196,17 +230,17 @@ class JobLayout:
 
     @property
     def manifest(self) -> str:
-        return join_uri(self.job_uri, "manifest.json")
+        return join_uri(self.job_uri, MANIFEST_NAME)
 
     @property
     def payload(self) -> str:
-        return join_uri(self.job_uri, "payload.pkl")
+        return join_uri(self.job_uri, PAYLOAD_NAME)
 
     def result(self, host: int = 0) -> str:
-        return join_uri(self.job_uri, "result.pkl" if host == 0 else f"result-host{host}.pkl")
+        return join_uri(self.job_uri, RESULT_NAME if host == 0 else f"result-host{host}.pkl")
 
     def result_summary(self, host: int = 0) -> str:
-        return join_uri(self.job_uri, "result.json" if host == 0 else f"result-host{host}.json")
+        return join_uri(self.job_uri, SUMMARY_NAME if host == 0 else f"result-host{host}.json")
 
     def status(self, marker: str, host: int = 0) -> str:
         name = marker if host == 0 else f"{marker}-host{host}"
@@ -214,4 +248,35 @@ class JobLayout:
 
     @property
     def log(self) -> str:
-        return join_uri(self.job_uri, "job.log")
+        return join_uri(self.job_uri, LOG_NAME)
+
+    @property
+    def record(self) -> str:
+        return join_uri(self.job_uri, RECORD_NAME)
+
+    @property
+    def usage(self) -> str:
+        return join_uri(self.job_uri, USAGE_NAME)
+
+
+# In the pod: a gcsfuse volume of ``Data(uri, fuse=True)`` (the GKE backend mounts it, the runner
+# finds it; both derive the path from the URI here).
+FUSE_ROOT = "/kinetic/fuse"
+
+
+def fuse_mount_path(uri: str) -> str:
+    """Where ``Data(uri, fuse=True)``'s mount is in the pod (both sides derive it from the URI)."""
+    return f"{FUSE_ROOT}/{hashlib.sha256(uri.encode()).hexdigest()[:12]}"
+
+
+def fuse_points_at_file(uri: str) -> bool:
+    """A URI ending in ``/``, or whose last part has no extension, is a folder; else a file
+    (whose folder is mounted, so the file is at ``mount/<name>``)."""
+    last = uri.rstrip("/").rsplit("/", 1)[-1]
+    return not uri.endswith("/") and "." in last.lstrip(".")
+
+
+def fuse_local_path(uri: str) -> str:
+    """What the function receives for ``Data(uri, fuse=True)`` on a cluster."""
+    mount = fuse_mount_path(uri)
+    return f"{mount}/{uri.rstrip('/').rsplit('/', 1)[-1]}" if fuse_points_at_file(uri) else mount

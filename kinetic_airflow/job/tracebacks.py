@@ -30,6 +30,10 @@ from typing import Any
 
 import cloudpickle
 
+# The runner's own frames (``python -m kinetic_airflow.runner`` and the runner it calls): a
+# user's traceback shows only their code.
+_RUNNER_FILES = ("kinetic_airflow/job/runner.py", "kinetic_airflow/runner/__main__.py")
+
 __all__ = [
     "TRACEBACK_BEGIN",
     "TRACEBACK_END",
@@ -137,7 +141,7 @@ def clean_remote_traceback(text: str) -> str:
         while j < len(lines) and lines[j].startswith("    "):
             body.append(lines[j])
             j += 1
-        if frame["file"].replace("\\", "/").endswith("kinetic_airflow/runner.py"):
+        if frame["file"].replace("\\", "/").endswith(_RUNNER_FILES):
             i = j
             continue
         out.append(line)

@@ -32,6 +32,8 @@ import json
 import re
 from typing import Any
 
+from kinetic_airflow.accelerators import parse_accelerator
+from kinetic_airflow.backends.gke.manifest import build_job_manifest
 from kinetic_airflow.envcapture import _CREDENTIAL_LOOKING
 
 __all__ = [
@@ -94,6 +96,7 @@ def normalize_pod_override(value: Any, *, source: str = "pod_override") -> dict[
                 '{"memory": "16Gi"}}}]}}'
             ) from None
     if hasattr(value, "openapi_types") and hasattr(value, "attribute_map"):
+        # Start-up cost: the Kubernetes client loads only when a cluster is used.
         from kubernetes.client import ApiClient
 
         value = ApiClient().sanitize_for_serialization(value)
@@ -278,6 +281,7 @@ def check_pod_template(pod: dict[str, Any], generated: dict[str, Any], *, owner:
 
 
 def _model_class(name: str) -> Any:
+    # Start-up cost: the Kubernetes client loads only when a cluster is used.
     import kubernetes.client.models as models
 
     return getattr(models, name, None)
@@ -494,13 +498,14 @@ def _check_container(container: dict[str, Any], path: str, volumes: set[Any], pr
 
 
 # Where kinetic calls it ----------------------------------------------------------------------
-def pod_templates(manifest: dict[str, Any]) -> list[dict[str, Any]]:
-    """The pod templates of a Job or LeaderWorkerSet manifest (LWS: leader and worker)."""
+def _pod_template_slots(manifest: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+    """Where a Job or LeaderWorkerSet manifest holds its pod templates (LWS: leader and worker),
+    as (parent, key) so a template can be replaced."""
     spec = manifest.get("spec") or {}
     if manifest.get("kind") == "LeaderWorkerSet":
         lwt = spec.get("leaderWorkerTemplate") or {}
-        return [lwt[k] for k in ("leaderTemplate", "workerTemplate") if isinstance(lwt.get(k), dict)]
-    return [spec["template"]] if isinstance(spec.get("template"), dict) else []
+        return [(lwt, k) for k in ("leaderTemplate", "workerTemplate") if isinstance(lwt.get(k), dict)]
+    return [(spec, "template")] if isinstance(spec.get("template"), dict) else []
 
 
 def apply_to_manifest(manifest: dict[str, Any], override: dict[str, Any] | None) -> dict[str, Any]:
@@ -508,29 +513,21 @@ def apply_to_manifest(manifest: dict[str, Any], override: dict[str, Any] | None)
     if not override:
         return manifest
     kind = manifest.get("kind", "Job")
-    spec = manifest.get("spec") or {}
-    if kind == "LeaderWorkerSet":
-        lwt = spec.get("leaderWorkerTemplate") or {}
-        for key in ("leaderTemplate", "workerTemplate"):
-            if isinstance(lwt.get(key), dict):
-                lwt[key] = apply_pod_override(lwt[key], override, owner=kind)
-    elif isinstance(spec.get("template"), dict):
-        spec["template"] = apply_pod_override(spec["template"], override, owner=kind)
+    for parent, key in _pod_template_slots(manifest):
+        parent[key] = apply_pod_override(parent[key], override, owner=kind)
     return manifest
 
 
-def validate_at_parse(override: Any, accelerator: str, spot: bool) -> dict[str, Any] | None:
+def validate_at_parse(
+    override: Any, accelerator: str, spot: bool, configured: Any = None
+) -> dict[str, Any] | None:
     """At DAG import: normalise the task's override and try it (with ``[kinetic] pod_override``)
-    on a Job pod for this accelerator, so a bad override is an import error, not a failed run."""
+    on a Job pod for this accelerator, so a bad override is an import error, not a failed run.
+    ``configured`` is ``[kinetic] pod_override``, resolved by the caller."""
     own = normalize_pod_override(override)
-    from kinetic_airflow.config import resolve_setting
-
-    combined = combined_override(resolve_setting("pod_override"), own)
+    combined = combined_override(configured, own)
     if combined is None:
         return own
-    from kinetic_airflow.accelerators import parse_accelerator
-    from kinetic_airflow.backends.gke.manifest import build_job_manifest
-
     labels = {"app": "kinetic", "job-id": "parse-check", _KINETIC_LABEL_PREFIX + "ti": "x"}
     trial = build_job_manifest(
         name="kinetic-parse-check",

@@ -27,6 +27,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kinetic_airflow.job.storage import join_uri
+
 __all__ = ["CodeBundle", "build_code_bundle", "code_roots", "install_code_bundle", "ship_code_bundle"]
 
 log = logging.getLogger(__name__)
@@ -164,8 +166,6 @@ def ship_code_bundle(
     storage: object, base_uri: str, roots: list[Path], path_dirs: list[Path] | None = None
 ) -> dict[str, object] | None:
     """Upload the bundle unless that content is already there; the manifest's ``code`` entry."""
-    from kinetic_airflow.storage import join_uri
-
     if not roots:
         return None
     bundle = build_code_bundle(roots)

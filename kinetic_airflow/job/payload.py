@@ -21,7 +21,9 @@ from typing import IO, Any
 
 import cloudpickle
 
-from kinetic_airflow.tracebacks import FilenamePickler
+from kinetic_airflow import __version__
+from kinetic_airflow.job.envelope import FORMAT_VERSION
+from kinetic_airflow.job.tracebacks import FilenamePickler
 
 __all__ = ["PayloadError", "fingerprint", "register_dag_modules_by_value", "write_payload"]
 
@@ -35,9 +37,6 @@ class PayloadError(TypeError):
 def fingerprint() -> dict[str, Any]:
     """What the runner checks against itself: Python and cloudpickle (pickles), the provider's
     release and the job files' format (``envelope.FORMAT_VERSION``)."""
-    from kinetic_airflow import __version__
-    from kinetic_airflow.envelope import FORMAT_VERSION
-
     return {
         "python": platform.python_version(),
         "cloudpickle": cloudpickle.__version__,

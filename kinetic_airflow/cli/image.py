@@ -34,64 +34,33 @@ import sys
 import tempfile
 from pathlib import Path
 
+from kinetic_airflow import __version__
+from kinetic_airflow.backends.gke.images import (
+    EXTRA_PACKAGES,
+    LIBRARY_PATH,
+    default_image_uri,
+    this_python,
+)
+from kinetic_airflow.cli.text import described
+from kinetic_airflow.config import resolve_setting
+
 __all__ = [
     "EXTRA_PACKAGES",
     "add_image_command",
     "default_image_uri",
-    "image_tag",
     "packaged_docker_dir",
     "run_image",
     "stage_build_context",
 ]
 
-# What each kind adds to the slim runner (the Dockerfile's EXTRA_PACKAGES build argument): the
-# README's examples import jax and keras, so every kind has both.
-EXTRA_PACKAGES = {"cpu": "jax keras", "gpu": "jax[cuda12] keras", "tpu": "jax[tpu] keras"}
-# GKE's NVIDIA device plugin mounts the node's driver libraries (libcuda, libnvidia-ml) into GPU
-# containers at this path; CUDA JAX finds libcuda only if it is on the loader path.
-GKE_NVIDIA_LIBRARY_PATH = "/usr/local/nvidia/lib64"
-LIBRARY_PATH = {"cpu": "", "gpu": GKE_NVIDIA_LIBRARY_PATH, "tpu": ""}
-PLACEHOLDER_REGISTRY = "us-docker.pkg.dev/kinetic-airflow/runner"
 _PYTHON_VERSION = re.compile(r"^3\.\d{1,2}$")
-
-
-def registry_location(zone: str | None) -> str:
-    """Artifact Registry location for a zone, as kinetic's infrastructure picks it."""
-    zone = zone or "us-central1-a"
-    region = zone.rsplit("-", 1)[0] if zone.count("-") >= 2 else zone
-    prefix = region.split("-")[0]
-    return prefix if prefix in ("us", "asia", "europe") else region
-
-
-def _this_python() -> str:
-    return f"{sys.version_info[0]}.{sys.version_info[1]}"
-
-
-def _version() -> str:
-    from kinetic_airflow import __version__
-
-    return __version__
-
-
-def image_tag(python: str | None = None) -> str:
-    """``{provider version}-py{X.Y}``: the runner's version and the Python it unpickles for."""
-    return f"{_version()}-py{python or _this_python()}"
-
-
-def default_image_uri(
-    kind: str, project: str | None, zone: str | None, cluster: str | None, python: str | None = None
-) -> str:
-    """The image ``kinetic-airflow image --kind KIND`` pushes; ``python`` defaults to this process's
-    (on a worker: the workers' Python, which is what the job must run)."""
-    name = f"kinetic-airflow-runner-{kind}:{image_tag(python)}"
-    if project and cluster:
-        return f"{registry_location(zone)}-docker.pkg.dev/{project}/kn-{cluster}/{name}"
-    return f"{PLACEHOLDER_REGISTRY}/{name}"  # no project configured: a name to replace
+# kinetic_airflow/cli/image.py -> the kinetic_airflow package folder
+_PACKAGE = Path(__file__).resolve().parents[1]
 
 
 def packaged_docker_dir() -> Path:
     """The Dockerfile, install script and Cloud Build recipe inside the installed package."""
-    return Path(__file__).resolve().parent / "docker"
+    return _PACKAGE / "docker"
 
 
 def stage_build_context(target: Path) -> Path:
@@ -100,7 +69,7 @@ def stage_build_context(target: Path) -> Path:
     The image gets exactly the code of the package this command belongs to, whether it was
     installed from a wheel or is a source checkout; caches are left out.
     """
-    package = Path(__file__).resolve().parent
+    package = _PACKAGE
     if not (package / "docker" / "Dockerfile").is_file():
         raise FileNotFoundError(
             f"{package / 'docker' / 'Dockerfile'} is missing: this kinetic-airflow installation does not "
@@ -122,7 +91,7 @@ def build_commands(
         "PYTHON_VERSION": python,
         "EXTRA_PACKAGES": extra,
         "LIBRARY_PATH_EXTRA": LIBRARY_PATH[kind],
-        "KINETIC_AIRFLOW_VERSION": _version(),
+        "KINETIC_AIRFLOW_VERSION": __version__,
     }
     if cloud_build:  # the packaged cloudbuild.yaml runs the same docker build on Cloud Build
         substitutions = ",".join([f"_IMAGE={image}", *(f"_{k}={v}" for k, v in values.items())])
@@ -139,8 +108,6 @@ def build_commands(
 
 
 def add_image_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from kinetic_airflow.cli_text import described
-
     image = sub.add_parser(
         "image", help="build and push the runner image (prints the commands)", **described(__doc__)
     )
@@ -171,14 +138,12 @@ def add_image_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[
 
 def _python_version(args: argparse.Namespace) -> tuple[str, str]:
     """The image's Python and where that choice came from."""
-    from kinetic_airflow.config import resolve_setting
-
     if args.python:
         value, source = str(args.python), "--python"
     elif resolve_setting("worker_python"):
         value, source = str(resolve_setting("worker_python")), "[kinetic] worker_python"
     else:
-        value, source = _this_python(), "the Python running this command"
+        value, source = this_python(), "the Python running this command"
     if not _PYTHON_VERSION.match(value):
         raise SystemExit(
             f"kinetic-airflow image: {source} is {value!r}, not a Python major.minor; write it as 3.11 "
@@ -188,8 +153,6 @@ def _python_version(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def run_image(args: argparse.Namespace) -> int:
-    from kinetic_airflow.config import resolve_setting
-
     python, source = _python_version(args)
     project = args.project or resolve_setting("project")
     zone = args.zone or resolve_setting("zone")
@@ -204,7 +167,7 @@ def run_image(args: argparse.Namespace) -> int:
     extra = " ".join([EXTRA_PACKAGES[args.kind], *args.extra_packages.split()])
     temporary = args.context is None
     context = stage_build_context(Path(args.context or tempfile.mkdtemp(prefix="kinetic-runner-image-")))
-    print(f"# runner image for {args.kind} jobs, kinetic-airflow {_version()}: {image}")
+    print(f"# runner image for {args.kind} jobs, kinetic-airflow {__version__}: {image}")
     print(f"# Python {python} ({source}; it must be the Airflow workers' Python)")
     print(
         f"# packages: {extra}"

@@ -24,7 +24,10 @@ import sys
 import tempfile
 from typing import Any
 
-from kinetic_airflow.layout import JobLayout
+from kinetic_airflow.cli.common import CliError, add_storage_options, guarded, resolve_job
+from kinetic_airflow.cli.text import described
+from kinetic_airflow.job.layout import MANIFEST_NAME, PAYLOAD_NAME, SUMMARY_NAME, JobLayout
+from kinetic_airflow.jobstore import load_job
 
 __all__ = ["add_reproduce_command", "default_workdir", "reproduce_commands", "run_reproduce"]
 
@@ -84,7 +87,7 @@ def copy_job(storage: Any, job_uri: str, workdir: str, output_dir: str | None) -
             "submitting it), so there is nothing to reproduce"
         )
     manifest = json.loads(text)
-    storage.download_file(source.payload, os.path.join(local_dir, "payload.pkl"))
+    storage.download_file(source.payload, os.path.join(local_dir, PAYLOAD_NAME))
     code = manifest.get("code")
     if isinstance(code, dict) and code.get("uri"):
         # the runner reads the archive with the local job's storage: bring it along
@@ -95,21 +98,16 @@ def copy_job(storage: Any, job_uri: str, workdir: str, output_dir: str | None) -
     manifest["original_output_dir"] = manifest.get("output_dir")
     manifest["output_dir"] = output_dir or "file://" + os.path.join(workdir, "output")
     manifest["reproduced_from"] = job_uri
-    with open(os.path.join(local_dir, "manifest.json"), "w") as fh:
+    with open(os.path.join(local_dir, MANIFEST_NAME), "w") as fh:
         json.dump(manifest, fh, indent=2)
     return local.job_uri
 
 
 def run_reproduce(args: argparse.Namespace) -> int:
-    from kinetic_airflow.cli_jobs import guarded
-
     return guarded(_reproduce, args)
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from kinetic_airflow.cli_jobs import CliError, resolve_job
-    from kinetic_airflow.jobstore import load_job
-
     storage, job_uri = resolve_job(args, args.job)
     info = load_job(storage, job_uri)
     workdir = os.path.abspath(args.workdir or default_workdir(info.job_id))
@@ -132,11 +130,11 @@ def _reproduce(args: argparse.Namespace) -> int:
     if secret:
         print(f"note: set these yourself, the pod got them from Kubernetes: {', '.join(secret)}")
     local_dir = local_uri[len("file://") :]
-    with open(os.path.join(local_dir, "manifest.json")) as fh:
+    with open(os.path.join(local_dir, MANIFEST_NAME)) as fh:
         print(f"KINETIC_OUTPUT_DIR: {json.load(fh)['output_dir']}")
     print("running: " + _shell(env, command), flush=True)
     proc = subprocess.run(command, env={**os.environ, **env})
-    summary_path = os.path.join(local_dir, "result.json")
+    summary_path = os.path.join(local_dir, SUMMARY_NAME)
     summary_text = open(summary_path).read() if os.path.exists(summary_path) else None
     if summary_text is None:
         print(f"the runner exited with {proc.returncode} without a result (see its output above)")
@@ -155,9 +153,6 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 
 def add_reproduce_command(sub: Any) -> None:
-    from kinetic_airflow.cli_jobs import add_storage_options
-    from kinetic_airflow.cli_text import described
-
     parser = sub.add_parser(
         "reproduce",
         help="download a job's payload and run it here with the same runner",

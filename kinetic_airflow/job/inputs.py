@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kinetic_airflow.storage import Storage, StorageNotFound, join_uri, open_storage
+from kinetic_airflow.job.layout import fuse_local_path, fuse_mount_path
+from kinetic_airflow.job.storage import Storage, StorageNotFound, join_uri, open_storage
 
 __all__ = ["Data", "data_in", "validate_volumes"]
 
@@ -80,8 +81,6 @@ class Data:
         """Copy the staged content to local disk; return the path the function should use."""
         uri = self.staged_uri or self.source
         if self.fuse and self.is_remote:
-            from kinetic_airflow.backends.gke.volumes import fuse_local_path, fuse_mount_path
-
             if os.path.isdir(fuse_mount_path(uri)):  # the pod mounted it: nothing to copy
                 return fuse_local_path(uri)
         storage = open_storage(uri)

@@ -3,11 +3,11 @@
 kinetic-airflow accelerators            list accelerator strings by generation/type
 kinetic-airflow check tpu-v5p-8         show what a string resolves to (selectors, resources, notes)
 kinetic-airflow show JOB_URI            a job's manifest, markers and result summary
-kinetic-airflow jobs list|logs|result|cancel|show   find jobs and act on them (kinetic_airflow.cli_jobs)
-kinetic-airflow gc --older-than 30d     delete old job files, find orphans (kinetic_airflow.retention)
-kinetic-airflow reproduce JOB [--pdb]   run a stored job here (kinetic_airflow.reproduce)
-kinetic-airflow image [--kind tpu]      build and push the runner image (kinetic_airflow.cli_image)
-kinetic-airflow doctor [tpu-v6e-8]      check a cluster for a first job, say fixes (kinetic_airflow.doctor)
+kinetic-airflow jobs list|logs|result|cancel|show   find jobs and act on them (kinetic_airflow.cli.jobs)
+kinetic-airflow gc --older-than 30d     delete old job files, find orphans (kinetic_airflow.cli.gc)
+kinetic-airflow reproduce JOB [--pdb]   run a stored job here (kinetic_airflow.cli.reproduce)
+kinetic-airflow image [--kind tpu]      build and push the runner image (kinetic_airflow.cli.image)
+kinetic-airflow doctor [tpu-v6e-8]      check a cluster for a first job, say fixes (backends/gke/doctor)
 """
 
 from __future__ import annotations
@@ -24,6 +24,14 @@ from kinetic_airflow.accelerators import (
     accelerator_notes,
     parse_accelerator,
 )
+from kinetic_airflow.cli.doctor import add_doctor_command, run_doctor_command
+from kinetic_airflow.cli.gc import add_gc_command, run_gc
+from kinetic_airflow.cli.image import add_image_command, run_image
+from kinetic_airflow.cli.jobs import add_job_commands, run_jobs_command
+from kinetic_airflow.cli.reproduce import add_reproduce_command, run_reproduce
+from kinetic_airflow.cli.text import described
+from kinetic_airflow.job.layout import JobLayout
+from kinetic_airflow.job.storage import open_storage
 
 
 def _accelerators() -> None:
@@ -72,9 +80,6 @@ def _check(text: str) -> int:
 
 
 def _show(job_uri: str) -> int:
-    from kinetic_airflow.layout import JobLayout
-    from kinetic_airflow.storage import open_storage
-
     layout = JobLayout(job_uri.rstrip("/"))
     storage = open_storage(job_uri)
     for label, uri in (("manifest", layout.manifest), ("result", layout.result_summary())):
@@ -88,13 +93,7 @@ def _show(job_uri: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Every command and its help, plain text (``kinetic_airflow.cli_text``)."""
-    from kinetic_airflow.cli_image import add_image_command
-    from kinetic_airflow.cli_jobs import add_job_commands
-    from kinetic_airflow.cli_text import described
-    from kinetic_airflow.reproduce import add_reproduce_command
-    from kinetic_airflow.retention import add_gc_command
-
+    """Every command and its help, plain text (``kinetic_airflow.cli.text``)."""
     parser = argparse.ArgumentParser(prog="kinetic-airflow", **described(__doc__))
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("accelerators", help="list accelerator strings", description=_ACCELERATORS_HELP)
@@ -106,8 +105,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_gc_command(sub)
     add_reproduce_command(sub)
     add_image_command(sub)
-    from kinetic_airflow.cli_doctor import add_doctor_command
-
     add_doctor_command(sub)
     return parser
 
@@ -121,12 +118,6 @@ _SHOW_HELP = "Show a job's manifest, result summary and status markers, read fro
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kinetic_airflow.cli_doctor import run_doctor_command
-    from kinetic_airflow.cli_image import run_image
-    from kinetic_airflow.cli_jobs import run_jobs_command
-    from kinetic_airflow.reproduce import run_reproduce
-    from kinetic_airflow.retention import run_gc
-
     args = build_parser().parse_args(argv)
     if args.command == "doctor":
         return run_doctor_command(args)

@@ -27,6 +27,7 @@ def initialize_jax(**kwargs: Any) -> None:
     """``jax.distributed.initialize()`` for this job's hosts; nothing on a one-host job."""
     if host_count() <= 1:
         return
+    # Optional dependency: jax exists only inside the job's own environment.
     import jax
 
     jax.distributed.initialize(

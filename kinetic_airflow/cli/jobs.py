@@ -17,117 +17,35 @@ Output is a table, or ``-o json`` / ``--json`` / ``-o yaml`` as Airflow's own CL
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import os
-import sys
+import socket
 import time
-from collections.abc import Sequence
 from typing import Any
 
-from kinetic_airflow.jobstore import JobInfo, backend_states, list_job_ids, load_job
-from kinetic_airflow.storage import Storage, join_uri
+from kinetic_airflow import lifecycle
+from kinetic_airflow.backends.registry import backend_states, get_backend
+from kinetic_airflow.cli.common import (
+    CliError,
+    add_output_options,
+    add_storage_options,
+    age,
+    base_uri_of,
+    guarded,
+    print_rows,
+    resolve_job,
+    storage_of,
+)
+from kinetic_airflow.cli.logs import print_logs
+from kinetic_airflow.cli.reproduce import reproduce_commands
+from kinetic_airflow.cli.text import described
+from kinetic_airflow.job.layout import JobLayout
+from kinetic_airflow.job.storage import join_uri
+from kinetic_airflow.jobstore import JobInfo, list_job_ids, load_job, read_json_object
+from kinetic_airflow.results import load_envelope
 
 __all__ = ["add_job_commands", "add_storage_options", "print_rows", "resolve_job", "run_jobs_command"]
-
-
-class CliError(Exception):
-    """A problem the user fixes (printed without a traceback, exit code 2)."""
-
-
-# Options shared by jobs, gc and reproduce -----------------------------------------------------
-def add_storage_options(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("where jobs live (default: the [kinetic] configuration)")
-    group.add_argument(
-        "--base-uri", help="job storage, gs://bucket/prefix or file:///path ([kinetic] base_uri)"
-    )
-    group.add_argument("--backend", help="for the default base URI: local, gke, pathways ([kinetic] backend)")
-    group.add_argument("--project", help="for the default base URI gs://{project}-kn-{cluster}-jobs")
-    group.add_argument("--cluster", help="for the default base URI ([kinetic] cluster)")
-    group.add_argument("--gcp-conn-id", help="Airflow GCP connection for gs:// ([kinetic] gcp_conn_id)")
-
-
-def add_output_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "-o", "--output", choices=("table", "json", "yaml", "plain"), default="table", help="output format"
-    )
-    parser.add_argument("--json", dest="output", action="store_const", const="json", help="same as -o json")
-
-
-def base_uri_of(args: argparse.Namespace) -> str:
-    from kinetic_airflow.config import default_base_uri, resolve_setting
-
-    base = args.base_uri or resolve_setting("base_uri")
-    if base:
-        return str(base).rstrip("/")
-    backend = args.backend or resolve_setting("backend")
-    if backend == "auto":
-        backend = "gke"
-    try:
-        return default_base_uri(
-            backend, args.project or resolve_setting("project"), args.cluster or resolve_setting("cluster")
-        )
-    except ValueError as exc:
-        raise CliError(f"{exc}. Or pass --base-uri.") from None
-
-
-def storage_of(args: argparse.Namespace, uri: str) -> Storage:
-    from kinetic_airflow.config import resolve_setting
-    from kinetic_airflow.connections import storage_for
-
-    return storage_for(uri, args.gcp_conn_id or resolve_setting("gcp_conn_id"))
-
-
-def resolve_job(args: argparse.Namespace, job: str) -> tuple[Storage, str]:
-    """(storage, job URI) for a job id or URI; refuses one that has no files."""
-    if "://" in job:
-        job_uri = job.rstrip("/")
-    else:
-        job_uri = join_uri(base_uri_of(args), "jobs", job)
-    storage = storage_of(args, job_uri)
-    if not storage.list(job_uri):
-        where = job_uri.rsplit("/", 1)[0]
-        raise CliError(
-            f"no job {job_uri.rsplit('/', 1)[-1]} in {where}: check the id (`kinetic-airflow jobs list`), "
-            "or pass --base-uri (or the job's full URI) if it ran with another base URI"
-        )
-    return storage, job_uri
-
-
-# Output ---------------------------------------------------------------------------------------
-def age(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    seconds = max(0.0, seconds)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{int(seconds // size)}{unit}"
-    return f"{int(seconds)}s"
-
-
-def print_rows(rows: Sequence[dict[str, Any]], output: str, columns: Sequence[str] | None = None) -> None:
-    """A kubectl-style table (nothing truncated), or JSON / YAML / plain as Airflow's CLI does."""
-    if output == "json":
-        print(json.dumps(list(rows), indent=2, default=str))
-        return
-    if output == "yaml":
-        import yaml
-
-        print(yaml.safe_dump(json.loads(json.dumps(list(rows), default=str)), sort_keys=False), end="")
-        return
-    columns = list(columns or (rows[0].keys() if rows else []))
-    if output == "plain":
-        for row in rows:
-            print("\t".join(str(row.get(c, "")) for c in columns))
-        return
-    if not rows:
-        print("No jobs found.")
-        return
-    text = [[str(row.get(c, "")) for c in columns] for row in rows]
-    widths = [max(len(c), *(len(r[i]) for r in text)) for i, c in enumerate(columns)]
-    heads = [c.upper().replace("_", " ") for c in columns]
-    print("  ".join(h.ljust(w) for h, w in zip(heads, widths, strict=True)).rstrip())
-    for row in text:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
 
 
 def job_row(info: JobInfo, now: float) -> dict[str, Any]:
@@ -178,7 +96,12 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 # jobs show ------------------------------------------------------------------------------------
-def describe(info: JobInfo) -> dict[str, Any]:
+_USAGE_FIELDS = ("device", "chips", "spot", "queue_seconds", "run_seconds", "chip_hours", "outcome")
+
+
+def describe(info: JobInfo, usage: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What ``jobs show`` prints; ``usage`` is the job's ``usage.json`` (written when its outcome
+    reached Airflow), None before that."""
     ref = info.ref or {}
     identity = info.identity
     manifest = info.manifest or {}
@@ -197,8 +120,6 @@ def describe(info: JobInfo) -> dict[str, Any]:
         "output_dir": manifest.get("output_dir"),
     }
     if ref.get("backend") in ("gke", "pathways"):
-        from kinetic_airflow.backends import get_backend
-
         cluster = ref.get("cluster") or {}
         details.update(
             cluster=cluster.get("name") or cluster.get("kubernetes_conn_id"),
@@ -216,9 +137,9 @@ def describe(info: JobInfo) -> dict[str, Any]:
             for k in ("ok", "phase", "error_type", "error_message", "value_type", "value_repr", "timings")
             if summary.get(k) is not None
         }
+    if usage:
+        details["usage"] = {k: usage.get(k) for k in _USAGE_FIELDS if usage.get(k) is not None}
     details["markers"] = {name: _iso(m.get("time")) for name, m in sorted(info.markers.items())}
-    from kinetic_airflow.reproduce import reproduce_commands
-
     details["reproduce"] = reproduce_commands(info.job_uri, info.job_id, ref)
     return details
 
@@ -233,7 +154,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     storage, job_uri = resolve_job(args, args.job)
     info = load_job(storage, job_uri)
     backend_states([info])
-    details = describe(info)
+    details = describe(info, read_json_object(storage, JobLayout(job_uri).usage))
     if args.output in ("json", "yaml"):
         print_rows([details], args.output)
         return 0
@@ -254,8 +175,6 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 # jobs result ----------------------------------------------------------------------------------
 def cmd_result(args: argparse.Namespace) -> int:
-    from kinetic_airflow.layout import JobLayout
-
     storage, job_uri = resolve_job(args, args.job)
     info = load_job(storage, job_uri)
     if info.summary is None:
@@ -276,8 +195,6 @@ def cmd_result(args: argparse.Namespace) -> int:
             if summary.get("traceback"):
                 print("remote traceback:\n" + summary["traceback"].rstrip())
         return 0 if summary.get("ok") else 1
-    from kinetic_airflow.results import load_envelope
-
     try:
         envelope = load_envelope(storage, JobLayout(job_uri).result())
     except ModuleNotFoundError as exc:
@@ -305,8 +222,6 @@ def cmd_result(args: argparse.Namespace) -> int:
 def who_runs_this() -> str:
     """``user@host`` of this process, for the cancelled marker: whoever reads why a job stopped
     (its task's error, the Kinetic view) can tell which person, on which machine, stopped it."""
-    import getpass
-    import socket
 
     try:
         user = getpass.getuser()
@@ -316,9 +231,6 @@ def who_runs_this() -> str:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from kinetic_airflow import lifecycle
-    from kinetic_airflow.backends import get_backend
-
     storage, job_uri = resolve_job(args, args.job)
     info = load_job(storage, job_uri)
     if info.ref is None:
@@ -346,8 +258,6 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 # jobs logs ------------------------------------------------------------------------------------
 def cmd_logs(args: argparse.Namespace) -> int:
-    from kinetic_airflow.logs_cli import print_logs
-
     storage, job_uri = resolve_job(args, args.job)
     info = load_job(storage, job_uri)
     return print_logs(info, storage, follow=args.follow)
@@ -355,8 +265,6 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 # Wiring ---------------------------------------------------------------------------------------
 def add_job_commands(sub: Any) -> None:
-    from kinetic_airflow.cli_text import described
-
     jobs = sub.add_parser(
         "jobs", help="list jobs, read their logs and results, cancel them", **described(__doc__)
     )
@@ -401,60 +309,3 @@ def run_jobs_command(args: argparse.Namespace) -> int:
         "logs": cmd_logs,
     }[args.jobs_command]
     return guarded(handler, args)
-
-
-class _Stderr:
-    """Whatever ``sys.stderr`` is when a line is written, not when logging was set up: the
-    commands also run inside other programs (tests) that swap the stream and swap it back."""
-
-    def write(self, text: str) -> int:
-        return sys.stderr.write(text)
-
-    def flush(self) -> None:
-        sys.stderr.flush()
-
-    def isatty(self) -> bool:
-        return sys.stderr.isatty()
-
-
-def logs_to_stderr() -> None:
-    """Airflow's logging writes to stdout; a command's output (tables, JSON) must be all there is."""
-    import logging
-
-    import airflow.sdk  # noqa: F401  (configures logging: patch it after, not before)
-
-    for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
-        for handler in getattr(logger, "handlers", []):
-            if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stdout:
-                handler.setStream(_Stderr())  # type: ignore[arg-type]
-    try:
-        import structlog
-
-        factory = structlog.get_config().get("logger_factory")
-        if getattr(factory, "io", None) in (None, sys.stdout):
-            factory.io = _Stderr()
-    except Exception:  # another logging setup: nothing of ours to fix
-        pass
-
-
-def guarded(handler: Any, args: argparse.Namespace) -> int:
-    """User errors as one line (exit 2), never a raw library traceback."""
-    from kinetic_airflow.connections import KineticConfigError
-    from kinetic_airflow.pod_override import PodOverrideError
-    from kinetic_airflow.storage import StorageError
-
-    logs_to_stderr()
-    try:
-        return handler(args)
-    except (CliError, KineticConfigError, StorageError, PodOverrideError, ValueError) as exc:
-        print(f"kinetic-airflow: {exc}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:
-        return 0
-    except Exception as exc:  # storage or cluster unreachable, a permission, ...: say what, briefly
-        print(
-            f"kinetic-airflow {args.command}: {type(exc).__name__}: {exc}\n(check the connection ids, "
-            "the base URI and that the bucket / cluster is reachable from here)",
-            file=sys.stderr,
-        )
-        return 1

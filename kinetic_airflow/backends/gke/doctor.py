@@ -31,12 +31,28 @@ does (exit code 1).
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from kinetic_airflow.accelerators import InvalidAcceleratorError, parse_accelerator
+from kinetic_airflow.backends.gke.client import (
+    ApiError,
+    KubeApi,
+    _api_client,
+    endpoint_mode,
+    gke_access,
+    resolve_gke_cluster_info,
+)
+from kinetic_airflow.backends.gke.image_choice import runner_image
+from kinetic_airflow.backends.gke.images import check_image_python
+from kinetic_airflow.config import default_base_uri, resolve_setting
+from kinetic_airflow.connections import storage_for
+from kinetic_airflow.validation import check_backend_fits
 
 __all__ = [
     "REQUIRED_RULES",
@@ -189,9 +205,6 @@ def run_doctor(
     timeout: float = 10.0,
 ) -> DoctorReport:
     """Every check for a first job of ``accelerator``; arguments override ``[kinetic]`` as a task's do."""
-    from kinetic_airflow.backends.gke.client import gke_access
-    from kinetic_airflow.config import resolve_setting
-
     settings: dict[str, Any] = {
         "accelerator": accelerator,
         "backend": resolve_setting("backend", backend),
@@ -253,8 +266,6 @@ class _Doctor:
 
     # settings ----------------------------------------------------------------------------
     def settings(self) -> bool:
-        from kinetic_airflow.accelerators import InvalidAcceleratorError, parse_accelerator
-
         try:
             self.spec = parse_accelerator(self.s["accelerator"])
         except InvalidAcceleratorError as exc:
@@ -264,8 +275,6 @@ class _Doctor:
         configured = self.s["backend"]
         self.s["accelerator"] = self.spec.text
         if configured in ("gke", "pathways") and configured != wanted:
-            from kinetic_airflow.validation import check_backend_fits
-
             try:
                 check_backend_fits(configured, self.spec)
             except ValueError as exc:
@@ -294,13 +303,6 @@ class _Doctor:
 
     # cluster -----------------------------------------------------------------------------
     def reach(self) -> bool:
-        from kinetic_airflow.backends.gke.client import (
-            KubeApi,
-            _api_client,
-            endpoint_mode,
-            resolve_gke_cluster_info,
-        )
-
         s = self.s
         ref = {
             "kubernetes_conn_id": s["kubernetes_conn_id"],
@@ -449,8 +451,6 @@ class _Doctor:
         )
 
     def _review(self, namespace: str, group: str, resource: str, verb: str) -> bool | None:
-        from kinetic_airflow.backends.gke.client import ApiError
-
         plural, _, sub = resource.partition("/")
         attrs = {"namespace": namespace, "verb": verb, "group": group, "resource": plural}
         if sub:
@@ -470,8 +470,6 @@ class _Doctor:
 
     # namespace and service account -------------------------------------------------------
     def namespace(self) -> None:
-        from kinetic_airflow.backends.gke.client import ApiError
-
         ns = self.s["namespace"]
         try:
             self.api.request("GET", f"/api/v1/namespaces/{ns}", retry=False)
@@ -496,8 +494,6 @@ class _Doctor:
         self.add("namespace", OK, f"namespace {ns!r} exists")
 
     def service_account(self) -> None:
-        from kinetic_airflow.backends.gke.client import ApiError
-
         ns, name = self.s["namespace"], self.s["service_account"]
         create = f"kubectl create serviceaccount {name} -n {ns}"
         try:
@@ -591,8 +587,6 @@ class _Doctor:
 
     # storage -----------------------------------------------------------------------------
     def _base_uri(self) -> str | None:
-        from kinetic_airflow.config import default_base_uri
-
         if self.s.get("base_uri"):
             return str(self.s["base_uri"]).rstrip("/")
         try:
@@ -601,8 +595,6 @@ class _Doctor:
             return None
 
     def storage(self) -> None:
-        from kinetic_airflow.connections import storage_for
-
         base = self._base_uri()
         if base is None:
             self.add(
@@ -637,11 +629,6 @@ class _Doctor:
 
     # image -------------------------------------------------------------------------------
     def image(self) -> None:
-        import re
-
-        from kinetic_airflow.backends.gke.manifest import runner_image
-        from kinetic_airflow.operators import check_image_python
-
         image = runner_image(
             self.spec,
             self.s.get("container_image"),
@@ -671,8 +658,6 @@ class _Doctor:
 
     # LeaderWorkerSet ---------------------------------------------------------------------
     def leaderworkerset(self) -> None:
-        from kinetic_airflow.backends.gke.client import ApiError
-
         if self.s["backend"] != "pathways":
             self.add("leaderworkerset api", SKIP, f"not needed: {self.spec.text} runs on one host")
             return
@@ -709,8 +694,6 @@ class _Doctor:
 
     # nodes -------------------------------------------------------------------------------
     def nodes(self) -> None:
-        from kinetic_airflow.backends.gke.client import ApiError
-
         selectors = self.spec.node_selectors
         wanted = ", ".join(f"{k}={v}" for k, v in selectors.items()) or "no node label (any node)"
         query = {"labelSelector": ",".join(f"{k}={v}" for k, v in selectors.items())} if selectors else None

@@ -10,7 +10,13 @@ or re-raise the exception. Standard library + cloudpickle only (the runner).
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from typing import Any
+
+import cloudpickle
+
+from kinetic_airflow.job.storage import open_storage
 
 __all__ = [
     "FORMAT_VERSION",
@@ -79,12 +85,6 @@ class ResultRef:
 
     def load(self, storage: Any = None) -> Any:
         """Download the envelope and return the referenced value."""
-        import os
-        import tempfile
-
-        import cloudpickle
-
-        from kinetic_airflow.storage import open_storage
 
         storage = storage or open_storage(self.uri)
         fd, tmp = tempfile.mkstemp(prefix="kinetic-ref-")
@@ -138,7 +138,6 @@ def dump_envelope(envelope: dict[str, Any], fh: Any) -> None:
     Exceptions without their own ``__reduce__`` are rebuilt from ``args`` and
     ``__dict__`` instead, so type, message and attributes all survive.
     """
-    import cloudpickle
 
     class _Pickler(cloudpickle.Pickler):
         def reducer_override(self, obj: Any) -> Any:

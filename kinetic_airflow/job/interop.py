@@ -25,7 +25,10 @@ import datetime
 import io
 import json
 import re
+import sys
 from typing import Any
+
+import cloudpickle
 
 __all__ = [
     "HANDLE_NAME",
@@ -138,8 +141,6 @@ def write_kinetic_result(storage: Any, job_uri: str, host: int, envelope: dict[s
             return None
         if not storage.exists(f"{prefix}/{HANDLE_NAME}"):
             return None
-        import cloudpickle
-
         exception = envelope.get("exception")
         if not envelope.get("ok") and exception is None:
             what = f"{envelope.get('error_type')}: {envelope.get('error_message')}"
@@ -177,7 +178,5 @@ def write_kinetic_result(storage: Any, job_uri: str, host: int, envelope: dict[s
         storage.write_bytes(uri, buffer.getvalue(), if_absent=host != 0)
         return uri
     except Exception as exc:
-        import sys
-
         print(f"[kinetic] could not write kinetic's result copy: {exc}", file=sys.stderr, flush=True)
         return None

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -30,6 +31,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import tomllib
 
 __all__ = ["InstallError", "ensure_environment", "requirements_digest", "resolve_requirements"]
 
@@ -55,7 +58,6 @@ def _read_requirements_file(path: Path) -> list[str]:
 
 
 def _pyproject_dependencies(path: Path) -> list[str]:
-    import tomllib
 
     data = tomllib.loads(path.read_text())
     return [str(d) for d in (data.get("project") or {}).get("dependencies") or []]
@@ -104,7 +106,6 @@ def resolve_requirements(
 def _without_airflow(lines: list[str]) -> list[str]:
     """Discovered files describe the DAG project, which needs Airflow; the job never does (the
     runner has no Airflow), so Airflow and its providers are not installed into jobs."""
-    import re
 
     def name(line: str) -> str:
         return re.split(r"[\s\[<>=!~;@]", line, maxsplit=1)[0].lower().replace("_", "-")

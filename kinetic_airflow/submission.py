@@ -1,0 +1,298 @@
+"""Submitting a task's job: the settings it goes with, the checks before it, what it publishes
+and what it ships. The operator decides *when* (``lifecycle``); this module does each step, on
+values resolved once (``Target``) and the task's public, rendered fields.
+
+``preflight``: what ``execute`` checks and prepares after templates are rendered, before any
+job exists. Parse time checks what the DAG file states (``options``); some of it is only
+known when the task runs: a templated accelerator, the configured backend and base URI, the
+DAG file's folder for relative ``Data`` paths, the context values the function names.
+Everything there runs before the job record is written, so a mistake found there creates
+nothing.
+
+``publish_job``: the job's record in job storage (``job.json``: the jobs CLI and gc find
+any job from storage alone) and keras-kinetic's handle, before the job is created.
+
+``ship_payload``: the payload, the DAG folder's code and ``Data`` inputs, then the manifest
+(last: its presence tells the runner the payload is complete).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kinetic_airflow.accelerators import parse_accelerator
+from kinetic_airflow.config import KineticSettingError, default_base_uri, resolve_setting
+from kinetic_airflow.connections import storage_for
+from kinetic_airflow.context_args import context_kwargs
+from kinetic_airflow.envcapture import capture_env
+from kinetic_airflow.job.codebundle import code_roots, ship_code_bundle
+from kinetic_airflow.job.envelope import ResultRef, is_result_ref, replace_refs
+from kinetic_airflow.job.inputs import Data, data_in
+from kinetic_airflow.job.interop import write_handle
+from kinetic_airflow.job.layout import JobIdentity, JobLayout, output_dir_uri
+from kinetic_airflow.job.payload import manifest_json, register_dag_modules_by_value, write_payload
+from kinetic_airflow.job.storage import Storage
+from kinetic_airflow.job.tracebacks import user_names
+from kinetic_airflow.options import check_rendered_options, validate_backend
+from kinetic_airflow.validation import callable_name, check_backend_fits, check_base_uri, check_local_volumes
+
+__all__ = [
+    "RenderedTask",
+    "Target",
+    "check_settings",
+    "machine_has",
+    "preflight",
+    "publish_job",
+    "resolve_backend",
+    "resolve_base_uri",
+    "resolve_gcp_conn_id",
+    "ship_payload",
+    "stage_args",
+]
+
+log = logging.getLogger(__name__)
+
+
+class RenderedTask(Protocol):
+    """What submission reads of a task: ``KineticRunOperator``'s public fields, rendered."""
+
+    python_callable: Callable[..., Any]
+    op_args: Sequence[Any]
+    op_kwargs: Mapping[str, Any]
+    volumes: Mapping[str, Data]
+    accelerator: str
+    spot: bool
+    backend: str | None
+    base_uri: str | None
+    project: str | None
+    cluster: str | None
+    gcp_conn_id: str | None
+
+
+# Settings ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Target:
+    """Where a task's job goes, resolved once per ``execute`` (task argument > ``[kinetic]`` >
+    ``KINETIC_*`` > default): the backend, the job storage and the GCP connection for it."""
+
+    backend: str
+    base_uri: str
+    gcp_conn_id: str | None
+
+
+def resolve_backend(backend: str | None, accelerator: str, spot: bool | None) -> str:
+    """The backend a job runs on; ``auto`` picks Pathways for a multi-host TPU, else GKE."""
+    name = resolve_setting("backend", backend)
+    validate_backend(name)
+    if name == "auto":
+        spec = parse_accelerator(accelerator, spot=spot or None)
+        name = "pathways" if spec.kind == "tpu" and spec.multi_host else "gke"
+    return name
+
+
+def resolve_base_uri(base_uri: str | None, backend: str, project: str | None, cluster: str | None) -> str:
+    base = resolve_setting("base_uri", base_uri)
+    if base:
+        return base.rstrip("/")
+    return default_base_uri(backend, resolve_setting("project", project), resolve_setting("cluster", cluster))
+
+
+def resolve_gcp_conn_id(gcp_conn_id: str | None) -> str | None:
+    return gcp_conn_id or resolve_setting("gcp_conn_id")
+
+
+# Before any job exists --------------------------------------------------------------------------
+def preflight(op: RenderedTask, context: Any) -> Target:
+    """Check the rendered task and resolve where its job goes; adds the context arguments the
+    function names to ``op.op_kwargs`` and anchors relative ``Data`` paths at the DAG file."""
+    check_rendered_options(op)  # templated options, as rendered: the same table as at parse time
+    backend = resolve_backend(op.backend, op.accelerator, op.spot)
+    check_settings(op, backend)
+    spec = parse_accelerator(op.accelerator, spot=op.spot or None)  # rendered by now
+    check_backend_fits(backend, spec)
+    target = Target(
+        backend,
+        resolve_base_uri(op.base_uri, backend, op.project, op.cluster),
+        resolve_gcp_conn_id(op.gcp_conn_id),
+    )
+    base_uri = target.base_uri
+    check_base_uri(base_uri, where="the task's base_uri / [kinetic] base_uri")
+    if backend == "local":
+        check_local_volumes(op.volumes)
+        _warn_without_accelerator(spec)
+    dag = context.get("dag")
+    dag_file = getattr(dag, "fileloc", None) if dag is not None else None
+    if dag_file:
+        _anchor_relative_data(op, os.path.dirname(os.path.abspath(dag_file)))
+    if base_uri.startswith("gs://"):
+        storage_for(base_uri, target.gcp_conn_id)  # credentials are checked here, with how to fix them
+    extra = context_kwargs(op.python_callable, op.op_args, op.op_kwargs, context)
+    if extra:
+        op.op_kwargs = {**extra, **dict(op.op_kwargs)}
+    return target
+
+
+# The settings execute and the wait read, each resolved once here (task argument > [kinetic] >
+# KINETIC_* > default) so a configured value that does not parse fails the task before any
+# job exists, naming the variable, instead of after the job was submitted.
+_RUN_SETTINGS = (
+    "poll_interval",
+    "heartbeat_seconds",
+    "log_max_lines",
+    "xcom_max_bytes",
+    "wait_before_defer",
+    "min_deferral_seconds",
+    "preemption_retries",
+    "kinetic_interop",
+)
+_CLUSTER_SETTINGS = ("namespace", "startup_timeout", "heartbeat_timeout", "requirements_cache")
+
+
+def check_settings(op: RenderedTask, backend: str) -> None:
+    """Resolve (and so check) every setting the job will use; cross-check the heartbeat pair."""
+    names = _RUN_SETTINGS + (_CLUSTER_SETTINGS if backend != "local" else ())
+    values = {name: resolve_setting(name, getattr(op, name, None)) for name in names}
+    if backend != "local" and values["heartbeat_seconds"] >= values["heartbeat_timeout"]:
+        raise KineticSettingError(
+            f"heartbeat_seconds={values['heartbeat_seconds']:g} is not less than [kinetic] heartbeat_timeout="
+            f"{values['heartbeat_timeout']:g}: every running job would look lost between two heartbeats. "
+            "Lower heartbeat_seconds or raise heartbeat_timeout (AIRFLOW__KINETIC__HEARTBEAT_TIMEOUT)."
+        )
+
+
+def machine_has(kind: str) -> bool:
+    """Whether this machine has a GPU / TPU a local job could use."""
+    if kind == "gpu":
+        return shutil.which("nvidia-smi") is not None or os.path.exists("/dev/nvidia0")
+    if kind == "tpu":
+        return any(os.path.exists(p) for p in ("/dev/accel0", "/dev/vfio/0")) or bool(
+            os.environ.get("TPU_ACCELERATOR_TYPE")
+        )
+    return True
+
+
+def _warn_without_accelerator(spec: Any) -> None:
+    if spec.kind == "cpu" or machine_has(spec.kind):
+        return
+    log.warning(
+        "accelerator=%r asks for %s, but this task runs on the local backend and this machine has no "
+        "%s: the function runs on this machine's CPU. Set backend='gke' / 'auto' (or "
+        "AIRFLOW__KINETIC__BACKEND) to run on the accelerator, or accelerator='cpu' to silence this.",
+        spec.text,
+        spec.kind.upper(),
+        spec.kind.upper(),
+    )
+
+
+def _anchor_relative_data(op: RenderedTask, folder: str) -> None:
+    """``Data("./dataset")`` means the dataset beside the DAG file, not in the worker's cwd."""
+    for data in data_in(op.op_args, op.op_kwargs, op.volumes):
+        if data.is_remote or "://" in data.source:
+            continue
+        source = os.path.expanduser(data.source)
+        if not os.path.isabs(source):
+            data.source = os.path.normpath(os.path.join(folder, source))
+
+
+# Publishing -------------------------------------------------------------------------------------
+def publish_job(storage: Storage, ref: dict[str, Any], func_name: str) -> None:
+    """Worker, before the job is created: its record in job storage, and kinetic's handle.
+
+    Neither may fail the task: a job without them runs the same, it is only harder to find.
+    """
+    created = float(ref.get("submitted_at") or time.time())
+    record = {"version": 1, "job": ref, "callable": func_name, "created": created}
+    try:
+        storage.write_text(JobLayout(ref["job_uri"]).record, json.dumps(record, sort_keys=True, default=str))
+    except Exception as exc:
+        log.warning("could not write the job record of %s: %s", ref["job_id"], exc)
+    interop = resolve_setting("kinetic_interop")
+    if interop is False or str(interop).lower() in ("0", "false", "no", "off"):
+        return
+    try:
+        uri = write_handle(storage, ref, func_name, created)
+        if uri:
+            log.info("kinetic's own tools see this job: handle at %s", uri)
+    except Exception as exc:
+        log.warning(
+            "could not write kinetic's handle of %s (kinetic's CLI will skip it): %s", ref["job_id"], exc
+        )
+
+
+# Shipping ---------------------------------------------------------------------------------------
+def stage_args(
+    op_args: Sequence[Any], op_kwargs: Mapping[str, Any], storage: Storage, base_uri: str
+) -> tuple[list[Any], dict[str, Any]]:
+    """Stage ``Data`` arguments and turn upstream result references into loadable refs."""
+
+    def convert(value: Any) -> Any:
+        value = replace_refs(value, lambda r: ResultRef.from_xcom(r) if is_result_ref(r) else r)
+        return value.stage(storage, base_uri) if isinstance(value, Data) else value
+
+    return [convert(a) for a in op_args], {k: convert(v) for k, v in op_kwargs.items()}
+
+
+def ship_payload(
+    storage: Storage,
+    ref: dict[str, Any],
+    identity: JobIdentity,
+    *,
+    python_callable: Any,
+    op_args: Sequence[Any],
+    op_kwargs: Mapping[str, Any],
+    volumes: Mapping[str, Data],
+    capture_env_vars: Any,
+    output_dir: str | None,
+    heartbeat_seconds: Any,
+    dag_file: str | None,
+    dags_folder: str | None,
+    task_id: str,
+) -> tuple[int, str]:
+    """Upload a created job's payload, code and data, then its manifest; returns the payload's
+    size and the job's ``KINETIC_OUTPUT_DIR``."""
+    layout = JobLayout(ref["job_uri"])
+    roots = [dags_folder]
+    if dag_file:
+        roots.append(os.path.dirname(dag_file))
+    code = ship_code_bundle(storage, ref["base_uri"], *code_roots(dags_folder, dag_file))
+    by_value = register_dag_modules_by_value(python_callable, roots)
+    if by_value:
+        log.info("pickling DAG-folder modules by value: %s", ", ".join(map(user_names, by_value)))
+    args, kwargs = stage_args(op_args, op_kwargs, storage, ref["base_uri"])
+    staged = {m: d.stage(storage, ref["base_uri"]) for m, d in volumes.items()}
+    fields = write_payload(
+        storage,
+        layout.payload,
+        python_callable,
+        args,
+        kwargs,
+        env=capture_env(capture_env_vars),
+        volumes=staged,
+        task_label=f"task {task_id!r}",
+    )
+    output_dir = output_dir or output_dir_uri(ref["base_uri"], identity)
+    manifest = {
+        **fields,
+        "job_id": ref["job_id"],
+        "attempt": identity.attempt,
+        "identity": identity.to_dict(),
+        "output_dir": output_dir,
+        "heartbeat_seconds": heartbeat_seconds,
+        "callable": callable_name(python_callable),
+        "created": time.time(),
+        "backend": ref["backend"],
+        "image": ref.get("image"),
+        "code": code,
+        "requirements": ref.get("requirements") or [],
+    }
+    # The manifest goes last: its presence tells the runner the payload is complete.
+    storage.write_text(layout.manifest, manifest_json(manifest))
+    storage.write_text(layout.status("dispatched"), json.dumps({"time": time.time()}))
+    return fields["payload_bytes"], output_dir
