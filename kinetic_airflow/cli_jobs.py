@@ -276,10 +276,23 @@ def cmd_result(args: argparse.Namespace) -> int:
             if summary.get("traceback"):
                 print("remote traceback:\n" + summary["traceback"].rstrip())
         return 0 if summary.get("ok") else 1
-    from kinetic_airflow.results import load_envelope
+    from kinetic_airflow.integrity import IntegrityError
+    from kinetic_airflow.job_keys import NO_KEY_HELP, recorded_integrity
+    from kinetic_airflow.results import load_verified_envelope
 
+    # Verified before anything is unpickled: with the job's key, from its record in the metadata DB.
+    integrity, why = recorded_integrity(info.identity, info.job_id)
+    if not integrity:
+        raise CliError(
+            f"cannot check the result of {info.job_id} before unpickling it: {why}. {NO_KEY_HELP}. "
+            "`jobs result` without --load shows its summary (nothing is unpickled)."
+        )
     try:
-        envelope = load_envelope(storage, JobLayout(job_uri).result())
+        envelope, _ = load_verified_envelope(
+            storage, JobLayout(job_uri).result(), summary, integrity["key"], 0
+        )
+    except IntegrityError as exc:
+        raise CliError(str(exc)) from None
     except ModuleNotFoundError as exc:
         raise CliError(
             f"the result of {info.job_id} needs module {exc.name!r} to be loaded here: install it, or use "

@@ -209,3 +209,63 @@ def test_an_untampered_multi_host_failure_is_the_functions_own_error(pathways, m
     log = _log(capfd)
     assert ti_states(dr) == {"fails": "failed"}
     assert "ValueError: host 1 fails on purpose" in log, log[-3000:]
+
+
+def test_the_key_stays_in_the_job_record_and_its_secret(request, monkeypatch, tmp_path, capfd):
+    """gke: the key is in the metadata DB's job record and a Secret owned by the Job, and nowhere
+    a bucket writer, a log reader or a viewer of the UI, XCom or the Job's spec could read it."""
+    import base64
+    import os
+
+    import kubernetes
+    from airflow.models.task_state_store import TaskStateStoreModel
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    from kinetic_airflow.layout import STATE_KEY
+    from kinetic_airflow.lifecycle import decode_record
+    from kinetic_airflow.ui.data import job_details
+
+    _use("gke", request, monkeypatch, tmp_path)
+    emulator = request.getfixturevalue("cluster")[0]
+    dr = _dag("single", "gke").test()
+    log = _log(capfd)
+    assert ti_states(dr) == {"compute": "success"}
+    with create_session() as session:
+        stored = session.scalar(
+            select(TaskStateStoreModel.value).where(
+                TaskStateStoreModel.run_id == dr.run_id, TaskStateStoreModel.key == STATE_KEY
+            )
+        )
+        record = decode_record(stored)
+        key = record["integrity"]["key"]
+        assert len(key) == 64 and record["integrity"]["payload_sha256"]
+        assert key not in json.dumps(record["job"])  # the reference trigger kwargs carry
+        xcoms = session.scalars(select(XComModel.value).where(XComModel.run_id == dr.run_id)).all()
+        assert xcoms and not any(key in str(v) for v in xcoms)
+        view = job_details(session, dr.dag_id, dr.run_id, "compute", -1)
+        assert view is not None and key not in json.dumps(view, default=str)
+    assert key not in log
+    for root, _, files in os.walk(tmp_path / "kinetic"):
+        for name in files:
+            assert key.encode() not in open(os.path.join(root, name), "rb").read(), name
+    client = emulator.api_client()
+    job_name = f"kinetic-{record['job']['job_id']}"
+    job = client.sanitize_for_serialization(
+        kubernetes.client.BatchV1Api(client).read_namespaced_job(job_name, "default")
+    )
+    assert key not in json.dumps(job)
+    env = {e["name"]: e for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["KINETIC_JOB_KEY"]["valueFrom"]["secretKeyRef"] == {"name": f"{job_name}-key", "key": "key"}
+    core = kubernetes.client.CoreV1Api(client)
+    secret = core.read_namespaced_secret(f"{job_name}-key", "default")
+    assert base64.b64decode(secret.data["key"]).decode() == key
+    assert [(o.kind, o.name, o.uid) for o in secret.metadata.owner_references] == [
+        ("Job", job_name, job["metadata"]["uid"])
+    ]
+    # deleted with its Job (the garbage collector follows the ownerReference)
+    kubernetes.client.BatchV1Api(client).delete_namespaced_job(
+        job_name, "default", propagation_policy="Background"
+    )
+    assert f"{job_name}-key" not in [s.metadata.name for s in core.list_namespaced_secret("default").items]
