@@ -610,11 +610,13 @@ def test_a_bucket_writer_cannot_run_code_in_the_worker_or_a_downstream_task(stac
         ("overwrite_the_stored_result", -1): "success",
         ("load_it", -1): "failed",
     }
+    # task logs are JSON lines: the task's error is its error_detail's exc_type and exc_value
     worker_log = _task_log_text(stack, "kn_integrity", run_id, "tampered_before_the_worker_loads_it")
-    assert "IntegrityError: the result envelope file://" in worker_log, worker_log[-3000:]
-    assert "is not vouched for by its job" in worker_log
+    assert '"exc_type":"IntegrityError","exc_value":"the result envelope file://' in worker_log, worker_log[
+        -3000:
+    ]
+    assert "/result.pkl is not vouched for by its job" in worker_log
     load_log = _task_log_text(stack, "kn_integrity", run_id, "load_it")
-    assert "but its XCom reference (the digest the worker verified with the job key) expects" in load_log, (
-        load_log[-3000:]
-    )
+    assert '"exc_type":"IntegrityError"' in load_log, load_log[-3000:]
+    assert "but its XCom reference (the digest the worker verified with the job key) expects" in load_log
     assert not stack.integrity_marker.exists(), "a tampered pickle ran code"
