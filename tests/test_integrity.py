@@ -269,3 +269,35 @@ def test_the_key_stays_in_the_job_record_and_its_secret(request, monkeypatch, tm
         job_name, "default", propagation_policy="Background"
     )
     assert f"{job_name}-key" not in [s.metadata.name for s in core.list_namespaced_secret("default").items]
+
+
+def test_a_runner_without_its_key_loads_nothing(tmp_path, marker, evil):
+    """A job started by hand (or by a bucket writer's own pod) gets no key: the runner refuses
+    the manifest before reading the payload, naming the variable."""
+    import os
+    import subprocess
+    import sys
+
+    from jobkit import make_job
+
+    layout = make_job(f"file://{tmp_path}/kinetic", len, ("abc",), job_id="no-key")
+    storage = open_storage(layout.job_uri)
+    storage.write_bytes(layout.payload, evil)
+    manifest = json.loads(storage.read_text_or_none(layout.manifest))
+    manifest.update(sha256=hashlib.sha256(evil).hexdigest())
+    storage.write_text(layout.manifest, json.dumps(manifest))
+    env = {k: v for k, v in os.environ.items() if k != "KINETIC_JOB_KEY"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "kinetic_airflow.runner", "--job-uri", layout.job_uri],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert proc.returncode == 1
+    summary = json.loads(storage.read_text_or_none(layout.result_summary()))
+    assert (
+        summary["phase"] == "verify"
+        and "this job was given no key (KINETIC_JOB_KEY is not set)" in (summary["error_message"])
+    )
+    assert not marker.exists(), "the payload was unpickled without a key"
