@@ -800,7 +800,7 @@ class KineticRunOperator(BaseOperator):
         ]
         context["ti"].xcom_push(key=USAGE_XCOM_KEY, value=totals(attempts or [usage]))
 
-    def _outcome(self, ref: JobRef, event: dict[str, Any], key: str | None) -> Any:
+    def _outcome(self, ref: JobRef, event: dict[str, Any], key: str | None = None) -> Any:
         """The job's value as XCom, or the exception that says why there is none."""
         if event.get("status") != "success":
             self._raise_failure(ref, event, key)
@@ -819,7 +819,7 @@ class KineticRunOperator(BaseOperator):
             sha256=sha256,
         )
 
-    def _raise_failure(self, ref: JobRef, event: dict[str, Any], key: str | None) -> NoReturn:
+    def _raise_failure(self, ref: JobRef, event: dict[str, Any], key: str | None = None) -> NoReturn:
         """The exception that says why a job has no value."""
         status = event.get("status")
         storage = self._storage(ref["job_uri"])
