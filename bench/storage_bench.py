@@ -8,7 +8,9 @@ in a fresh subprocess so its peak RSS (ru_maxrss) belongs to that step alone.
 Prints per-step seconds and MiB/s, the throughput ratio kinetic/raw (target
 >= 0.9) and peak memory over the object size (target <= 1.5; the array itself
 counts as 1). Both sides do the same work: pickle, digest (sha256, which kinetic's runner
-verifies), upload; download, unpickle.
+verifies), upload; download, unpickle. kinetic's download also verifies the envelope before
+unpickling it (sha256 of the downloaded file and the HMAC in result.json under the job key,
+kinetic_airflow.integrity), which the raw side does not: that is the cost of verification.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ def _peak_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+BENCH_KEY = "00" * 32  # a job's key (the worker reads it from the job record)
+
+
 def _identity(x):
     return x
 
@@ -52,10 +57,11 @@ def step(mode: str, bucket: str, mib: int) -> dict:
     from google.cloud import storage as gcs
 
     from kinetic_airflow.job.envelope import dump_envelope
+    from kinetic_airflow.job.integrity import HashingFile, result_tag
     from kinetic_airflow.job.layout import JobLayout
     from kinetic_airflow.job.payload import write_payload
     from kinetic_airflow.job.storage import GCSStorage
-    from kinetic_airflow.results import load_envelope
+    from kinetic_airflow.results import load_verified_envelope
 
     client = gcs.Client(project="bench", credentials=AnonymousCredentials())
     base_rss = _rss_bytes()
@@ -69,8 +75,10 @@ def step(mode: str, bucket: str, mib: int) -> dict:
     start = time.perf_counter()
     if mode == "kinetic-upload":
         write_payload(GCSStorage(client), layout.payload, _identity, [arr], {})
-    elif mode == "kinetic-download":
-        value = load_envelope(GCSStorage(client), layout.result())["value"]
+    elif mode == "kinetic-download":  # as the worker: read result.json, verify, then unpickle
+        storage = GCSStorage(client)
+        summary = json.loads(storage.read_text_or_none(layout.result_summary()))
+        value = load_verified_envelope(storage, layout.result(), summary, BENCH_KEY, 0)[0]["value"]
         assert value.nbytes == size
     elif mode == "raw-upload":  # the same work: pickle the same payload, digest it, upload it
         data = cloudpickle.dumps({"fn": _identity, "args": [arr], "kwargs": {}, "env": {}, "volumes": None})
@@ -84,9 +92,15 @@ def step(mode: str, bucket: str, mib: int) -> dict:
 
         arr = np.random.default_rng(1).random(size // 8)
         with tempfile.NamedTemporaryFile() as fh:
-            dump_envelope({"ok": True, "value": arr}, fh)
+            sink = HashingFile(fh)  # as the runner writes it: digested while pickled
+            dump_envelope({"ok": True, "value": arr}, sink)
             fh.flush()
             GCSStorage(client).upload_file(fh.name, layout.result())
+        sha = sink.hexdigest()
+        integrity = {"sha256": sha, "host": 0, "hmac": result_tag(BENCH_KEY, 0, sha)}
+        GCSStorage(client).write_text(
+            layout.result_summary(), json.dumps({"ok": True, "integrity": integrity})
+        )
         client.bucket(bucket).blob("raw/result.pkl").upload_from_string(
             cloudpickle.dumps({"ok": True, "value": arr})
         )

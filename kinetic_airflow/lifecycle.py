@@ -74,6 +74,7 @@ __all__ = [
     "decide",
     "decode_record",
     "job_history",
+    "job_integrity",
     "load_record",
     "recorded_jobs",
     "save_record",
@@ -200,7 +201,13 @@ def save_record(
         "updated": time.time(),
         **extra,
     }
+    # ``integrity`` (kinetic_airflow.integrity): the job's key and payload digest. It lives in the
+    # record only (the metadata DB), never in ``job`` (the reference trigger kwargs carry).
     earlier = previous if previous is not None else load_record(store)
+    if "integrity" not in record:  # the job's key (and payload digest) stay with its record
+        carried = (earlier or {}).get("integrity")
+        if isinstance(carried, dict) and carried.get("job_id") == job["job_id"]:
+            record["integrity"] = carried
     record["jobs"] = job_history(earlier, job, phase, extra)
     if store is None:
         return record
@@ -210,6 +217,14 @@ def save_record(
         raise RuntimeError(f"kinetic job record: {was} -> {phase.value} is not a lifecycle transition")
     store.set(STATE_KEY, record)
     return record
+
+
+def job_integrity(record: dict[str, Any] | None, job: dict[str, Any]) -> dict[str, Any]:
+    """``{"job_id", "key", "payload_sha256"}`` of ``job`` from its record; {} when the record has none."""
+    found = (record or {}).get("integrity")
+    if isinstance(found, dict) and found.get("job_id") == job.get("job_id"):
+        return found
+    return {}
 
 
 def job_history(

@@ -45,6 +45,7 @@ from kinetic_airflow.config import KineticSettingError, local_state_root, resolv
 from kinetic_airflow.connections import storage_for
 from kinetic_airflow.context_args import check_context_parameters
 from kinetic_airflow.job.inputs import Data, data_in
+from kinetic_airflow.job.integrity import IntegrityError, new_key
 from kinetic_airflow.job.layout import JobIdentity, JobLayout
 from kinetic_airflow.job.requirements import resolve_requirements
 from kinetic_airflow.job.storage import Storage, uri_to_local_path
@@ -58,7 +59,7 @@ from kinetic_airflow.links import (
 from kinetic_airflow.options import is_deferred, validate_options
 from kinetic_airflow.results import (
     KineticJobError,
-    load_envelope,
+    load_verified_envelope,
     log_remote_traceback,
     raise_remote,
     to_xcom,
@@ -508,13 +509,17 @@ class KineticRunOperator(BaseOperator):
         ref.setdefault("submitted_at", time.time())
         if self._gcp_conn_id():
             ref["gcp_conn_id"] = self._gcp_conn_id()
+        # The job's key (kinetic_airflow.integrity): made here, kept in the record (metadata DB) and
+        # handed to the job out of band; a resumed submit of the same job keeps the key it recorded.
+        integrity = lifecycle.job_integrity(previous, ref) or {"job_id": ref["job_id"], "key": new_key()}
+        self._integrity = integrity
         guard.step = "recording the job"
-        record = self._record(context, Phase.RECORDED, ref, deadline, previous)
+        record = self._record(context, Phase.RECORDED, ref, deadline, previous, integrity=integrity)
         # job.json (the jobs CLI, retention) and, in a kinetic bucket, kinetic's handle.json
         guard.step = "publishing the job's description"
         publish_job(self._storage(ref["job_uri"]), ref, callable_name(self.python_callable))
         guard.step = "creating the job"
-        get_backend(ref["backend"]).submit(ref)
+        get_backend(ref["backend"]).submit(ref, job_key=integrity["key"])
         guard.step = "recording the job as created"
         record = self._record(context, Phase.CREATED, ref, deadline, record)
         return self._ship(context, ref, deadline, record, guard)
@@ -529,10 +534,18 @@ class KineticRunOperator(BaseOperator):
     ) -> dict[str, Any]:
         """Upload the payload of a created job (an error stops the job: ``guard``)."""
         identity = JobIdentity.from_dict(ref["identity"])
+        integrity = self._integrity_of(previous, ref)
+        if not integrity.get("key"):
+            raise KineticJobError(
+                f"job {ref['job_id']} was created without a job key (by a kinetic-airflow that did not "
+                "verify payloads), so its runner would refuse any payload: clear the task to run a new job"
+            )
         guard.step = "shipping the payload"
-        payload_bytes, output_dir = self._ship_payload(context, ref, identity)
+        payload_bytes, output_dir, sha256 = self._ship_payload(context, ref, identity, integrity["key"])
         guard.step = "recording the job as shipped"
-        record = self._record(context, Phase.SHIPPED, ref, deadline, previous)
+        integrity = {**integrity, "payload_sha256": sha256}
+        self._integrity = integrity
+        record = self._record(context, Phase.SHIPPED, ref, deadline, previous, integrity=integrity)
         log.info(
             "submitted kinetic job %s (%s, %s, %d-byte payload); files at %s; KINETIC_OUTPUT_DIR=%s",
             ref["job_id"],
@@ -544,7 +557,16 @@ class KineticRunOperator(BaseOperator):
         )
         return record
 
-    def _ship_payload(self, context: Context, ref: JobRef, identity: JobIdentity) -> tuple[int, str]:
+    def _integrity_of(self, record: dict[str, Any] | None, ref: JobRef) -> dict[str, Any]:
+        """The job's key and payload digest: from its record, or (no state store) this instance's memory."""
+        found = lifecycle.job_integrity(record, ref)
+        if not found:
+            found = lifecycle.job_integrity({"integrity": getattr(self, "_integrity", None)}, ref)
+        return found
+
+    def _ship_payload(
+        self, context: Context, ref: JobRef, identity: JobIdentity, key: str
+    ) -> tuple[int, str, str]:
         dag = context.get("dag")
         return ship_payload(
             self._storage(ref["job_uri"]),
@@ -560,6 +582,7 @@ class KineticRunOperator(BaseOperator):
             dag_file=getattr(dag, "fileloc", None) if dag is not None else None,
             dags_folder=_airflow_dags_folder(),
             task_id=self.task_id,
+            key=key,
         )
 
     def _watcher(self, ref: JobRef, deadline: float | None, settings: WaitSettings) -> JobWatcher:
@@ -662,6 +685,7 @@ class KineticRunOperator(BaseOperator):
         if record is not None and record["job"].get("job_id") == event["job"].get("job_id"):
             event["job"] = record["job"]  # the full reference: an event names its job briefly
         ref: JobRef = event["job"]
+        key = self._integrity_of(record, ref).get("key")
         status = event.get("status")
         if status == "preempted":
             return self._resubmit_after_preemption(context, event, record)
@@ -669,9 +693,9 @@ class KineticRunOperator(BaseOperator):
             # Recorded (and its usage line logged) first: the job's traceback, which
             # _raise_failure logs, is then the last thing above the task's error.
             self._delivered(context, ref, "timeout" if status == "timeout" else "failed", record)
-            self._raise_failure(ref, event)
+            self._raise_failure(ref, event, key)
         try:
-            value = self._outcome(ref, event)
+            value = self._outcome(ref, event, key)
         except BaseException:
             self._delivered(context, ref, "failed", record)
             raise
@@ -732,14 +756,15 @@ class KineticRunOperator(BaseOperator):
         ]
         context["ti"].xcom_push(key=USAGE_XCOM_KEY, value=totals(attempts or [usage]))
 
-    def _outcome(self, ref: JobRef, event: dict[str, Any]) -> Any:
+    def _outcome(self, ref: JobRef, event: dict[str, Any], key: str | None = None) -> Any:
         """The job's value as XCom, or the exception that says why there is none."""
         if event.get("status") != "success":
-            self._raise_failure(ref, event)
+            self._raise_failure(ref, event, key)
         storage = self._storage(ref["job_uri"])
         result_uri = JobLayout(ref["job_uri"]).result()
         identity = JobIdentity.from_dict(ref["identity"])
-        envelope = load_envelope(storage, result_uri)
+        summary = self._summary(storage, ref, 0, {"summary": {}, "message": ""})
+        envelope, sha256 = load_verified_envelope(storage, result_uri, summary, key, 0)
         # its timings are in the job's own "finished in" line, streamed above
         log.info("kinetic job %s succeeded on attempt %d", ref["job_id"], identity.attempt)
         return to_xcom(
@@ -747,9 +772,10 @@ class KineticRunOperator(BaseOperator):
             result_uri,
             multiple_outputs=bool(self.multiple_outputs),
             max_bytes=int(resolve_setting("xcom_max_bytes")),
+            sha256=sha256,
         )
 
-    def _raise_failure(self, ref: JobRef, event: dict[str, Any]) -> NoReturn:
+    def _raise_failure(self, ref: JobRef, event: dict[str, Any], key: str | None = None) -> NoReturn:
         """The exception that says why a job has no value."""
         status = event.get("status")
         storage = self._storage(ref["job_uri"])
@@ -767,7 +793,11 @@ class KineticRunOperator(BaseOperator):
             summary = self._summary(storage, ref, int(event.get("host") or 0), event)
             self._log_other_hosts(storage, ref, event)
             try:
-                envelope = load_envelope(storage, result_uri)
+                envelope, _ = load_verified_envelope(
+                    storage, result_uri, summary, key, int(event.get("host") or 0)
+                )
+            except IntegrityError:
+                raise  # a forged failure record is refused, not reported as the job's error
             except Exception as exc:  # user classes missing on the worker: keep the text
                 log.warning("could not load the remote exception object: %s", exc)
                 envelope = None

@@ -12,13 +12,15 @@ import cloudpickle
 
 from kinetic_airflow import __version__
 from kinetic_airflow.job.envelope import FORMAT_VERSION, ResultRef
+from kinetic_airflow.job.integrity import check_digest, check_result, file_sha256
 from kinetic_airflow.job.storage import Storage
 from kinetic_airflow.job.tracebacks import clean_remote_traceback, type_name, user_summary
 
 __all__ = [
     "KineticJobError",
     "KineticRemoteError",
-    "load_envelope",
+    "load_checked_envelope",
+    "load_verified_envelope",
     "log_remote_traceback",
     "raise_remote",
     "to_xcom",
@@ -40,12 +42,35 @@ class KineticRemoteError(RuntimeError):
         self.remote_traceback = remote_traceback
 
 
-def load_envelope(storage: Storage, uri: str) -> dict[str, Any]:
-    """Download to a temp file and unpickle, so a large value is held once in memory."""
+def load_verified_envelope(
+    storage: Storage, uri: str, summary: dict[str, Any] | None, key: str | None, host: int
+) -> tuple[dict[str, Any], str]:
+    """Download to a temp file, check it, then unpickle; returns the envelope and its digest.
+
+    The check comes first: the file's SHA-256 must be the one its ``result.json`` names, and
+    that claim must carry the HMAC of (host, digest) under the job's key (from the job record),
+    which only the job's runner can make. A mismatch raises ``IntegrityError`` naming the object
+    and nothing is unpickled. A temp file, so a large value is held once in memory.
+    """
     fd, tmp = tempfile.mkstemp(prefix="kinetic-result-")
     os.close(fd)
     try:
         storage.download_file(uri, tmp)
+        sha256 = check_result(summary, file_sha256(tmp), key, host, f"the result envelope {uri}")
+        with open(tmp, "rb") as fh:
+            return cloudpickle.load(fh), sha256
+    finally:
+        os.unlink(tmp)
+
+
+def load_checked_envelope(storage: Storage, uri: str, sha256: str, source: str) -> dict[str, Any]:
+    """Download, check against a digest verified earlier (``source`` says where it was recorded),
+    then unpickle."""
+    fd, tmp = tempfile.mkstemp(prefix="kinetic-result-")
+    os.close(fd)
+    try:
+        storage.download_file(uri, tmp)
+        check_digest(file_sha256(tmp), sha256, f"the result envelope {uri}", source)
         with open(tmp, "rb") as fh:
             envelope = cloudpickle.load(fh)
     finally:
@@ -86,24 +111,25 @@ def _fits(value: Any, max_bytes: int) -> bool:
     return size is not None and size <= max_bytes
 
 
-def _ref(result_uri: str, value: Any, key: str | None) -> dict[str, Any]:
+def _ref(result_uri: str, value: Any, key: str | None, sha256: str) -> dict[str, Any]:
     type_name = f"{type(value).__module__}.{type(value).__qualname__}"
     shape = getattr(value, "shape", None)
     summary = f"shape={tuple(shape)} dtype={getattr(value, 'dtype', '')}" if shape is not None else ""
-    return ResultRef(result_uri, key, type_name, summary).to_xcom()
+    return ResultRef(result_uri, key, type_name, summary, sha256).to_xcom()
 
 
-def to_xcom(value: Any, result_uri: str, *, multiple_outputs: bool, max_bytes: int) -> Any:
-    """The value itself when XCom can carry it; else a small reference to the stored envelope."""
+def to_xcom(value: Any, result_uri: str, *, multiple_outputs: bool, max_bytes: int, sha256: str) -> Any:
+    """The value itself when XCom can carry it; else a small reference to the stored envelope,
+    carrying ``sha256`` (the envelope's verified digest) so its loaders check it first."""
     if multiple_outputs and isinstance(value, dict):
         out = {}
         for key, item in value.items():
-            out[key] = item if _fits(item, max_bytes) else _ref(result_uri, item, key)
+            out[key] = item if _fits(item, max_bytes) else _ref(result_uri, item, key, sha256)
         if _fits(out, max_bytes * max(1, len(out))):
             return out
     if _fits(value, max_bytes):
         return value
-    ref = _ref(result_uri, value, None)
+    ref = _ref(result_uri, value, None, sha256)
     log.info(
         "the result (%s) is not XCom-serializable or exceeds %d bytes; XCom gets a reference to %s. "
         "Downstream kinetic tasks receive the real object; plain tasks call "

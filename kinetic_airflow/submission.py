@@ -35,9 +35,10 @@ from kinetic_airflow.envcapture import capture_env
 from kinetic_airflow.job.codebundle import code_roots, ship_code_bundle
 from kinetic_airflow.job.envelope import ResultRef, is_result_ref, replace_refs
 from kinetic_airflow.job.inputs import Data, data_in
+from kinetic_airflow.job.integrity import manifest_text
 from kinetic_airflow.job.interop import write_handle
 from kinetic_airflow.job.layout import JobIdentity, JobLayout, output_dir_uri
-from kinetic_airflow.job.payload import manifest_json, register_dag_modules_by_value, write_payload
+from kinetic_airflow.job.payload import register_dag_modules_by_value, write_payload
 from kinetic_airflow.job.storage import Storage
 from kinetic_airflow.job.tracebacks import user_names
 from kinetic_airflow.options import check_rendered_options, validate_backend
@@ -254,9 +255,10 @@ def ship_payload(
     dag_file: str | None,
     dags_folder: str | None,
     task_id: str,
-) -> tuple[int, str]:
+    key: str,
+) -> tuple[int, str, str]:
     """Upload a created job's payload, code and data, then its manifest; returns the payload's
-    size and the job's ``KINETIC_OUTPUT_DIR``."""
+    size, the job's ``KINETIC_OUTPUT_DIR`` and the payload's digest (for the job record)."""
     layout = JobLayout(ref["job_uri"])
     roots = [dags_folder]
     if dag_file:
@@ -292,7 +294,8 @@ def ship_payload(
         "code": code,
         "requirements": ref.get("requirements") or [],
     }
-    # The manifest goes last: its presence tells the runner the payload is complete.
-    storage.write_text(layout.manifest, manifest_json(manifest))
+    # The manifest goes last: its presence tells the runner the payload is complete. Its HMAC
+    # under the job key vouches for the payload's digest, the code archive and the requirements.
+    storage.write_text(layout.manifest, manifest_text(manifest, key))
     storage.write_text(layout.status("dispatched"), json.dumps({"time": time.time()}))
-    return fields["payload_bytes"], output_dir
+    return fields["payload_bytes"], output_dir, fields["sha256"]

@@ -8,9 +8,18 @@ import subprocess
 import sys
 from typing import Any
 
+from kinetic_airflow.job.integrity import KEY_ENV, manifest_text, new_key
 from kinetic_airflow.job.layout import JobLayout
-from kinetic_airflow.job.payload import manifest_json, write_payload
+from kinetic_airflow.job.payload import write_payload
 from kinetic_airflow.job.storage import open_storage
+
+# Each job's key, as the worker would keep it in the job record (job URI -> key).
+KEYS: dict[str, str] = {}
+
+
+def key_of(job_uri: str) -> str:
+    """The key of a job made here (a new one for a job URI not seen yet)."""
+    return KEYS.setdefault(job_uri.rstrip("/"), new_key())
 
 
 def make_job(
@@ -27,11 +36,13 @@ def make_job(
     fields = write_payload(storage, layout.payload, fn, list(args), kwargs or {})
     manifest = {**fields, "job_id": job_id, "attempt": 1, "heartbeat_seconds": 1}
     manifest.update(manifest_overrides or {})
-    storage.write_text(layout.manifest, manifest_json(manifest))
+    storage.write_text(layout.manifest, manifest_text(manifest, key_of(layout.job_uri)))
     return layout
 
 
 def run_runner(layout: JobLayout, python: str = sys.executable, timeout: float = 120, env=None):
+    """The runner as a job's process runs it, with the job's key in its environment."""
+    env = {**(env if env is not None else os.environ), KEY_ENV: key_of(layout.job_uri)}
     proc = subprocess.run(
         [python, "-m", "kinetic_airflow.runner", "--job-uri", layout.job_uri],
         capture_output=True,
@@ -69,6 +80,7 @@ def gke_job(
     storage = storage_for(ref["job_uri"])
     layout = JobLayout(ref["job_uri"])
     fields = write_payload(storage, layout.payload, fn, list(args), {})
-    storage.write_text(layout.manifest, manifest_json({**fields, "job_id": ref["job_id"], **manifest}))
-    get_backend(backend).submit(ref)
+    key = key_of(ref["job_uri"])
+    storage.write_text(layout.manifest, manifest_text({**fields, "job_id": ref["job_id"], **manifest}, key))
+    get_backend(backend).submit(ref, job_key=key)
     return op, ref, storage

@@ -21,7 +21,7 @@ from pathlib import Path
 import cloudpickle
 import pytest
 from components.emulator_process import EmulatorProcess
-from jobkit import gke_job, make_job
+from jobkit import gke_job, key_of, make_job
 
 from kinetic_airflow.backends.gke.watch_cache import reset_shared_state
 from kinetic_airflow.backends.registry import get_backend
@@ -127,7 +127,7 @@ def test_an_ended_job_is_seen_without_waiting_for_a_poll(cluster_env, tmp_path, 
         from kinetic_airflow.job.storage import open_storage
 
         storage = open_storage(base)
-        get_backend("local").submit(ref)
+        get_backend("local").submit(ref, job_key=key_of(ref["job_uri"]))
     shown: list[str] = []
     event = asyncio.run(_watcher(ref, storage, shown, poll_interval=3600).wait())
     assert event["status"] == "success", event

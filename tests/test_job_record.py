@@ -15,7 +15,7 @@ import time
 import cloudpickle
 import pytest
 from helpers import dag_runs_in_metastore
-from jobkit import make_job
+from jobkit import key_of, make_job
 
 from kinetic_airflow.backends.local import LocalBackend
 from kinetic_airflow.job.layout import STATE_KEY, JobIdentity
@@ -105,7 +105,7 @@ def test_marking_failed_stops_the_job_of_a_double_encoded_record(tmp_path):
         "identity": identity.to_dict(),
     }
     backend = LocalBackend()
-    backend.submit(job)
+    backend.submit(job, job_key=key_of(job["job_uri"]))
     try:
         with create_session() as session:
             dag_run_id = session.scalar(

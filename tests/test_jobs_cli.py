@@ -168,7 +168,7 @@ def test_a_cancel_from_the_cli_names_the_user_and_the_host(local_env, base_uri, 
     import sys
     import time
 
-    from jobkit import make_job
+    from jobkit import key_of, make_job
 
     from kinetic_airflow.backends.local import LocalBackend
     from kinetic_airflow.job.layout import JobIdentity
@@ -182,7 +182,7 @@ def test_a_cancel_from_the_cli_names_the_user_and_the_host(local_env, base_uri, 
     storage = open_storage(base_uri)
     publish_job(storage, ref, "sleep")
     backend = LocalBackend()
-    backend.submit(ref)
+    backend.submit(ref, job_key=key_of(ref["job_uri"]))
     try:
         code, out, err = cli("jobs", "cancel", identity.job_id, "--reason", "wrong data")
         assert code == 0 and f"cancelled job {identity.job_id}" in out, err

@@ -14,7 +14,7 @@ import time
 
 import cloudpickle
 import pytest
-from jobkit import make_job
+from jobkit import key_of, make_job
 
 from kinetic_airflow.backends.gke.classify import classify
 from kinetic_airflow.backends.local import LocalBackend
@@ -214,7 +214,7 @@ def test_a_capped_log_keeps_its_beginning_and_its_end(tmp_path):
     base = f"file://{tmp_path}"
     make_job(base, _print_lines, (500,), job_id="chatty")
     ref = _local_ref(base, "chatty")
-    LocalBackend().submit(ref)
+    LocalBackend().submit(ref, job_key=key_of(ref["job_uri"]))
     event, shown = _watch(ref, log_max_lines=100)
     assert event["status"] == "success"
     notices = [line for line in shown if "log_max_lines=" in line or "lines left out" in line]
@@ -235,7 +235,7 @@ def test_a_rebuilt_watcher_shows_no_line_twice(tmp_path):
     base = f"file://{tmp_path}"
     make_job(base, _print_lines, (50,), job_id="twice")
     ref = _local_ref(base, "twice")
-    LocalBackend().submit(ref)
+    LocalBackend().submit(ref, job_key=key_of(ref["job_uri"]))
     deadline = time.monotonic() + 60
     log_path = tmp_path / "jobs/twice/exit.json"
     while not log_path.exists() and time.monotonic() < deadline:
@@ -258,7 +258,7 @@ def test_a_cancelled_job_says_who_stopped_it(tmp_path):
     make_job(base, time.sleep, (600,), job_id="stopped")
     ref = _local_ref(base, "stopped")
     backend = LocalBackend()
-    backend.submit(ref)
+    backend.submit(ref, job_key=key_of(ref["job_uri"]))
     cancel_job(ref, open_storage(base), backend, by="a test", reason="it had to stop")
     event, _ = _watch(ref)
     assert event["status"] == "failed" and event["cause"] == "cancelled"

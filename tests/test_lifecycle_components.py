@@ -48,6 +48,7 @@ class Stack(ComponentStack):
         shutil.copy(DAG_FILE, self.dags / DAG_FILE.name)
         shutil.copytree(DAG_FILE.parent / "kn_lifecycle_lib", self.dags / "kn_lifecycle_lib")
         self.crash_marker = root / "crash-marker"
+        self.integrity_marker = root / "code-ran"  # what a tampered pickle would write when loaded
 
     def start(self) -> None:
         self.pg.start()
@@ -58,6 +59,7 @@ class Stack(ComponentStack):
             "KINETIC_BASE_URI": f"file://{self.kinetic_root}",
             "KINETIC_POLL_INTERVAL": "0.5",
             "KN_CRASH_MARKER": str(self.crash_marker),
+            "KN_INTEGRITY_MARKER": str(self.integrity_marker),
         }
         self.airflow = AirflowServices(
             self.root / "airflow",
@@ -93,6 +95,7 @@ DAG_IDS = (
     "kn_slice_mark_failed",
     "kn_slice_clear",
     "kn_bundle_code",
+    "kn_integrity",
 )
 
 
@@ -593,3 +596,27 @@ def test_a_dag_folder_package_imported_in_the_body_reaches_the_job(stack: Stack)
     assert _wait_run(stack, dag_id, run_id) == "success", _why(stack, dag_id, run_id)
     assert _xcom(stack.api, dag_id, run_id, task_id) == 42
     assert len(list((stack.kinetic_root / "cache" / "code").glob("*.zip"))) >= 1
+
+
+def test_a_bucket_writer_cannot_run_code_in_the_worker_or_a_downstream_task(stack: Stack) -> None:
+    """Real worker, triggerer and scheduler: an envelope replaced between the runner and the worker
+    (the task deferred; the worker reads it when the trigger fires) and one replaced after its
+    reference went to XCom are refused, and the pickle never runs (issue 24)."""
+    run_id = trigger(stack.api, "kn_integrity")
+    assert _wait_run(stack, "kn_integrity", run_id) == "failed"
+    assert _states(stack.api, "kn_integrity", run_id) == {
+        ("tampered_before_the_worker_loads_it", -1): "failed",
+        ("produce_bytes", -1): "success",
+        ("overwrite_the_stored_result", -1): "success",
+        ("load_it", -1): "failed",
+    }
+    # task logs are JSON lines: the task's error is its error_detail's exc_type and exc_value
+    worker_log = _task_log_text(stack, "kn_integrity", run_id, "tampered_before_the_worker_loads_it")
+    assert '"exc_type":"IntegrityError","exc_value":"the result envelope file://' in worker_log, worker_log[
+        -3000:
+    ]
+    assert "/result.pkl is not vouched for by its job" in worker_log
+    load_log = _task_log_text(stack, "kn_integrity", run_id, "load_it")
+    assert '"exc_type":"IntegrityError"' in load_log, load_log[-3000:]
+    assert "but its XCom reference (the digest the worker verified with the job key) expects" in load_log
+    assert not stack.integrity_marker.exists(), "a tampered pickle ran code"

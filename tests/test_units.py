@@ -49,21 +49,33 @@ def test_job_identity_is_deterministic_and_dns_safe():
 
 def test_to_xcom_keeps_small_values_and_refs_the_rest():
     uri = "gs://b/jobs/j/result.pkl"
-    assert to_xcom({"a": 1}, uri, multiple_outputs=False, max_bytes=1000) == {"a": 1}
+    sha = "ab" * 32
+    assert to_xcom({"a": 1}, uri, multiple_outputs=False, max_bytes=1000, sha256=sha) == {"a": 1}
     for value in (np.zeros(3), b"raw bytes", "x" * 5000):
-        ref = to_xcom(value, uri, multiple_outputs=False, max_bytes=1000)
+        ref = to_xcom(value, uri, multiple_outputs=False, max_bytes=1000, sha256=sha)
         assert is_result_ref(ref) and ref["__kinetic_result_ref__"] == uri and ref["key"] is None
-    mixed = to_xcom({"loss": 0.1, "weights": np.ones(2)}, uri, multiple_outputs=True, max_bytes=1000)
+        assert ref["sha256"] == sha  # the verified digest travels with the reference
+    mixed = to_xcom(
+        {"loss": 0.1, "weights": np.ones(2)}, uri, multiple_outputs=True, max_bytes=1000, sha256=sha
+    )
     assert mixed["loss"] == 0.1
     assert mixed["weights"]["key"] == "weights" and mixed["weights"]["type"] == "numpy.ndarray"
 
 
 def test_result_ref_loads_keyed_values(tmp_path):
+    import hashlib
+
     import cloudpickle
 
-    (tmp_path / "result.pkl").write_bytes(cloudpickle.dumps({"value": {"w": np.arange(3)}}))
-    ref = ResultRef(f"file://{tmp_path}/result.pkl", key="w")
+    from kinetic_airflow.job.integrity import IntegrityError
+
+    data = cloudpickle.dumps({"value": {"w": np.arange(3)}})
+    (tmp_path / "result.pkl").write_bytes(data)
+    ref = ResultRef(f"file://{tmp_path}/result.pkl", key="w", sha256=hashlib.sha256(data).hexdigest())
     assert ref.load().tolist() == [0, 1, 2]
+    unverified = ResultRef(f"file://{tmp_path}/result.pkl", key="w")  # a reference without a digest
+    with pytest.raises(IntegrityError, match=r"but its XCom reference .* expects a recorded digest"):
+        unverified.load()
 
 
 def test_file_storage_atomic_and_exclusive(tmp_path):
@@ -125,7 +137,7 @@ def test_log_lines_are_not_repeated_by_a_rebuilt_watcher(tmp_path):
     import asyncio
     import sys
 
-    from jobkit import make_job
+    from jobkit import key_of, make_job
 
     from kinetic_airflow.backends.local import LocalBackend
     from kinetic_airflow.job.storage import open_storage
@@ -144,7 +156,7 @@ def test_log_lines_are_not_repeated_by_a_rebuilt_watcher(tmp_path):
         "local_dir": str(tmp_path / "jobs/job-1"),
         "python": sys.executable,
     }
-    LocalBackend().submit(ref)
+    LocalBackend().submit(ref, job_key=key_of(ref["job_uri"]))
 
     def watch() -> list[str]:
         lines: list[str] = []

@@ -47,8 +47,12 @@ class Backend:
     # so a watcher may sleep until its next duty instead of its poll interval.
     notifies: bool = False
 
-    def submit(self, job: JobRef, *, env: dict[str, str] | None = None) -> None:
-        """Start the job. Idempotent: a job that already exists under this name is adopted."""
+    def submit(self, job: JobRef, *, env: dict[str, str] | None = None, job_key: str | None = None) -> None:
+        """Start the job. Idempotent: a job that already exists under this name is adopted.
+
+        ``job_key``: the job's key (``kinetic_airflow.integrity``), handed to the runner out of band
+        (never through job storage, never in ``job``, which trigger kwargs carry).
+        """
         raise NotImplementedError
 
     def status(self, job: JobRef) -> BackendStatus:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobState
 from kinetic_airflow.config import local_state_root
+from kinetic_airflow.job.integrity import KEY_ENV
 from kinetic_airflow.job.layout import CANCEL_NAME, EXIT_NAME, LAUNCH_NAME, LOG_NAME, SUPERVISOR_LOG_NAME
 
 __all__ = ["LocalBackend", "process_alive"]
@@ -60,7 +61,7 @@ def process_alive(pid: int) -> bool:
 class LocalBackend(Backend):
     name = "local"
 
-    def submit(self, job: JobRef, *, env: dict[str, str] | None = None) -> None:
+    def submit(self, job: JobRef, *, env: dict[str, str] | None = None, job_key: str | None = None) -> None:
         state = _state_dir(job)
         state.mkdir(parents=True, exist_ok=True)
         try:
@@ -81,6 +82,12 @@ class LocalBackend(Backend):
         # Environments of requirements= are cached per machine, under the local state dir.
         child_env.setdefault("KINETIC_ENV_CACHE", os.path.join(local_state_root(), "envs"))
         child_env.update(env or {})
+        # The job's key reaches the runner through its environment only (not launch.json, not the
+        # job's directory, which is job storage with file://); the runner removes it from its own.
+        child_env.pop(KEY_ENV, None)
+        if job_key:
+            child_env[KEY_ENV] = job_key
+            child_env["KINETIC_JOB_KEY_SOURCE"] = f"the local job process's environment (${KEY_ENV})"
         # The job's temporary files (the runner's work dir with its copies of Data inputs, and
         # whatever the function puts in tempfile's dir) stay inside the job's own directory; the
         # supervisor removes it when the job ends, however it ends (README, "The local backend").

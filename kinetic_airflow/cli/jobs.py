@@ -37,13 +37,15 @@ from kinetic_airflow.cli.common import (
     resolve_job,
     storage_of,
 )
+from kinetic_airflow.cli.job_keys import NO_KEY_HELP, recorded_integrity
 from kinetic_airflow.cli.logs import print_logs
 from kinetic_airflow.cli.reproduce import reproduce_commands
 from kinetic_airflow.cli.text import described
+from kinetic_airflow.job.integrity import IntegrityError
 from kinetic_airflow.job.layout import JobLayout
 from kinetic_airflow.job.storage import join_uri
 from kinetic_airflow.jobstore import JobInfo, list_job_ids, load_job, read_json_object
-from kinetic_airflow.results import load_envelope
+from kinetic_airflow.results import load_verified_envelope
 
 __all__ = ["add_job_commands", "add_storage_options", "print_rows", "resolve_job", "run_jobs_command"]
 
@@ -195,8 +197,19 @@ def cmd_result(args: argparse.Namespace) -> int:
             if summary.get("traceback"):
                 print("remote traceback:\n" + summary["traceback"].rstrip())
         return 0 if summary.get("ok") else 1
+    # Verified before anything is unpickled: with the job's key, from its record in the metadata DB.
+    integrity, why = recorded_integrity(info.identity, info.job_id)
+    if not integrity:
+        raise CliError(
+            f"cannot check the result of {info.job_id} before unpickling it: {why}. {NO_KEY_HELP}. "
+            "`jobs result` without --load shows its summary (nothing is unpickled)."
+        )
     try:
-        envelope = load_envelope(storage, JobLayout(job_uri).result())
+        envelope, _ = load_verified_envelope(
+            storage, JobLayout(job_uri).result(), summary, integrity["key"], 0
+        )
+    except IntegrityError as exc:
+        raise CliError(str(exc)) from None
     except ModuleNotFoundError as exc:
         raise CliError(
             f"the result of {info.job_id} needs module {exc.name!r} to be loaded here: install it, or use "

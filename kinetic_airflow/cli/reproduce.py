@@ -25,7 +25,16 @@ import tempfile
 from typing import Any
 
 from kinetic_airflow.cli.common import CliError, add_storage_options, guarded, resolve_job
+from kinetic_airflow.cli.job_keys import NO_KEY_HELP, recorded_integrity
 from kinetic_airflow.cli.text import described
+from kinetic_airflow.job.integrity import (
+    KEY_ENV,
+    IntegrityError,
+    check_digest,
+    file_sha256,
+    manifest_text,
+    verify_manifest,
+)
 from kinetic_airflow.job.layout import MANIFEST_NAME, PAYLOAD_NAME, SUMMARY_NAME, JobLayout
 from kinetic_airflow.jobstore import load_job
 
@@ -72,8 +81,13 @@ def _secret_env(ref: dict[str, Any]) -> list[str]:
     return names
 
 
-def copy_job(storage: Any, job_uri: str, workdir: str, output_dir: str | None) -> str:
-    """The job's manifest and payload (and DAG code archive) in ``workdir``; returns the local job URI."""
+def copy_job(storage: Any, job_uri: str, workdir: str, output_dir: str | None, key: str) -> str:
+    """The job's manifest and payload (and DAG code archive) in ``workdir``; returns the local job URI.
+
+    The manifest is checked with the job's ``key`` (from its record) and the payload against the
+    digest it vouches for before either is copied: a stored payload runs here, on this machine.
+    The local manifest is signed again with the same key, which only the local runner is given.
+    """
     source = JobLayout(job_uri)
     job_id = job_uri.rstrip("/").rsplit("/", 1)[-1]
     shutil.rmtree(workdir, ignore_errors=True)
@@ -86,8 +100,16 @@ def copy_job(storage: Any, job_uri: str, workdir: str, output_dir: str | None) -
             f"{source.manifest} does not exist: the job never got its payload (its worker died while "
             "submitting it), so there is nothing to reproduce"
         )
-    manifest = json.loads(text)
-    storage.download_file(source.payload, os.path.join(local_dir, PAYLOAD_NAME))
+    where = "the job record in Airflow's metadata DB"
+    manifest = verify_manifest(text, key, source.manifest, where)
+    local_payload = os.path.join(local_dir, PAYLOAD_NAME)
+    storage.download_file(source.payload, local_payload)
+    check_digest(
+        file_sha256(local_payload),
+        manifest.get("sha256"),
+        f"the payload {source.payload}",
+        "its HMAC-checked manifest",
+    )
     code = manifest.get("code")
     if isinstance(code, dict) and code.get("uri"):
         # the runner reads the archive with the local job's storage: bring it along
@@ -99,7 +121,7 @@ def copy_job(storage: Any, job_uri: str, workdir: str, output_dir: str | None) -
     manifest["output_dir"] = output_dir or "file://" + os.path.join(workdir, "output")
     manifest["reproduced_from"] = job_uri
     with open(os.path.join(local_dir, MANIFEST_NAME), "w") as fh:
-        json.dump(manifest, fh, indent=2)
+        fh.write(manifest_text(manifest, key))
     return local.job_uri
 
 
@@ -111,9 +133,14 @@ def _reproduce(args: argparse.Namespace) -> int:
     storage, job_uri = resolve_job(args, args.job)
     info = load_job(storage, job_uri)
     workdir = os.path.abspath(args.workdir or default_workdir(info.job_id))
+    integrity, why = recorded_integrity(info.identity, info.job_id)
+    if not integrity:
+        raise CliError(
+            f"cannot check the payload of {info.job_id} before running it here: {why}. {NO_KEY_HELP}."
+        )
     try:
-        local_uri = copy_job(storage, job_uri, workdir, args.output_dir)
-    except FileNotFoundError as exc:
+        local_uri = copy_job(storage, job_uri, workdir, args.output_dir, integrity["key"])
+    except (FileNotFoundError, IntegrityError) as exc:
         raise CliError(str(exc)) from None
     ref = info.ref or {}
     env = _env(ref)
@@ -133,7 +160,12 @@ def _reproduce(args: argparse.Namespace) -> int:
     with open(os.path.join(local_dir, MANIFEST_NAME)) as fh:
         print(f"KINETIC_OUTPUT_DIR: {json.load(fh)['output_dir']}")
     print("running: " + _shell(env, command), flush=True)
-    proc = subprocess.run(command, env={**os.environ, **env})
+    # the key only in the runner's environment, never in what is printed
+    key_env = {
+        KEY_ENV: integrity["key"],
+        "KINETIC_JOB_KEY_SOURCE": "the job record (kinetic-airflow reproduce)",
+    }
+    proc = subprocess.run(command, env={**os.environ, **env, **key_env})
     summary_path = os.path.join(local_dir, SUMMARY_NAME)
     summary_text = open(summary_path).read() if os.path.exists(summary_path) else None
     if summary_text is None:

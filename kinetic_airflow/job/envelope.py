@@ -16,6 +16,7 @@ from typing import Any
 
 import cloudpickle
 
+from kinetic_airflow.job.integrity import check_digest, file_sha256
 from kinetic_airflow.job.storage import open_storage
 
 __all__ = [
@@ -54,6 +55,7 @@ def summary_from_envelope(envelope: dict[str, Any]) -> dict[str, Any]:
         "value_repr",
         "fingerprint",
         "attempt",
+        "integrity",  # the envelope's digest and HMAC (kinetic_airflow.integrity)
     )
     return {k: envelope.get(k) for k in keys}
 
@@ -70,27 +72,50 @@ class ResultRef:
     task calls ``kinetic_airflow.load_result(ref)``.
     """
 
-    def __init__(self, uri: str, key: str | None = None, type_name: str = "", summary: str = "") -> None:
+    def __init__(
+        self, uri: str, key: str | None = None, type_name: str = "", summary: str = "", sha256: str = ""
+    ) -> None:
         self.uri = uri
         self.key = key
         self.type_name = type_name
         self.summary = summary
+        # The digest the worker verified (HMAC under the job key) before it made this reference:
+        # whoever loads the envelope later checks the bytes against it before unpickling.
+        self.sha256 = sha256
 
     def to_xcom(self) -> dict[str, Any]:
-        return {_REF_KEY: self.uri, "key": self.key, "type": self.type_name, "summary": self.summary}
+        return {
+            _REF_KEY: self.uri,
+            "key": self.key,
+            "type": self.type_name,
+            "summary": self.summary,
+            "sha256": self.sha256,
+        }
 
     @classmethod
     def from_xcom(cls, data: dict[str, Any]) -> ResultRef:
-        return cls(data[_REF_KEY], data.get("key"), data.get("type", ""), data.get("summary", ""))
+        return cls(
+            data[_REF_KEY],
+            data.get("key"),
+            data.get("type", ""),
+            data.get("summary", ""),
+            data.get("sha256", ""),
+        )
 
     def load(self, storage: Any = None) -> Any:
-        """Download the envelope and return the referenced value."""
+        """Download the envelope, check it against the verified digest, and return the value."""
 
         storage = storage or open_storage(self.uri)
         fd, tmp = tempfile.mkstemp(prefix="kinetic-ref-")
         os.close(fd)
         try:
             storage.download_file(self.uri, tmp)
+            check_digest(
+                file_sha256(tmp),
+                self.sha256,
+                f"the result {self.uri}",
+                "its XCom reference (the digest the worker verified with the job key)",
+            )
             with open(tmp, "rb") as fh:
                 envelope = cloudpickle.load(fh)
         finally:

@@ -10,7 +10,6 @@ with ModuleNotFoundError. We register those modules to be pickled by value.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import platform
 import sys
@@ -203,7 +202,3 @@ def write_payload(
         "fingerprint": fingerprint(),
         "pickle_seconds": round(time.perf_counter() - started, 3),
     }
-
-
-def manifest_json(fields: dict[str, Any]) -> str:
-    return json.dumps(fields, sort_keys=True, default=str)

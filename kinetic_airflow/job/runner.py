@@ -14,7 +14,6 @@ means the result is complete), then ``status/finished.json``.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import platform
@@ -41,6 +40,16 @@ from kinetic_airflow.job.envelope import (
     replace_refs,
 )
 from kinetic_airflow.job.inputs import Data, mount
+from kinetic_airflow.job.integrity import (
+    KEY_ENV,
+    HashingFile,
+    IntegrityError,
+    check_digest,
+    file_sha256,
+    result_tag,
+    take_key_from_environment,
+    verify_manifest,
+)
 from kinetic_airflow.job.interop import write_kinetic_result
 from kinetic_airflow.job.layout import PAYLOAD_NAME, RESULT_NAME, JobLayout
 from kinetic_airflow.job.requirements import InstallError, ensure_environment
@@ -134,6 +143,10 @@ class JobRunner:
         self.manifest: dict[str, Any] = {}
         self.workdir = tempfile.mkdtemp(prefix="kinetic-job-")
         self.post_mortem = False  # --pdb
+        # The job's key (README, "Security model"): out of band, never from job storage. Taken
+        # out of the environment so the user's function and its subprocesses do not inherit it.
+        self.key = take_key_from_environment()
+        self.key_source = os.environ.get("KINETIC_JOB_KEY_SOURCE") or f"${KEY_ENV}"
 
     # Markers ------------------------------------------------------------------------------
     def marker(self, name: str, **extra: Any) -> None:
@@ -170,20 +183,30 @@ class JobRunner:
 
     def load_payload(self) -> dict[str, Any]:
         with self._timed("download"):
-            self.manifest = json.loads(self._wait_for_manifest())
+            manifest_text = self._wait_for_manifest()
+        with self._timed("verify"):
+            # Nothing in the manifest is used before its HMAC is checked with the job's key.
+            try:
+                self.manifest = verify_manifest(
+                    manifest_text, self.key, self.layout.manifest, self.key_source
+                )
+            except IntegrityError as exc:
+                raise PhaseError(str(exc)) from None
+        with self._timed("download"):
             local_payload = os.path.join(self.workdir, PAYLOAD_NAME)
             self.storage.download_file(self.layout.payload, local_payload)
         with self._timed("verify"):
-            digest = hashlib.sha256()
-            with open(local_payload, "rb") as fh:
-                while chunk := fh.read(1 << 22):
-                    digest.update(chunk)
-            if digest.hexdigest() != self.manifest.get("sha256"):
-                raise PhaseError(
-                    f"payload digest mismatch: expected {self.manifest.get('sha256')}, got "
-                    f"{digest.hexdigest()}. The payload in {self.layout.payload} was changed or truncated "
-                    "after upload; re-run the task to upload it again."
+            try:
+                check_digest(
+                    file_sha256(local_payload),
+                    self.manifest.get("sha256"),
+                    f"the payload {self.layout.payload}",
+                    f"the manifest (HMAC-checked with the job key from {self.key_source})",
                 )
+            except IntegrityError as exc:
+                raise PhaseError(
+                    f"payload digest mismatch: {exc} Re-run the task to upload it again."
+                ) from None
             client = self.manifest.get("fingerprint", {})
             self._check_release(client)
             client_py = str(client.get("python", ""))
@@ -413,7 +436,8 @@ class JobRunner:
         local = os.path.join(self.workdir, RESULT_NAME)
         try:
             with open(local, "wb") as fh:
-                dump_envelope(envelope, fh)
+                sink = HashingFile(fh)
+                dump_envelope(envelope, sink)
         except Exception as exc:
             what = "return value" if envelope["ok"] else "exception"
             obj = envelope["value"] if envelope["ok"] else envelope["exception"]
@@ -437,7 +461,9 @@ class JobRunner:
                 )
             envelope.update(value=None, exception=None)
             with open(local, "wb") as fh:
-                dump_envelope(envelope, fh)
+                sink = HashingFile(fh)
+                dump_envelope(envelope, sink)
+        self._sign(envelope, sink.hexdigest())
         try:
             with _PhaseTimer(self.timings, "upload"):
                 self.storage.upload_file(local, self.layout.result(self.host))
@@ -452,6 +478,15 @@ class JobRunner:
             if os.path.exists(local):
                 os.unlink(local)
         return True
+
+    def _sign(self, envelope: dict[str, Any], sha256: str) -> None:
+        """result.json vouches for result.pkl: its digest, and an HMAC of (host, digest) under the job
+        key, which the worker checks before it unpickles anything (without a key: no HMAC, and the
+        worker refuses the result)."""
+        integrity: dict[str, Any] = {"sha256": sha256, "host": self.host}
+        if self.key:
+            integrity["hmac"] = result_tag(self.key, self.host, sha256)
+        envelope["integrity"] = integrity
 
 
 class _PhaseTimer:

@@ -241,3 +241,45 @@ def test_the_new_faults_over_http(apis, k8s_cluster: ClusterEmulator):
     assert sum(e.count for e in pulls) == 1
     admin.clear_faults()
     core.list_namespaced_pod(NS, watch=True, timeout_seconds=1, _preload_content=False).release_conn()
+
+
+def test_a_secret_key_ref_waits_for_its_secret_and_the_secret_goes_with_its_owner(apis):
+    """What a job's key Secret relies on (backends/gke/job_key.py): a container whose
+    ``secretKeyRef`` names a Secret that does not exist yet waits in CreateContainerConfigError
+    and starts once it exists; a Secret owned by a Job is deleted with the Job."""
+    import base64
+
+    core, batch, _, _ = apis
+    code = "import os, sys; sys.exit(0 if os.environ['KEY'] == 'k3y' else 3)"
+    env = [{"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "job-key", "key": "key"}}}]
+    manifest = job_manifest("keyed", code)
+    manifest["spec"]["template"]["spec"]["containers"][0]["env"] = env
+    job = batch.create_namespaced_job(NS, manifest)
+
+    def waiting_for_the_secret() -> bool:
+        pods = core.list_namespaced_pod(NS, label_selector="job-name=keyed").items
+        statuses = [s for p in pods for s in (p.status.container_statuses or [])]
+        return any(
+            s.state.waiting and s.state.waiting.reason == "CreateContainerConfigError" for s in statuses
+        )
+
+    wait_until(waiting_for_the_secret, 30, message="CreateContainerConfigError for the missing Secret")
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": "keyed", "uid": job.metadata.uid}
+    core.create_namespaced_secret(
+        NS,
+        {
+            "metadata": {"name": "job-key", "ownerReferences": [owner]},
+            "data": {"key": base64.b64encode(b"k3y").decode()},
+        },
+    )
+    wait_until(
+        lambda: (batch.read_namespaced_job_status("keyed", NS).status.succeeded or 0) == 1,
+        60,
+        message="the Job to succeed with its key",
+    )
+    batch.delete_namespaced_job("keyed", NS, propagation_policy="Background")
+    wait_until(
+        lambda: "job-key" not in [s.metadata.name for s in core.list_namespaced_secret(NS).items],
+        30,
+        message="the owned Secret to be deleted with its Job",
+    )

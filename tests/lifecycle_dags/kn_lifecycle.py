@@ -259,6 +259,80 @@ def kn_bundle_code():
     imports_dag_folder_package(21)
 
 
+# A writer of job storage, and nothing else (issue 24) ---------------------------------------------
+_TAMPER = """
+import hashlib, json, os, sys, time
+job_dir, evil = sys.argv[1], bytes.fromhex(sys.argv[2])
+deadline = time.time() + 120
+while time.time() < deadline:
+    try:
+        summary = json.load(open(os.path.join(job_dir, "result.json")))
+    except (OSError, ValueError):
+        time.sleep(0.01)
+        continue
+    open(os.path.join(job_dir, "result.pkl"), "wb").write(evil)
+    summary["integrity"]["sha256"] = hashlib.sha256(evil).hexdigest()
+    open(os.path.join(job_dir, "result.json"), "w").write(json.dumps(summary))
+    break
+"""
+
+
+def evil_pickle() -> bytes:
+    """What a bucket writer plants: a pickle that writes ``$KN_INTEGRITY_MARKER`` when loaded."""
+    import pickle
+
+    class Evil:
+        def __reduce__(self):
+            return (exec, (f"open({os.environ['KN_INTEGRITY_MARKER']!r}, 'w').write('code ran')",))
+
+    return pickle.dumps(Evil())
+
+
+@task.kinetic(backend="local")
+def tampered_before_the_worker_loads_it() -> str:
+    """Starts an attacker that replaces this job's envelope as soon as the runner has written it
+    (the task has deferred by then: the worker reads it seconds later)."""
+    import subprocess
+    import sys
+
+    from kinetic_airflow.job.storage import uri_to_local_path
+
+    job_dir = uri_to_local_path(f"{os.environ['KINETIC_BASE_URI']}/jobs/{os.environ['KINETIC_JOB_ID']}")
+    subprocess.Popen(
+        [sys.executable, "-c", _TAMPER, job_dir, evil_pickle().hex()], start_new_session=True, close_fds=True
+    )
+    time.sleep(8)  # past wait_before_defer (5 s): the task defers
+    return "the worker must never see this"
+
+
+@task.kinetic(backend="local")
+def produce_bytes() -> bytes:
+    return b"weights" * 10  # bytes: XCom gets a reference with the verified digest
+
+
+@task
+def overwrite_the_stored_result(ref: dict) -> None:
+    """A bucket writer replaces the envelope after the worker verified it."""
+    from kinetic_airflow.job.storage import uri_to_local_path
+
+    with open(uri_to_local_path(ref["__kinetic_result_ref__"]), "wb") as fh:
+        fh.write(evil_pickle())
+
+
+@task
+def load_it(ref: dict) -> int:
+    from kinetic_airflow import load_result
+
+    return len(load_result(ref))
+
+
+@dag(schedule=None, start_date=START, catchup=False, tags=TAGS)
+def kn_integrity():
+    tampered_before_the_worker_loads_it()
+    ref = produce_bytes()
+    overwrite_the_stored_result(ref) >> load_it(ref)
+
+
 kn_context_args()
 kn_race_local()
 kn_race_gke()
@@ -275,3 +349,4 @@ kn_slice()
 kn_slice_mark_failed()
 kn_slice_clear()
 kn_bundle_code()
+kn_integrity()

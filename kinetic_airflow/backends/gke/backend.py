@@ -22,6 +22,7 @@ from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobSta
 from kinetic_airflow.backends.gke.classify import classify, with_refusal
 from kinetic_airflow.backends.gke.client import ApiError, KubeApi, cached_kube_api, kube_api
 from kinetic_airflow.backends.gke.console import job_links
+from kinetic_airflow.backends.gke.job_key import create_key_secret, key_env
 from kinetic_airflow.backends.gke.logstream import PodLogStream
 from kinetic_airflow.backends.gke.manifest import (
     CONTAINER_NAME,
@@ -147,6 +148,7 @@ class GKEBackend(Backend):
             "service_account": job.get("service_account"),
             "env": job.get("container_env"),
             "extras": pod_extras(job, str(resolve_setting("requirements_cache") or "hostpath")),
+            "secret_env": key_env(self.object_name(job)),
         }
 
     def manifest(self, job: JobRef) -> dict[str, Any]:
@@ -154,15 +156,21 @@ class GKEBackend(Backend):
             **self._pod_args(job), active_deadline_seconds=job.get("active_deadline_seconds")
         )
 
-    def submit(self, job: JobRef, *, env: dict[str, str] | None = None) -> None:
+    def submit(self, job: JobRef, *, env: dict[str, str] | None = None, job_key: str | None = None) -> None:
         # a name the controllers cannot derive pods from is refused here, not silently there
         check_derived_names(job["job_id"], int(job.get("hosts") or 1))
         api = self._api(job)
-        name = self.object_name(job)
         # pod_override= / [kinetic] pod_override over every pod template, checked before the POST
         manifest = apply_to_manifest(self.manifest(job), job.get("pod_override"))
+        created = self._create(api, job, manifest)
+        if job_key:  # the key's Secret, owned by what was just created (backends.gke.job_key)
+            create_key_secret(api, created, job_key, JobIdentity.from_dict(job["identity"]).labels())
+
+    def _create(self, api: KubeApi, job: JobRef, manifest: dict[str, Any]) -> dict[str, Any]:
+        """POST the Job / LeaderWorkerSet, or adopt this task instance's; returns the object."""
+        name = self.object_name(job)
         try:
-            api.request("POST", self.object_path(job), body=manifest)
+            return api.request("POST", self.object_path(job), body=manifest)
         except ApiError as exc:
             if exc.status != 409:
                 raise
@@ -175,6 +183,7 @@ class GKEBackend(Backend):
                     f"{_owner_label(job)!r}); kinetic will not adopt or delete it. Delete it if it is stale."
                 ) from None
             log.info("%s %s already exists for this task instance; adopting it", self.kind_label, name)
+            return existing
 
     # Status -----------------------------------------------------------------------------------
     def status(self, job: JobRef) -> BackendStatus:

@@ -68,13 +68,17 @@ LWS_GROUP = "leaderworkerset.x-k8s.io"
 
 # (API group, resource, verbs, which backend needs it). What the backends call: create, get,
 # watch and delete their Job / LeaderWorkerSet, list+watch it in the shared watch cache, read
-# pods and their logs, and read events (why a pod could not be created or scheduled).
+# pods and their logs, read events (why a pod could not be created or scheduled), and create
+# each job's key Secret (deleted with its owner by the garbage collector; by kinetic only when
+# a stale one of the same name is in the way).
 REQUIRED_RULES: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("batch", "jobs", ("create", "get", "list", "watch", "delete"), "gke"),
     (LWS_GROUP, "leaderworkersets", ("create", "get", "list", "watch", "delete"), "pathways"),
     ("", "pods", ("get", "list", "watch"), "all"),
     ("", "pods/log", ("get",), "all"),
     ("", "events", ("list", "watch"), "all"),
+    # each job's key, in a Secret owned by its Job / LeaderWorkerSet (README, "Security model")
+    ("", "secrets", ("create", "delete"), "all"),
 )
 
 OK, FAIL, WARN, SKIP = "ok", "fail", "warn", "skip"

@@ -47,6 +47,7 @@ def pod_spec(
     extra_env: list[dict[str, Any]] | None = None,
     restart_policy: str = "Never",
     extras: PodExtras | None = None,
+    secret_env: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The pod of one host: the runner, the accelerator's resources, selectors and tolerations."""
     resources: dict[str, Any] = {}
@@ -59,6 +60,7 @@ def pod_spec(
     container_env = [{"name": k, "value": str(v)} for k, v in sorted(values.items())]
     container_env.append({"name": "KINETIC_JOB_ID", "value": job_id})
     container_env.extend(extra_env or [])
+    container_env.extend(secret_env or [])  # the job key, by reference (backends.gke.job_key)
     spec_dict: dict[str, Any] = {
         "restartPolicy": restart_policy,
         "containers": [
@@ -103,6 +105,7 @@ def pod_template(
     extras: PodExtras | None = None,
     extra_env: list[dict[str, Any]] | None = None,
     restart_policy: str = "Never",
+    secret_env: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The pod template of a Job or a LeaderWorkerSet: labels, annotations and ``pod_spec``."""
     extras = extras or PodExtras()
@@ -122,6 +125,7 @@ def pod_template(
             extra_env=extra_env,
             restart_policy=restart_policy,
             extras=extras,
+            secret_env=secret_env,
         ),
     }
 

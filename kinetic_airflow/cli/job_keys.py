@@ -1,0 +1,60 @@
+"""A job's key for tools outside a task (the jobs CLI, reproduce): read from its job record.
+
+The key lives only in the job record in Airflow's metadata DB (``task_state_store``) and in
+the job itself, never in job storage (README, "Security model"), so a tool that unpickles
+something from storage (``jobs result --load``) or runs a stored payload (``reproduce``) needs
+the metadata DB to check it first. The task instance to look in is named by the job's
+``job.json`` (which a bucket writer could change): that is safe, because the record found must
+name this very job id, and the key of any other job does not verify this one's objects.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kinetic_airflow.job.layout import STATE_KEY, JobIdentity
+from kinetic_airflow.lifecycle import decode_record, job_integrity
+
+__all__ = ["NO_KEY_HELP", "recorded_integrity"]
+
+log = logging.getLogger(__name__)
+
+NO_KEY_HELP = (
+    "its key is kept in the job record in Airflow's metadata DB (task_state_store), which this command "
+    "reads with this machine's Airflow configuration (AIRFLOW_HOME / AIRFLOW__DATABASE__SQL_ALCHEMY_CONN). "
+    "Run it where Airflow's metadata DB is reachable; a job whose task instance was cleared or deleted "
+    "since has no key any more, and its stored objects cannot be trusted"
+)
+
+
+def recorded_integrity(identity: JobIdentity | None, job_id: str) -> tuple[dict[str, Any], str]:
+    """``({"key", "payload_sha256", ...}, "")``, or ``({}, why not)`` when there is no key to be had."""
+    if identity is None:
+        return {}, "the job's job.json names no task instance"
+    try:
+        # Airflow start-up cost: the metadata DB is opened only for a command that needs a key.
+        from airflow.models.task_state_store import TaskStateStoreModel as Store
+        from airflow.utils.session import create_session
+        from sqlalchemy import select
+
+        with create_session() as session:
+            value = session.scalar(
+                select(Store.value).where(
+                    Store.dag_id == identity.dag_id,
+                    Store.run_id == identity.run_id,
+                    Store.task_id == identity.task_id,
+                    Store.map_index == identity.map_index,
+                    Store.key == STATE_KEY,
+                )
+            )
+    except Exception as exc:  # no Airflow here, or no DB: say so, never guess
+        return {}, f"the metadata DB could not be read ({type(exc).__name__}: {exc})"
+    try:
+        record = decode_record(value)
+    except ValueError as exc:
+        return {}, str(exc)
+    found = job_integrity(record, {"job_id": job_id})
+    if not found.get("key"):
+        return {}, f"the job record of {identity.ti_key} names no key for job {job_id}"
+    return found, ""
