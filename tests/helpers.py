@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 _GREP_FILES = """
@@ -20,6 +21,18 @@ for path in sys.argv[2:]:
         pass
 print("\\n".join(found))
 """
+
+
+def machine_cache(name: str) -> Path:
+    """A directory that outlives the run, for caches that only make a second run on this machine
+    faster (mypy's): ``$XDG_CACHE_HOME/kinetic-airflow-tests/<name>`` (``~/.cache`` by default).
+
+    Never for state a test reads as a result: a fresh machine (CI) has none of it and must pass.
+    """
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kinetic-airflow-tests"
+    path = root / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def metadata_db_files_containing(needle: str) -> list[str]:
