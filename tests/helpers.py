@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 _GREP_FILES = """
 import sys
 needle = sys.argv[1].encode()
@@ -21,6 +23,23 @@ for path in sys.argv[2:]:
         pass
 print("\\n".join(found))
 """
+
+
+# The storage and backend variants as a diagonal. conftest's ``base_uri`` fixture runs a test on
+# file:// and on fake GCS, and the modules' ``backend`` fixtures run it on the local backend and on
+# the cluster emulator: four runs of a DAG where the storage code and the backend code each differ
+# in two. A test marked ``backend_and_storage`` runs twice, each backend on the storage it is used
+# with (local on disk, a cluster on GCS); ``on_storage("gs")`` pins a test whose subject is not the
+# storage to one of them. Whatever truly differs by storage keeps a test of its own on each
+# (tests/test_units.py, test_e2e_dag.py, test_gc.py's listing and deleting, the bad-input tests).
+backend_and_storage = pytest.mark.parametrize(
+    ("backend", "base_uri"), [("local", "file"), ("gke", "gs")], indirect=True
+)
+
+
+def on_storage(*kinds: str) -> pytest.MarkDecorator:
+    """Run a ``base_uri`` test on these storages only ("file", "gs") instead of both."""
+    return pytest.mark.parametrize("base_uri", kinds, indirect=True)
 
 
 def machine_cache(name: str) -> Path:
