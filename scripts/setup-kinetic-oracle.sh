@@ -28,7 +28,12 @@ import kinetic.jobs, kinetic.cli.commands.jobs  # noqa: F401  (tests/test_kineti
 EOF
 }
 
+# A fresh clone starts from this machine's copy of the venv, if it has one (scripts/venv-cache.sh).
+. scripts/venv-cache.sh
+key="$(venv_cache_key kinetic-oracle "$PYTHON" scripts/setup-kinetic-oracle.sh)"
+venv_restore "$VENV" "$key"
 if ready; then
+  venv_save "$VENV" "$key"
   echo "keras-kinetic $KINETIC_VERSION already in $(pwd)/$VENV"
   exit 0
 fi
@@ -64,4 +69,5 @@ if ! ready; then
   echo "keras-kinetic $KINETIC_VERSION did not install into $VENV (see the output above)" >&2
   exit 1
 fi
+venv_save "$VENV" "$key"
 echo "keras-kinetic $KINETIC_VERSION installed in $(pwd)/$VENV"

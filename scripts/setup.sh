@@ -12,9 +12,27 @@ if ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; then
   bash scripts/debian-install.sh PostgreSQL postgresql
 fi
 
+# A fresh clone starts from this machine's venv of the same pyproject.toml, if it has one
+# (scripts/venv-cache.sh); pip then only points the editable install at this clone.
+. scripts/venv-cache.sh
+key="$(venv_cache_key main "$PYTHON" pyproject.toml scripts/setup.sh)"
+venv_restore .venv "$key"
+if [ -x .venv/bin/python ] && ! .venv/bin/python -c "import airflow" 2>/dev/null && [ -e .venv/.kinetic-setup ]; then
+  venv_discard .venv # a venv this script finished once no longer imports Airflow: broken, start over
+fi
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
+# Nothing to install when this clone's venv was set up from the same inputs and still imports the
+# package from here: a second run does no pip resolution (it took ~40 s on a 2-core machine).
+done_for="$key $(pwd)"
+if [ "$(cat .venv/.kinetic-setup 2>/dev/null)" = "$done_for" ] &&
+  [ "$(.venv/bin/python -c 'import kinetic_airflow, os; print(os.path.dirname(os.path.dirname(kinetic_airflow.__file__)))' 2>/dev/null)" = "$(pwd)" ]; then
+  echo "kinetic-airflow already installed in $(pwd)/.venv (pyproject.toml unchanged)"
+  exit 0
+fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e ".[test]"
+echo "$done_for" >.venv/.kinetic-setup
+venv_save .venv "$key"
 echo "kinetic-airflow installed in $(pwd)/.venv"

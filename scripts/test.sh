@@ -10,7 +10,9 @@ bash scripts/setup-browser.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 set +e
-.venv/bin/python -m pytest tests "$@"
+# Two processes (pytest-xdist), each test module whole in one of them: a module's services and
+# cluster emulator start once, and most of the suite's time is waiting on them, not computing.
+.venv/bin/python -m pytest tests -n 2 --dist loadfile "$@"
 code=$?
 set -e
 if [ "$code" -eq 5 ]; then

@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 _GREP_FILES = """
 import sys
@@ -20,6 +23,35 @@ for path in sys.argv[2:]:
         pass
 print("\\n".join(found))
 """
+
+
+# The storage and backend variants as a diagonal. conftest's ``base_uri`` fixture runs a test on
+# file:// and on fake GCS, and the modules' ``backend`` fixtures run it on the local backend and on
+# the cluster emulator: four runs of a DAG where the storage code and the backend code each differ
+# in two. A test marked ``backend_and_storage`` runs twice, each backend on the storage it is used
+# with (local on disk, a cluster on GCS); ``on_storage("gs")`` pins a test whose subject is not the
+# storage to one of them. Whatever truly differs by storage keeps a test of its own on each
+# (tests/test_units.py, test_e2e_dag.py, test_gc.py's listing and deleting, the bad-input tests).
+backend_and_storage = pytest.mark.parametrize(
+    ("backend", "base_uri"), [("local", "file"), ("gke", "gs")], indirect=True
+)
+
+
+def on_storage(*kinds: str) -> pytest.MarkDecorator:
+    """Run a ``base_uri`` test on these storages only ("file", "gs") instead of both."""
+    return pytest.mark.parametrize("base_uri", kinds, indirect=True)
+
+
+def machine_cache(name: str) -> Path:
+    """A directory that outlives the run, for caches that only make a second run on this machine
+    faster (mypy's): ``$XDG_CACHE_HOME/kinetic-airflow-tests/<name>`` (``~/.cache`` by default).
+
+    Never for state a test reads as a result: a fresh machine (CI) has none of it and must pass.
+    """
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kinetic-airflow-tests"
+    path = root / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def metadata_db_files_containing(needle: str) -> list[str]:

@@ -36,6 +36,74 @@ def cli_json(*argv: str) -> Any:
     return json.loads(out)
 
 
+class _Routed:
+    """Stands in for ``sys.stdout``/``sys.stderr`` while background threads run commands in this
+    process (``cli_polled``): such a thread writes into its own buffer, every other thread (the
+    test's ``dag.test()`` in the main one) into the stream this one replaced."""
+
+    def __init__(self, name: str, fallback: Any) -> None:
+        self.name = name
+        self.fallback = fallback
+
+    def _target(self) -> Any:
+        buffers = getattr(_thread_output, "buffers", None)
+        return buffers[self.name] if buffers else self.fallback
+
+    def write(self, text: str) -> int:
+        return self._target().write(text)
+
+    def flush(self) -> None:
+        self._target().flush()
+
+    def isatty(self) -> bool:
+        return self._target().isatty()
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._target(), attr)
+
+
+_thread_output = threading.local()
+_routing_lock = threading.Lock()
+_routing_users = 0
+
+
+def cli_polled(*argv: str) -> tuple[int, str, str]:
+    """``kinetic-airflow`` in this process, from any thread: (exit code, stdout, stderr).
+
+    For what a background thread asks again and again while the test's DAG runs (is the job
+    running yet, has it logged its first line): the same ``main`` a person's process runs, without
+    starting Python and importing Airflow each time (~4 s a question on this machine, most of a
+    poll). ``cli`` swaps ``sys.stdout`` for the whole process, which would take the main thread's
+    output too; this routes each thread's writes to its own buffers instead."""
+    global _routing_users
+    from kinetic_airflow.cli import main
+
+    with _routing_lock:
+        if _routing_users == 0:
+            sys.stdout, sys.stderr = _Routed("out", sys.stdout), _Routed("err", sys.stderr)
+        _routing_users += 1
+    out, err = io.StringIO(), io.StringIO()
+    _thread_output.buffers = {"out": out, "err": err}
+    try:
+        code = main(list(argv))
+    finally:
+        _thread_output.buffers = None
+        with _routing_lock:
+            _routing_users -= 1
+            if _routing_users == 0:
+                for name in ("stdout", "stderr"):
+                    stream = getattr(sys, name)
+                    if isinstance(stream, _Routed):  # unless someone swapped it since
+                        setattr(sys, name, stream.fallback)
+    return code, out.getvalue(), err.getvalue()
+
+
+def cli_polled_json(*argv: str) -> Any:
+    code, out, err = cli_polled(*argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
 def cli_run(*argv: str, timeout: float = 120) -> tuple[int, str, str]:
     """``kinetic-airflow`` as its own process, to completion: for threads (stdout is per process)."""
     proc = subprocess.run(

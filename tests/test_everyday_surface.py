@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pendulum
 import pytest
-from helpers import ti_states, xcom
+from helpers import on_storage, ti_states, xcom
 
 from kinetic_airflow import Data, KineticRunOperator, kinetic_task
 
@@ -43,6 +43,7 @@ def _jobs(base_uri: str) -> list[str]:
 
 
 # 1. Context arguments ----------------------------------------------------------------------------
+@on_storage("gs")  # what reaches the function is the payload's, not the storage's
 def test_context_arguments_reach_the_function(base_uri):
     day = pendulum.datetime(2026, 3, 4, 5, 6, tz="UTC")
     dr = _dag("kn_context").test(logical_date=day, run_conf={"epochs": 5})
@@ -348,6 +349,7 @@ def test_job_temp_dirs_are_removed_when_the_job_ends(file_base_uri, tmp_path, mo
 
 
 # 6. Tracebacks -----------------------------------------------------------------------------------
+@on_storage("file")  # the traceback is the result's, not the storage's
 def test_remote_traceback_appears_once_with_the_dag_files_lines(base_uri, capfd):
     dr = _dag("kn_traceback").test()
     assert ti_states(dr) == {"diverges": "failed"}

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import cloudpickle
 import pytest
-from helpers import dag_runs_in_metastore, ti_states
+from helpers import backend_and_storage, dag_runs_in_metastore, on_storage, ti_states
 from jobkit import gke_job, make_job, run_runner
 from ops_support import (
     cli,
     cli_json,
+    cli_polled_json,
     cli_run,
     cli_run_json,
     cluster,
@@ -47,6 +48,7 @@ def _rows(report: dict) -> dict[str, dict]:
     return {r["task_instance"].rsplit("/", 1)[-1]: r for r in report["files"] if r["job_id"] != "-"}
 
 
+@backend_and_storage  # lists and deletes on both storages
 def test_gc_keeps_live_and_needed(backend, base_uri, tmp_path, monkeypatch):
     """Dry run, then the real run, while a job runs: only finished, unreferenced jobs go.
 
@@ -67,7 +69,7 @@ def test_gc_keeps_live_and_needed(backend, base_uri, tmp_path, monkeypatch):
     def gc_while_a_job_runs():
         try:
             running = ("jobs", "list", "--dag-id", dag_id, "--state", "running")
-            live = wait_for(lambda: next(iter(cli_run_json(*running)), None), "a running job")
+            live = wait_for(lambda: next(iter(cli_polled_json(*running)), None), "a running job")
             code, out, err = cli_run("gc", "--older-than", "0s", "--dry-run", "--json")
             assert code == 0, err
             dry = json.loads(out)[0]
@@ -256,6 +258,7 @@ def sleeps_long() -> str:
     return "never"
 
 
+@on_storage("gs")  # the orphans are the cluster's
 def test_orphaned_cluster_jobs_are_found_and_deleted(gke_env, base_uri):
     emulator, _, _ = gke_env
     _, ref, storage = gke_job("orphan", sleeps_long, [])  # a Job no task instance owns
@@ -284,6 +287,7 @@ def test_orphaned_cluster_jobs_are_found_and_deleted(gke_env, base_uri):
     assert marker["by"] == "kinetic-airflow gc --delete-orphans" and "no task instance" in marker["reason"]
 
 
+@on_storage("file")  # a setting and its parse
 def test_retention_days_setting_and_bad_ages(local_env, base_uri, monkeypatch):
     code, _, err = cli("gc", "--dry-run")
     assert code == 2 and "Pass --older-than (e.g. 30d) or set [kinetic] retention_days" in err

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import ti_states, xcom
+from helpers import backend_and_storage, on_storage, ti_states, xcom
 from ops_support import (
     cli,
     cli_json,
+    cli_polled,
+    cli_polled_json,
     cli_process,
     cli_run,
     cli_run_json,
@@ -41,6 +43,7 @@ def backend(request):
     return request.param
 
 
+@backend_and_storage
 def test_list_logs_result_show(backend, base_uri):
     dr = _dag(f"kn_ops_{backend}").test()
     assert ti_states(dr) == {"greet": "success", "diverges": "failed", "big": "success"}
@@ -108,16 +111,17 @@ def test_list_logs_result_show(backend, base_uri):
 
 def _running_job(dag_id: str, state: str = "running") -> dict:
     def found():
-        rows = cli_run_json("jobs", "list", "--dag-id", dag_id, "--state", state)
+        rows = cli_polled_json("jobs", "list", "--dag-id", dag_id, "--state", state)
         return rows[0] if rows else None
 
     return wait_for(found, f"a {state} job of {dag_id}")
 
 
 def _first_line(job_id: str) -> None:
-    wait_for(lambda: "started waiting" in cli_run("jobs", "logs", job_id)[1], "the job's first log line")
+    wait_for(lambda: "started waiting" in cli_polled("jobs", "logs", job_id)[1], "the job's first log line")
 
 
+@backend_and_storage
 def test_cancel_a_running_job_and_follow_its_log(backend, base_uri, tmp_path, monkeypatch):
     flag = tmp_path / "flag"
     monkeypatch.setenv("KN_OPS_FLAG", str(flag))
@@ -163,6 +167,7 @@ def _me() -> str:
     return f"{getpass.getuser()}@{socket.gethostname()}"
 
 
+@on_storage("file")  # the marker is written as any status file is (both storages: above)
 def test_a_cancel_from_the_cli_names_the_user_and_the_host(local_env, base_uri, tmp_path):
     """The cancelled marker (what the task's error, the view and ``jobs show`` quote) says who."""
     import sys
@@ -193,6 +198,7 @@ def test_a_cancel_from_the_cli_names_the_user_and_the_host(local_env, base_uri, 
         backend.cancel(ref)
 
 
+@backend_and_storage
 def test_follow_until_the_job_ends(backend, base_uri, tmp_path, monkeypatch):
     flag = tmp_path / "flag"
     monkeypatch.setenv("KN_OPS_FLAG", str(flag))
@@ -226,6 +232,7 @@ def test_unknown_job_and_bad_base_uri_are_clear(local_env, base_uri):
     assert code == 2 and "unsupported storage URI 's3://bucket/x'" in err
 
 
+@on_storage("gs")  # the state is the cluster's
 def test_cluster_state_is_read_from_the_cluster(gke_env, base_uri, tmp_path, monkeypatch):
     """A job whose pod cannot be scheduled yet is 'pending' (read off the cluster), then 'running'."""
     emulator, _, _ = gke_env
@@ -253,6 +260,7 @@ def test_cluster_state_is_read_from_the_cluster(gke_env, base_uri, tmp_path, mon
     assert ti_states(dr) == {"waits": "success"}
 
 
+@on_storage("gs")
 def test_a_multi_host_job_every_host_s_log(gke_env, base_uri, tmp_path, monkeypatch):
     """backend=pathways: listed with its accelerator; its log is every host's, [hN]-prefixed."""
     flag = tmp_path / "flag"
@@ -263,7 +271,7 @@ def test_a_multi_host_job_every_host_s_log(gke_env, base_uri, tmp_path, monkeypa
             job = _running_job("kn_ops_wait_pathways")
 
             def all_hosts():
-                out = cli_run("jobs", "logs", job["job_id"])[1]
+                out = cli_polled("jobs", "logs", job["job_id"])[1]
                 return out if all(f"[h{h}] started waiting" in out for h in range(4)) else None
 
             logs = wait_for(all_hosts, "every host's first line")

@@ -12,7 +12,7 @@ import sys
 
 import cloudpickle
 import pytest
-from helpers import ti_states, xcom
+from helpers import on_storage, ti_states, xcom
 from ops_support import cluster, gke_env, k8s
 
 from kinetic_airflow.accelerators import parse_accelerator
@@ -340,6 +340,7 @@ def _secret(emulator) -> None:
             raise
 
 
+@on_storage("gs")  # the override is the pod's
 def test_override_on_the_emulator_secret_env_reaches_the_function(gke_env, base_uri):
     emulator, _, _ = gke_env
     _secret(emulator)
@@ -388,6 +389,7 @@ def test_override_on_the_emulator_secret_env_reaches_the_function(gke_env, base_
     assert '"secretKeyRef": {"key": "password", "name": "db-creds"}' in record and SECRET not in record
 
 
+@on_storage("gs")
 def test_override_on_leaderworkerset_hosts(gke_env, base_uri):
     import kn_ops
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import ti_states
+from helpers import backend_and_storage, on_storage, ti_states
 from ops_support import cli, cli_json, cli_run, cluster, gke_env, local_env
 
 from kinetic_airflow.job.storage import open_storage
@@ -34,6 +34,7 @@ def _files(storage, job_uri: str) -> dict[str, bytes]:
     return {uri: storage.read_bytes(uri) for uri in storage.list(job_uri)}
 
 
+@backend_and_storage
 def test_reproduce_a_failed_job_and_a_successful_one(backend, base_uri, tmp_path):
     jobs = _jobs(backend)
     failed = jobs["diverges"]
@@ -67,6 +68,7 @@ def test_reproduce_a_failed_job_and_a_successful_one(backend, base_uri, tmp_path
     assert (tmp_path / "repro" / "jobs" / ok["job_id"] / "result.json").exists()
 
 
+@on_storage("file")  # reading the job from either storage: above
 def test_reproduce_under_pdb(local_env, base_uri):
     failed = _jobs("local")["diverges"]
     proc = subprocess.run(
