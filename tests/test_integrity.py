@@ -17,7 +17,7 @@ import pytest
 from emulated_cluster import point_kinetic_at, running_emulator
 from helpers import ti_states, xcom
 
-from kinetic_airflow import operators
+from kinetic_airflow import operators, submission
 from kinetic_airflow.job.layout import JobLayout
 from kinetic_airflow.job.storage import open_storage
 
@@ -128,14 +128,14 @@ def test_a_tampered_result_is_refused_before_the_worker_unpickles_it(
 
 def test_a_tampered_payload_is_refused_by_the_runner(backend, marker, evil, monkeypatch, capfd):
     """The payload replaced after upload, its manifest untouched."""
-    real = operators.write_payload
+    real = submission.write_payload
 
     def write_payload(storage, uri, *args, **kwargs):
         fields = real(storage, uri, *args, **kwargs)
         open_storage(uri).write_bytes(uri, evil)
         return fields
 
-    monkeypatch.setattr(operators, "write_payload", write_payload)
+    monkeypatch.setattr(submission, "write_payload", write_payload)
     dr = _dag("single", backend).test()
     log = _log(capfd)
     assert ti_states(dr) == {"compute": "failed"}
@@ -148,7 +148,7 @@ def test_a_payload_and_manifest_digest_replaced_together_are_refused(
     backend, marker, evil, monkeypatch, capfd
 ):
     """The attacker rewrites the manifest's digest to match its payload: the HMAC no longer fits."""
-    real_write, real_text = operators.write_payload, operators.manifest_text
+    real_write, real_text = submission.write_payload, submission.manifest_text
 
     def write_payload(storage, uri, *args, **kwargs):
         fields = real_write(storage, uri, *args, **kwargs)
@@ -160,8 +160,8 @@ def test_a_payload_and_manifest_digest_replaced_together_are_refused(
         text["sha256"] = hashlib.sha256(evil).hexdigest()
         return json.dumps(text, sort_keys=True)
 
-    monkeypatch.setattr(operators, "write_payload", write_payload)
-    monkeypatch.setattr(operators, "manifest_text", manifest_text)
+    monkeypatch.setattr(submission, "write_payload", write_payload)
+    monkeypatch.setattr(submission, "manifest_text", manifest_text)
     dr = _dag("single", backend).test()
     log = _log(capfd)
     assert ti_states(dr) == {"compute": "failed"}
