@@ -175,6 +175,27 @@ def load_record(store: Any) -> dict[str, Any] | None:
     return decode_record(store.get(STATE_KEY))
 
 
+def read_record_from_db(dag_id: str, run_id: str, task_id: str, map_index: int) -> dict[str, Any] | None:
+    """The record of a task instance read straight from the metadata DB, for the processes that
+    have no task instance's store in hand (the listener in the scheduler, the CLI)."""
+    # Airflow start-up cost: its models load when used, not when this module is imported.
+    from airflow.models.task_state_store import TaskStateStoreModel as Store
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        value = session.scalar(
+            select(Store.value).where(
+                Store.dag_id == dag_id,
+                Store.run_id == run_id,
+                Store.task_id == task_id,
+                Store.map_index == map_index,
+                Store.key == STATE_KEY,
+            )
+        )
+    return decode_record(value)
+
+
 def save_record(
     store: Any,
     phase: Phase,

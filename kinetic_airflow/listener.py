@@ -20,8 +20,7 @@ from airflow.listeners import hookimpl
 
 from kinetic_airflow.backends.registry import get_backend
 from kinetic_airflow.connections import storage_for
-from kinetic_airflow.job.layout import STATE_KEY
-from kinetic_airflow.lifecycle import cancel_job, decode_record
+from kinetic_airflow.lifecycle import cancel_job, read_record_from_db
 
 log = logging.getLogger(__name__)
 
@@ -29,22 +28,9 @@ _MANUAL = "manually set"
 
 
 def _recorded_job(task_instance: Any) -> dict[str, Any] | None:
-    # Airflow start-up cost: its models load when used, not when the plugin is registered.
-    from airflow.models.task_state_store import TaskStateStoreModel
-    from airflow.utils.session import create_session
-    from sqlalchemy import select
-
-    with create_session() as session:
-        value = session.scalar(
-            select(TaskStateStoreModel.value).where(
-                TaskStateStoreModel.dag_id == task_instance.dag_id,
-                TaskStateStoreModel.run_id == task_instance.run_id,
-                TaskStateStoreModel.task_id == task_instance.task_id,
-                TaskStateStoreModel.map_index == task_instance.map_index,
-                TaskStateStoreModel.key == STATE_KEY,
-            )
-        )
-    record = decode_record(value)
+    record = read_record_from_db(
+        task_instance.dag_id, task_instance.run_id, task_instance.task_id, task_instance.map_index
+    )
     return record["job"] if record else None
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from kinetic_airflow.job.layout import STATE_KEY, JobIdentity
-from kinetic_airflow.lifecycle import decode_record, job_integrity
+from kinetic_airflow.job.layout import JobIdentity
+from kinetic_airflow.lifecycle import job_integrity, read_record_from_db
 
 __all__ = ["NO_KEY_HELP", "recorded_integrity"]
 
@@ -33,27 +33,11 @@ def recorded_integrity(identity: JobIdentity | None, job_id: str) -> tuple[dict[
     if identity is None:
         return {}, "the job's job.json names no task instance"
     try:
-        # Airflow start-up cost: the metadata DB is opened only for a command that needs a key.
-        from airflow.models.task_state_store import TaskStateStoreModel as Store
-        from airflow.utils.session import create_session
-        from sqlalchemy import select
-
-        with create_session() as session:
-            value = session.scalar(
-                select(Store.value).where(
-                    Store.dag_id == identity.dag_id,
-                    Store.run_id == identity.run_id,
-                    Store.task_id == identity.task_id,
-                    Store.map_index == identity.map_index,
-                    Store.key == STATE_KEY,
-                )
-            )
+        record = read_record_from_db(identity.dag_id, identity.run_id, identity.task_id, identity.map_index)
+    except ValueError as exc:  # a damaged record: say so
+        return {}, str(exc)
     except Exception as exc:  # no Airflow here, or no DB: say so, never guess
         return {}, f"the metadata DB could not be read ({type(exc).__name__}: {exc})"
-    try:
-        record = decode_record(value)
-    except ValueError as exc:
-        return {}, str(exc)
     found = job_integrity(record, {"job_id": job_id})
     if not found.get("key"):
         return {}, f"the job record of {identity.ti_key} names no key for job {job_id}"
