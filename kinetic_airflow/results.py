@@ -58,9 +58,11 @@ def load_verified_envelope(
         storage.download_file(uri, tmp)
         sha256 = check_result(summary, file_sha256(tmp), key, host, f"the result envelope {uri}")
         with open(tmp, "rb") as fh:
-            return cloudpickle.load(fh), sha256
+            envelope = cloudpickle.load(fh)
     finally:
         os.unlink(tmp)
+    check_envelope_format(envelope, uri)
+    return envelope, sha256
 
 
 def load_checked_envelope(storage: Storage, uri: str, sha256: str, source: str) -> dict[str, Any]:

@@ -76,7 +76,7 @@ def cli_polled(*argv: str) -> tuple[int, str, str]:
     poll). ``cli`` swaps ``sys.stdout`` for the whole process, which would take the main thread's
     output too; this routes each thread's writes to its own buffers instead."""
     global _routing_users
-    from kinetic_airflow.cli import main
+    from kinetic_airflow.cli.main import main
 
     with _routing_lock:
         if _routing_users == 0:

@@ -159,7 +159,7 @@ def test_a_role_without_events_warns_and_says_what_is_lost(cluster, monkeypatch)
     from kinetic_airflow.backends.base import JobState
     from kinetic_airflow.backends.gke.backend import k8s_job_name
     from kinetic_airflow.backends.registry import get_backend
-    from kinetic_airflow.cli import main
+    from kinetic_airflow.cli.main import main
 
     k8s, _ = cluster
     k8s.deny_verb("list", "events")

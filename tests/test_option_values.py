@@ -350,7 +350,7 @@ def test_a_configured_value_is_checked_before_any_job_naming_its_source(
     dr = _dag("kn_configured_options").test()
     assert ti_states(dr) == {"uses_the_config": "failed"}
     kind, message = (tmp_path / "uses_the_config.txt").read_text().split("\n", 1)
-    assert kind == "kinetic_airflow.config.KineticSettingError"
+    assert kind == "kinetic_airflow.options.KineticSettingError"
     assert variable in message and repr(value) in message and expected in message
     assert _jobs(base) == []
 

@@ -172,25 +172,37 @@ def test_matching_release_says_nothing(tmp_path):
 
 
 def test_worker_refuses_an_envelope_of_another_format(tmp_path):
+    """Checked after its HMAC (the job's own runner wrote it), before any field is read."""
+    import hashlib
+
     import pytest
 
     from kinetic_airflow import __version__
     from kinetic_airflow.job.envelope import FORMAT_VERSION
-    from kinetic_airflow.results import KineticJobError, load_envelope
+    from kinetic_airflow.job.integrity import new_key, result_tag
+    from kinetic_airflow.results import KineticJobError, load_verified_envelope
 
     storage = open_storage(f"file://{tmp_path}")
     uri = f"file://{tmp_path}/result.pkl"
+    key = new_key()
+
+    def stored(envelope: dict) -> dict:
+        data = cloudpickle.dumps(envelope)
+        storage.write_bytes(uri, data)
+        digest = hashlib.sha256(data).hexdigest()
+        return {"integrity": {"sha256": digest, "hmac": result_tag(key, 0, digest)}}
+
     envelope = {
         "ok": True,
         "value": 1,
         "fingerprint": {"kinetic_airflow": "9.0.0", "format": FORMAT_VERSION + 1},
     }
-    storage.write_bytes(uri, cloudpickle.dumps(envelope))
+    summary = stored(envelope)
     with pytest.raises(KineticJobError) as caught:
-        load_envelope(storage, uri)
+        load_verified_envelope(storage, uri, summary, key, 0)
     assert f"is in job format {FORMAT_VERSION + 1}, written by the runner of kinetic-airflow 9.0.0" in str(
         caught.value
     )
     assert f"this worker (kinetic-airflow {__version__}) reads format {FORMAT_VERSION}" in str(caught.value)
-    storage.write_bytes(uri, cloudpickle.dumps({**envelope, "fingerprint": {"format": FORMAT_VERSION}}))
-    assert load_envelope(storage, uri)["value"] == 1
+    summary = stored({**envelope, "fingerprint": {"format": FORMAT_VERSION}})
+    assert load_verified_envelope(storage, uri, summary, key, 0)[0]["value"] == 1

@@ -537,11 +537,12 @@ def test_a_failure_shows_the_users_traceback_and_names(stack: UiStack, sweep: di
     )
     assert shown.returncode == 1, shown.stderr
     assert "error_type: kn_ui.TrainingDiverged" in shown.stdout and frame in shown.stdout, shown.stdout
-    redo = subprocess.run(
+    redo = subprocess.run(  # this Airflow's environment: the job's key is in its metadata DB
         [*cli, "reproduce", body["job_id"], *where, "--workdir", str(stack.root / "redo")],
         capture_output=True,
         text=True,
         timeout=300,
+        env=stack.airflow.env,
     )
     assert "the job failed: kn_ui.TrainingDiverged" in redo.stdout, redo.stdout + redo.stderr
     assert "reproduced: kn_ui.TrainingDiverged: loss 1e+09 at step 7" in redo.stdout, redo.stdout

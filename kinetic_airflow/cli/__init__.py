@@ -11,9 +11,6 @@ text       help texts shared by the commands
 """
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The console script as installed before ``cli`` was a package (``kinetic_airflow.cli:main``)."""
-    # Not at the top: importing a command module (cli.jobs, cli.gc) must not build the parser.
-    from kinetic_airflow.cli.main import main as run
-
-    return run(argv)
+# No ``main`` here: the submodule ``cli.main`` would shadow it as soon as it is imported, so
+# ``from kinetic_airflow.cli import main`` would give a function or a module depending on what ran
+# first. The console script and callers name ``kinetic_airflow.cli.main:main``.

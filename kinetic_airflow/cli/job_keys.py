@@ -38,6 +38,11 @@ def recorded_integrity(identity: JobIdentity | None, job_id: str) -> tuple[dict[
         return {}, str(exc)
     except Exception as exc:  # no Airflow here, or no DB: say so, never guess
         return {}, f"the metadata DB could not be read ({type(exc).__name__}: {exc})"
+    if record is None:
+        return {}, (
+            f"this Airflow's metadata DB holds no job record for {identity.ti_key} (is this the "
+            "environment of the Airflow that ran it? AIRFLOW__DATABASE__SQL_ALCHEMY_CONN names the DB)"
+        )
     found = job_integrity(record, {"job_id": job_id})
     if not found.get("key"):
         return {}, f"the job record of {identity.ti_key} names no key for job {job_id}"
