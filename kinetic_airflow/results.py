@@ -4,22 +4,17 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 from typing import Any
 
-import cloudpickle
-
 from kinetic_airflow import __version__
-from kinetic_airflow.job.envelope import FORMAT_VERSION, ResultRef
-from kinetic_airflow.job.integrity import check_digest, check_result, file_sha256
+from kinetic_airflow.job.envelope import FORMAT_VERSION, ResultRef, load_checked_envelope
+from kinetic_airflow.job.integrity import check_result
 from kinetic_airflow.job.storage import Storage
 from kinetic_airflow.job.tracebacks import clean_remote_traceback, type_name, user_summary
 
 __all__ = [
     "KineticJobError",
     "KineticRemoteError",
-    "load_checked_envelope",
     "load_verified_envelope",
     "log_remote_traceback",
     "raise_remote",
@@ -45,40 +40,18 @@ class KineticRemoteError(RuntimeError):
 def load_verified_envelope(
     storage: Storage, uri: str, summary: dict[str, Any] | None, key: str | None, host: int
 ) -> tuple[dict[str, Any], str]:
-    """Download to a temp file, check it, then unpickle; returns the envelope and its digest.
+    """Check, then unpickle; returns the envelope and its digest.
 
     The check comes first: the file's SHA-256 must be the one its ``result.json`` names, and
     that claim must carry the HMAC of (host, digest) under the job's key (from the job record),
     which only the job's runner can make. A mismatch raises ``IntegrityError`` naming the object
-    and nothing is unpickled. A temp file, so a large value is held once in memory.
+    and nothing is unpickled.
     """
-    fd, tmp = tempfile.mkstemp(prefix="kinetic-result-")
-    os.close(fd)
-    try:
-        storage.download_file(uri, tmp)
-        sha256 = check_result(summary, file_sha256(tmp), key, host, f"the result envelope {uri}")
-        with open(tmp, "rb") as fh:
-            envelope = cloudpickle.load(fh)
-    finally:
-        os.unlink(tmp)
+    envelope, sha256 = load_checked_envelope(
+        storage, uri, lambda actual: check_result(summary, actual, key, host, f"the result envelope {uri}")
+    )
     check_envelope_format(envelope, uri)
     return envelope, sha256
-
-
-def load_checked_envelope(storage: Storage, uri: str, sha256: str, source: str) -> dict[str, Any]:
-    """Download, check against a digest verified earlier (``source`` says where it was recorded),
-    then unpickle."""
-    fd, tmp = tempfile.mkstemp(prefix="kinetic-result-")
-    os.close(fd)
-    try:
-        storage.download_file(uri, tmp)
-        check_digest(file_sha256(tmp), sha256, f"the result envelope {uri}", source)
-        with open(tmp, "rb") as fh:
-            envelope = cloudpickle.load(fh)
-    finally:
-        os.unlink(tmp)
-    check_envelope_format(envelope, uri)
-    return envelope
 
 
 def check_envelope_format(envelope: Any, uri: str) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
@@ -24,6 +25,7 @@ __all__ = [
     "PHASES",
     "ResultRef",
     "is_result_ref",
+    "load_checked_envelope",
     "summary_from_envelope",
 ]
 
@@ -62,6 +64,23 @@ def summary_from_envelope(envelope: dict[str, Any]) -> dict[str, Any]:
 
 def dumps_summary(envelope: dict[str, Any]) -> str:
     return json.dumps(summary_from_envelope(envelope), default=repr, sort_keys=True)
+
+
+def load_checked_envelope(storage: Any, uri: str, check: Callable[[str], Any]) -> tuple[Any, str]:
+    """Download an envelope to a temp file, pass its SHA-256 to ``check`` (which raises on a
+    mismatch), and only then unpickle it; returns the envelope and its digest. The one place a
+    stored envelope is unpickled: nothing from storage runs before its check. A temp file, so a
+    large value is held once in memory."""
+    fd, tmp = tempfile.mkstemp(prefix="kinetic-envelope-")
+    os.close(fd)
+    try:
+        storage.download_file(uri, tmp)
+        actual = file_sha256(tmp)
+        check(actual)
+        with open(tmp, "rb") as fh:
+            return cloudpickle.load(fh), actual
+    finally:
+        os.unlink(tmp)
 
 
 class ResultRef:
@@ -104,22 +123,16 @@ class ResultRef:
 
     def load(self, storage: Any = None) -> Any:
         """Download the envelope, check it against the verified digest, and return the value."""
-
-        storage = storage or open_storage(self.uri)
-        fd, tmp = tempfile.mkstemp(prefix="kinetic-ref-")
-        os.close(fd)
-        try:
-            storage.download_file(self.uri, tmp)
-            check_digest(
-                file_sha256(tmp),
+        envelope, _ = load_checked_envelope(
+            storage or open_storage(self.uri),
+            self.uri,
+            lambda actual: check_digest(
+                actual,
                 self.sha256,
                 f"the result {self.uri}",
                 "its XCom reference (the digest the worker verified with the job key)",
-            )
-            with open(tmp, "rb") as fh:
-                envelope = cloudpickle.load(fh)
-        finally:
-            os.unlink(tmp)
+            ),
+        )
         value = envelope["value"]
         return value[self.key] if self.key is not None else value
 
