@@ -56,6 +56,7 @@ from kinetic_airflow.links import (
     KineticJobLogsLink,
     KineticViewLink,
 )
+from kinetic_airflow.optional import require_airflow
 from kinetic_airflow.options import is_deferred, validate_options
 from kinetic_airflow.results import (
     KineticJobError,
@@ -81,6 +82,8 @@ from kinetic_airflow.validation import (
     validate_callable,
 )
 from kinetic_airflow.watch import JobWatcher, describe_failure
+
+require_airflow()  # an older Airflow fails the DAG's import here, with the reason and the fix
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

@@ -19,4 +19,10 @@ if [ "$code" -eq 5 ]; then
   echo "no tests were collected: failing" >&2
   exit 1
 fi
-exit "$code"
+# The dag.test() tier again on the oldest Airflow pyproject.toml declares (its own venv).
+floor=0
+bash scripts/test-airflow-floor.sh -q -rs || floor=$?
+if [ "$code" -ne 0 ]; then
+  exit "$code"
+fi
+exit "$floor"
