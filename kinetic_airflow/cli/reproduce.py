@@ -31,7 +31,6 @@ from kinetic_airflow.job.integrity import (
     KEY_ENV,
     IntegrityError,
     check_digest,
-    file_sha256,
     manifest_text,
     verify_manifest,
 )
@@ -103,9 +102,8 @@ def copy_job(storage: Any, job_uri: str, workdir: str, output_dir: str | None, k
     where = "the job record in Airflow's metadata DB"
     manifest = verify_manifest(text, key, source.manifest, where)
     local_payload = os.path.join(local_dir, PAYLOAD_NAME)
-    storage.download_file(source.payload, local_payload)
     check_digest(
-        file_sha256(local_payload),
+        storage.download_hashed(source.payload, local_payload),
         manifest.get("sha256"),
         f"the payload {source.payload}",
         "its HMAC-checked manifest",

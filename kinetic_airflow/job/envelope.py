@@ -17,7 +17,7 @@ from typing import Any
 
 import cloudpickle
 
-from kinetic_airflow.job.integrity import check_digest, file_sha256
+from kinetic_airflow.job.integrity import check_digest
 from kinetic_airflow.job.storage import open_storage
 
 __all__ = [
@@ -67,15 +67,14 @@ def dumps_summary(envelope: dict[str, Any]) -> str:
 
 
 def load_checked_envelope(storage: Any, uri: str, check: Callable[[str], Any]) -> tuple[Any, str]:
-    """Download an envelope to a temp file, pass its SHA-256 to ``check`` (which raises on a
-    mismatch), and only then unpickle it; returns the envelope and its digest. The one place a
-    stored envelope is unpickled: nothing from storage runs before its check. A temp file, so a
-    large value is held once in memory."""
+    """Download an envelope to a temp file (digested as it arrives), pass its SHA-256 to
+    ``check`` (which raises on a mismatch), and only then unpickle it; returns the envelope and
+    its digest. The one place a stored envelope is unpickled: nothing from storage runs before
+    its check. A temp file, so a large value is held once in memory."""
     fd, tmp = tempfile.mkstemp(prefix="kinetic-envelope-")
     os.close(fd)
     try:
-        storage.download_file(uri, tmp)
-        actual = file_sha256(tmp)
+        actual = storage.download_hashed(uri, tmp)
         check(actual)
         with open(tmp, "rb") as fh:
             return cloudpickle.load(fh), actual

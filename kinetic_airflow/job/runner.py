@@ -45,7 +45,6 @@ from kinetic_airflow.job.integrity import (
     HashingFile,
     IntegrityError,
     check_digest,
-    file_sha256,
     result_tag,
     take_key_from_environment,
     verify_manifest,
@@ -194,11 +193,11 @@ class JobRunner:
                 raise PhaseError(str(exc)) from None
         with self._timed("download"):
             local_payload = os.path.join(self.workdir, PAYLOAD_NAME)
-            self.storage.download_file(self.layout.payload, local_payload)
+            payload_sha256 = self.storage.download_hashed(self.layout.payload, local_payload)
         with self._timed("verify"):
             try:
                 check_digest(
-                    file_sha256(local_payload),
+                    payload_sha256,
                     self.manifest.get("sha256"),
                     f"the payload {self.layout.payload}",
                     f"the manifest (HMAC-checked with the job key from {self.key_source})",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import shutil
 import tempfile
@@ -22,6 +23,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import unquote, urlparse
+
+from kinetic_airflow.job.integrity import HashingFile, file_sha256
+from kinetic_airflow.job.ranged import RANGE_BYTES, ObjectChangedError, download_in_ranges
 
 __all__ = [
     "FileStorage",
@@ -112,6 +116,15 @@ class Storage:
     def download_file(self, uri: str, local_path: str) -> None:
         raise NotImplementedError
 
+    def download_hashed(self, uri: str, local_path: str) -> str:
+        """Download to ``local_path`` and return the SHA-256 of what was written.
+
+        The caller checks the digest before it trusts the file; storages that can digest while
+        they download override this, so the bytes are read once.
+        """
+        self.download_file(uri, local_path)
+        return file_sha256(local_path)
+
     def list(self, prefix_uri: str) -> list[str]:
         """All object URIs under ``prefix_uri`` (recursive)."""
         raise NotImplementedError
@@ -190,6 +203,15 @@ class FileStorage(Storage):
         except FileNotFoundError:
             raise StorageNotFound(f"{uri} does not exist") from None
 
+    def download_hashed(self, uri: str, local_path: str) -> str:
+        try:
+            with open(self._path(uri), "rb") as src, open(local_path, "wb") as dst:
+                sink = HashingFile(dst)
+                shutil.copyfileobj(src, sink, _CHUNK_SIZE)
+        except FileNotFoundError:
+            raise StorageNotFound(f"{uri} does not exist") from None
+        return sink.hexdigest()
+
     def list(self, prefix_uri: str) -> list[str]:
         root = self._path(prefix_uri)
         if root.is_file():
@@ -244,6 +266,10 @@ class GCSStorage(Storage):
         """Uploads go in chunks (bounded memory, resumable); downloads stream in one request."""
         bucket, name = _split_gs(uri)
         return self.client.bucket(bucket).blob(name, chunk_size=_CHUNK_SIZE if upload else None)
+
+    def _blob_at(self, uri: str, generation: int | None) -> Any:
+        bucket, name = _split_gs(uri)
+        return self.client.bucket(bucket).blob(name, generation=generation)
 
     def _translate(self, uri: str, exc: Exception) -> Exception:
         # Start-up cost: the Google clients load only when gs:// or GCP credentials are used.
@@ -336,6 +362,59 @@ class GCSStorage(Storage):
         except Exception as exc:
             if os.path.exists(local_path) and os.path.getsize(local_path) == 0:
                 os.unlink(local_path)
+            raise self._translate(uri, exc) from exc
+
+    # The size of the first request and of each parallel range (kinetic_airflow.job.ranged).
+    range_bytes = RANGE_BYTES
+
+    def download_hashed(self, uri: str, local_path: str) -> str:
+        """One request for an object smaller than a range; parallel ranges for a larger one.
+
+        The first request reads the head; only when it comes back full is the object's size
+        asked for. Every later range reads the head's generation, so an object rewritten during
+        the download fails it instead of mixing two versions. The library's own checksum
+        is off: a range cannot be checked with it, and the caller checks the SHA-256 returned.
+        """
+        # Start-up cost: the Google clients load only when gs:// or GCP credentials are used.
+        from google.api_core import exceptions as gexc
+
+        blob = self._blob(uri)
+        try:
+            with open(local_path, "wb") as fh:
+                try:
+                    head = blob.download_as_bytes(
+                        start=0, end=self.range_bytes - 1, checksum=None, raw_download=True
+                    )
+                except gexc.RequestRangeNotSatisfiable:  # an empty object has no byte 0
+                    head = blob.download_as_bytes(checksum=None, raw_download=True)
+                if len(head) < self.range_bytes:
+                    fh.write(head)
+                    return hashlib.sha256(head).hexdigest()
+                # Every later read names the head's generation: a rewrite in between is a 404.
+                pinned = self._blob_at(uri, blob.generation)
+                try:
+                    pinned.reload()
+                except gexc.NotFound:
+                    raise ObjectChangedError(f"its generation {blob.generation} is gone") from None
+                generation = pinned.generation
+
+                def fetch(start: int, end: int) -> bytes:
+                    try:
+                        return self._blob_at(uri, generation).download_as_bytes(
+                            start=start, end=end - 1, checksum=None, raw_download=True
+                        )
+                    except gexc.NotFound:
+                        raise ObjectChangedError(f"its generation {generation} is gone") from None
+
+                return download_in_ranges(
+                    fetch, fh, first=head, size=int(pinned.size), range_bytes=self.range_bytes
+                )
+        except ObjectChangedError as exc:
+            raise StorageError(
+                f"{uri} was rewritten or deleted while it was downloaded ({exc}); nothing from it "
+                "is used. Try again once its writer has finished."
+            ) from exc
+        except Exception as exc:
             raise self._translate(uri, exc) from exc
 
     def list(self, prefix_uri: str) -> list[str]:
