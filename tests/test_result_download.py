@@ -89,9 +89,16 @@ def test_a_failing_range_fails_the_download_without_hanging() -> None:
 @pytest.fixture(scope="module")
 def logged_gcs(tmp_path_factory: pytest.TempPathFactory):
     server = FakeGCS(access_log=tmp_path_factory.mktemp("gcs") / "access.log").start()
+    # The clients must reach this server, not a session-wide one an earlier module started.
+    saved = os.environ.get("STORAGE_EMULATOR_HOST")
+    os.environ["STORAGE_EMULATOR_HOST"] = server.url
     try:
         yield server
     finally:
+        if saved is None:
+            os.environ.pop("STORAGE_EMULATOR_HOST", None)
+        else:
+            os.environ["STORAGE_EMULATOR_HOST"] = saved
         server.stop()
 
 
