@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv with kinetic-airflow (editable) and its test tools, and make sure the PostgreSQL server
 # binaries and redis-server are on the machine (the real-components tests start private throwaway
-# servers from them, tests/components/postgres.py and redis_server.py). Idempotent: safe to run again on a machine that has everything.
+# servers from them, tests/components/postgres.py and redis_server.py). Idempotent: safe to run again
+# on a machine that has everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
