@@ -25,7 +25,9 @@ from pathlib import Path
 import pytest
 import test_lifecycle_components as scenarios
 from components.stack import started
-from test_lifecycle_components import (
+
+# The scenarios, collected here as tests of this module (its own `stack` fixture).
+from test_lifecycle_components import (  # noqa: F401
     Stack,
     test_backfill_reprocess_and_a_recreated_run_run_new_jobs_with_current_code,
     test_clearing_a_live_task_stops_its_job_and_runs_a_new_one,
@@ -34,13 +36,6 @@ from test_lifecycle_components import (
 )
 
 pytestmark = pytest.mark.timeout(900)
-
-__all__ = [
-    "test_backfill_reprocess_and_a_recreated_run_run_new_jobs_with_current_code",
-    "test_clearing_a_live_task_stops_its_job_and_runs_a_new_one",
-    "test_task_killed_after_payload_upload_reattaches",
-    "test_task_killed_between_job_creation_and_payload_upload_still_succeeds_once",
-]
 
 
 @pytest.fixture(scope="module")
