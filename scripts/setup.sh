@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv with kinetic-airflow (editable) and its test tools, and make sure the PostgreSQL server
-# binaries are on the machine (the real-components tests start a private throwaway server from them,
-# tests/components/postgres.py). Idempotent: safe to run again on a machine that has everything.
+# binaries and redis-server are on the machine (the real-components tests start private throwaway
+# servers from them, tests/components/postgres.py and redis_server.py). Idempotent: safe to run again
+# on a machine that has everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -10,6 +11,11 @@ PYTHON="${PYTHON:-python3}"
 # machine's own cluster. Installed from Debian only when missing, so a second run does no network I/O.
 if ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; then
   bash scripts/debian-install.sh PostgreSQL postgresql
+fi
+# Redis: the CeleryExecutor tests' broker (tests/components/redis_server.py starts a private
+# redis-server on a free port; the machine's own service is never used). Same rule: only when missing.
+if ! command -v redis-server >/dev/null && [ ! -x /usr/bin/redis-server ]; then
+  bash scripts/debian-install.sh Redis redis-server
 fi
 
 # A fresh clone starts from this machine's venv of the same pyproject.toml, if it has one

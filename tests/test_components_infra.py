@@ -12,7 +12,9 @@ test timing out with a wall of service logs:
   its request-log counter sees exactly that one Job creation, and stop ends it
   and its pods;
 * with ``EmulatorProcess.airflow_env()``, a ``@task.kinetic`` task run by the
-  scheduler goes through kinetic's GKE backend into the emulator: one Job.
+  scheduler goes through kinetic's GKE backend into the emulator: one Job;
+* ``RedisServer`` (the Celery broker) answers on its own port, keeps nothing on
+  disk, and says how to install ``redis-server`` when it is missing.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import sqlalchemy
 from components.airflow_services import AirflowServices, group_alive, poll, process_alive
 from components.emulator_process import EmulatorProcess
 from components.postgres import PostgresError, PostgresServer
+from components.redis_server import RedisError, RedisServer
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -108,6 +111,34 @@ def test_postgres_stop_ends_the_server_and_removes_its_dir() -> None:
     assert not root.exists()
     poll(lambda: not process_alive(pid), timeout=10, what=f"postmaster {pid} to exit")
     server.stop()  # idempotent
+
+
+# Redis (the Celery broker) -----------------------------------------------------------------------
+def test_redis_server_serves_a_client_and_stop_removes_everything() -> None:
+    import redis
+
+    server = RedisServer().start()
+    try:
+        client = redis.Redis.from_url(server.url)
+        client.lpush("q", b"task")
+        assert client.rpop("q") == b"task"
+        assert (
+            client.config_get("save") == {"save": ""}
+            and client.config_get("appendonly")["appendonly"] == "no"
+        )
+        root, pid = server.dir, server.proc.pid
+    finally:
+        server.stop()
+    assert root is not None and not root.exists()
+    assert not process_alive(pid)
+    server.stop()  # idempotent
+
+
+def test_missing_redis_server_names_the_install_script(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr(Path, "is_file", lambda self: False)
+    with pytest.raises(RedisError, match=r"scripts/debian-install\.sh Redis redis-server"):
+        RedisServer().start()
 
 
 # Airflow services on PostgreSQL ------------------------------------------------------------------

@@ -11,6 +11,9 @@ cluster emulator's request log.
 
 The settings are Airflow's and kinetic's defaults (``wait_before_defer``,
 ``min_deferral_seconds``), except a faster poll interval.
+
+``tests/test_lifecycle_celery.py`` runs a subset of these scenarios, unchanged, on
+CeleryExecutor (``Stack(executor="CeleryExecutor")``).
 """
 
 from __future__ import annotations
@@ -40,11 +43,21 @@ RACE_MESSAGE = "but the task instance's state attribute is"
 pytestmark = pytest.mark.timeout(900)
 
 
+# On CeleryExecutor a lost worker is noticed only when its task instances stop heartbeating: a
+# shorter timeout than Airflow's 300 s keeps the worker-kill scenario short, and that scenario's
+# job outlives the detection, so the new try still finds it running.
+CELERY_ENV = {
+    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "30",
+    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
+    "KN_WORKER_CRASH_JOB_SECONDS": "70",
+}
+
+
 class Stack(ComponentStack):
     """Airflow on PostgreSQL + the cluster emulator + job storage on local disk."""
 
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
+    def __init__(self, root: Path, executor: str = "LocalExecutor") -> None:
+        super().__init__(root, executor)
         shutil.copy(DAG_FILE, self.dags / DAG_FILE.name)
         shutil.copytree(DAG_FILE.parent / "kn_lifecycle_lib", self.dags / "kn_lifecycle_lib")
         self.crash_marker = root / "crash-marker"
@@ -60,6 +73,7 @@ class Stack(ComponentStack):
             "KINETIC_POLL_INTERVAL": "0.5",
             "KN_CRASH_MARKER": str(self.crash_marker),
             "KN_INTEGRITY_MARKER": str(self.integrity_marker),
+            **(CELERY_ENV if self.executor == "CeleryExecutor" else {}),
         }
         self.airflow = AirflowServices(
             self.root / "airflow",
@@ -67,6 +81,8 @@ class Stack(ComponentStack):
             extra_env=env,
             parallelism=8,
             database_url=self.pg.create_database("airflow"),
+            worker_concurrency=4,  # Celery: 2 workers x 4 = the 8 slots of parallelism
+            **self.executor_options(),
         )
         self.airflow.start()
         for dag_id in DAG_IDS:
@@ -76,6 +92,23 @@ class Stack(ComponentStack):
                 what=f"DAG {dag_id} to be parsed",
                 diagnostics=self.airflow.diagnostics,
             )
+
+    def crash_worker_of(self, pid: int) -> None:
+        """The worker running task process ``pid`` dies.
+
+        LocalExecutor: the task process is SIGKILLed (its supervisor reports the try failed).
+        CeleryExecutor: the whole Celery worker is — main process, pool processes, supervisors and
+        task processes, as when its host is lost — and is started again after; only the heartbeat
+        timeout tells the scheduler.
+        """
+        if self.executor == "LocalExecutor":
+            os.kill(pid, signal.SIGKILL)
+            return
+        worker = self.api.service_of(pid)
+        assert worker in self.api.workers, f"task process {pid} runs in no Celery worker ({worker})"
+        self.api.kill_service(worker, whole_session=True)
+        assert not process_alive(pid)
+        self.api.start_service(worker)
 
 
 DAG_IDS = (
@@ -438,7 +471,7 @@ def test_task_killed_after_payload_upload_reattaches(stack: Stack) -> None:
         return _running_task_pid(stack, dag_id, run_id, task_id)
 
     pid = poll(running_with_job, timeout=RUN_TIMEOUT, what="try 1 waiting in the worker for its job")
-    os.kill(pid, signal.SIGKILL)
+    stack.crash_worker_of(pid)
     assert _wait_run(stack, dag_id, run_id) == "success", _why(stack, dag_id, run_id)
     executions = _executions(stack, dag_id, run_id, task_id)
     assert len(executions) == 1 and executions[0]["try_number"] == 1, executions

@@ -17,6 +17,12 @@ Several instances may run at once: each has its own home, api port, log-server
 ports, bundle storage dir and PID files (Airflow writes those under
 AIRFLOW_HOME); on PostgreSQL give each its own database.
 
+With ``executor="CeleryExecutor"`` (and ``celery_broker_url=``, e.g. from
+``tests/components/redis_server.py``) it also starts ``celery_workers`` Celery
+workers (``airflow celery worker``, distinct hostnames ``kn-worker-<n>@<host>``,
+``worker_concurrency`` pool processes each); the Celery result backend is the
+metadata DB (``db+`` its URL), as Airflow's own default does.
+
 Each service runs in its own session (process group). ``stop`` sends SIGTERM to
 every service, waits for each, and then SIGKILLs whatever is left in their
 process groups (LocalExecutor workers, parsing processes, uvicorn workers).
@@ -54,6 +60,8 @@ T = TypeVar("T")
 SERVICES = ("api-server", "scheduler", "dag-processor", "triggerer")
 # Stop the producers of work first; the api-server serves the execution API to running tasks.
 STOP_ORDER = ("scheduler", "triggerer", "dag-processor", "api-server")
+EXECUTORS = ("LocalExecutor", "CeleryExecutor")
+CELERY_WORKER_PREFIX = "celery-worker-"
 
 
 class ServiceError(AssertionError):
@@ -95,6 +103,22 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
+def _session_of(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def session_members(sid: int) -> list[int]:
+    """Pids of the processes in session ``sid`` (zombies included: they are harmless to signal)."""
+    return [
+        int(stat.parent.name)
+        for stat in Path("/proc").glob("[0-9]*/stat")
+        if _session_of(int(stat.parent.name)) == sid
+    ]
+
+
 def poll(
     check: Callable[[], T],
     *,
@@ -131,7 +155,8 @@ def _tail(path: Path, lines: int) -> str:
 
 
 class AirflowServices:
-    """The four Airflow 3 services of one throwaway deployment (LocalExecutor), driven over REST."""
+    """The Airflow 3 services of one throwaway deployment (LocalExecutor, or CeleryExecutor with its
+    workers), driven over REST."""
 
     def __init__(
         self,
@@ -142,6 +167,10 @@ class AirflowServices:
         parallelism: int = 4,
         database_url: str | None = None,
         niceness: dict[str, int] | None = None,
+        executor: str = "LocalExecutor",
+        celery_broker_url: str | None = None,
+        celery_workers: int = 2,
+        worker_concurrency: int = 2,
     ) -> None:
         """Describe the deployment; nothing runs until :meth:`start`.
 
@@ -150,7 +179,15 @@ class AirflowServices:
         :param parallelism: ``[core] parallelism``, the LocalExecutor's worker count.
         :param database_url: SQLAlchemy URL of an empty metadata DB (e.g. PostgreSQL); default SQLite.
         :param niceness: service name -> ``nice`` value it (and every process it starts) runs at.
+        :param executor: ``LocalExecutor`` (default) or ``CeleryExecutor``.
+        :param celery_broker_url: the Celery broker (required with ``CeleryExecutor``).
+        :param celery_workers: how many ``airflow celery worker`` processes to start.
+        :param worker_concurrency: each Celery worker's pool size (``--concurrency``).
         """
+        if executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {EXECUTORS}, not {executor!r}")
+        if executor == "CeleryExecutor" and not celery_broker_url:
+            raise ValueError("CeleryExecutor needs celery_broker_url= (tests/components/redis_server.py)")
         self.root = Path(root)
         self.home = self.root / "airflow-home"
         self.logs = self.root / "service-logs"
@@ -160,11 +197,16 @@ class AirflowServices:
         self.database_url = database_url or f"sqlite:///{self.home / 'airflow.db'}"
         self.marker = new_marker("airflow")
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.env = self._environment(extra_env or {}, parallelism)
+        self.executor = executor
+        self.worker_concurrency = worker_concurrency
+        workers = celery_workers if executor == "CeleryExecutor" else 0
+        self.workers = tuple(f"{CELERY_WORKER_PREFIX}{n}" for n in range(1, workers + 1))
+        self.services = (*SERVICES, *self.workers)
+        self.env = self._environment(extra_env or {}, parallelism, celery_broker_url)
         self.niceness = dict(niceness or {})
 
     # Environment ------------------------------------------------------------------------------
-    def _environment(self, extra: dict[str, str], parallelism: int) -> dict[str, str]:
+    def _environment(self, extra: dict[str, str], parallelism: int, broker_url: str | None) -> dict[str, str]:
         # Start from the caller's environment minus every Airflow/kinetic setting: the in-process
         # tests (tests/conftest.py) set their own AIRFLOW_HOME etc. in os.environ.
         env = {
@@ -179,7 +221,7 @@ class AirflowServices:
             {
                 "AIRFLOW_HOME": str(self.home),
                 "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
-                "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+                "AIRFLOW__CORE__EXECUTOR": self.executor,
                 "AIRFLOW__CORE__PARALLELISM": str(parallelism),
                 "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
                 "AIRFLOW__CORE__FERNET_KEY": fernet_key,
@@ -209,6 +251,18 @@ class AirflowServices:
                 MARKER_VAR: self.marker,
             }
         )
+        if self.executor == "CeleryExecutor":
+            assert broker_url is not None
+            env.update(
+                {
+                    "AIRFLOW__CELERY__BROKER_URL": broker_url,
+                    # Task states in the metadata DB (PostgreSQL), where the scheduler reads them.
+                    "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{self.database_url}",
+                    "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(self.worker_concurrency),
+                    # Airflow's default (a day), said explicitly: its absence is logged as a warning.
+                    "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT": "86400",
+                }
+            )
         env.update(extra)
         return env
 
@@ -226,14 +280,27 @@ class AirflowServices:
 
     def start(self, timeout: float = 120.0) -> None:
         self.migrate()
-        for name in SERVICES:
+        for name in self.services:
             self._spawn(name)
         self.wait_healthy(timeout)
 
-    def _spawn(self, name: str) -> None:
+    def _command(self, name: str) -> list[str]:
+        if name in self.workers:
+            return [
+                "airflow", "celery", "worker",
+                "--celery-hostname", f"kn-worker-{name.removeprefix(CELERY_WORKER_PREFIX)}@%h",
+                "--concurrency", str(self.worker_concurrency),
+                # Not the default, AIRFLOW_HOME/airflow-worker.pid: the workers share the home.
+                "--pid", str(self.root / f"{name}.pid"),
+                "--skip-serve-logs",
+            ]  # fmt: skip
         command = ["airflow", name]
         if name in ("scheduler", "triggerer"):
             command.append("--skip-serve-logs")  # the tests read log files directly
+        return command
+
+    def _spawn(self, name: str) -> None:
+        command = self._command(name)
         if name in self.niceness:
             command = ["nice", "-n", str(self.niceness[name]), *command]
         with open(self.logs / f"{name}.log", "ab") as fh:
@@ -247,13 +314,23 @@ class AirflowServices:
                 start_new_session=True,
             )
 
-    def kill_service(self, name: str, sig: int = signal.SIGKILL, timeout: float = 30.0) -> None:
+    def kill_service(
+        self, name: str, sig: int = signal.SIGKILL, timeout: float = 30.0, *, whole_session: bool = False
+    ) -> None:
         """Crash (SIGKILL, default) or stop (SIGTERM) one service and everything in its process group.
 
         The LocalExecutor's workers live in the scheduler's group, so killing the scheduler also
-        kills the task processes it runs (as a crashed scheduler host would).
+        kills the task processes it runs (as a crashed scheduler host would). A task process puts
+        itself in a process group of its own (Airflow's supervisor does ``setpgid``) but stays in
+        the service's session: ``whole_session=True`` kills those too, as a crashed worker host
+        would (kinetic's local-backend jobs start sessions of their own and survive, as a remote
+        job would).
         """
         proc = self.procs[name]
+        if whole_session:
+            for pid in session_members(proc.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
         try:
@@ -271,6 +348,11 @@ class AirflowServices:
         self._spawn(name)
         self.wait_healthy(timeout)
 
+    def service_of(self, pid: int) -> str | None:
+        """The service whose session ``pid`` runs in (e.g. the Celery worker of a task process)."""
+        sid = _session_of(pid)
+        return next((name for name, proc in self.procs.items() if proc.pid == sid), None)
+
     def check_running(self) -> None:
         dead = {name: p.returncode for name, p in self.procs.items() if p.poll() is not None}
         if dead:
@@ -282,21 +364,30 @@ class AirflowServices:
             health = self.api("GET", "/api/v2/monitor/health")
             parts = ("metadatabase", "scheduler", "triggerer", "dag_processor")
             ok = all((health.get(p) or {}).get("status") == "healthy" for p in parts)
-            return health if ok else None
+            return health if ok and all(self._worker_ready(w) for w in self.workers) else None
 
         return poll(
             healthy, timeout=timeout, what="all Airflow services healthy", diagnostics=self.diagnostics
         )
 
+    def _worker_ready(self, name: str) -> bool:
+        """A Celery worker logs ``<hostname> ready.`` once it consumes its queue; ours log to a file
+        per start (appended), so the last start's line is after the last ``[config]`` banner."""
+        text = _tail(self.logs / f"{name}.log", 400)
+        return " ready." in text.rsplit("[config]", 1)[-1]
+
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM each service, wait, then SIGKILL anything left in its process group."""
-        for name in STOP_ORDER:
+        # Celery workers after the scheduler (no new work) and before the api-server (their tasks'
+        # execution API); SIGTERM is a Celery worker's warm shutdown: it waits for running tasks.
+        order = (STOP_ORDER[0], *self.workers, *STOP_ORDER[1:])
+        for name in order:
             proc = self.procs.get(name)
             if proc is not None and proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        for name in STOP_ORDER:
+        for name in order:
             proc = self.procs.get(name)
             if proc is None:
                 continue
@@ -307,7 +398,7 @@ class AirflowServices:
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
         # The leaders are gone; their children (task workers, parsers, uvicorn workers) must be too.
-        for name in STOP_ORDER:
+        for name in order:
             proc = self.procs.get(name)
             if proc is None:
                 continue
@@ -362,7 +453,7 @@ class AirflowServices:
 
     def diagnostics(self, dag_id: str | None = None, lines: int = 40, extra: Iterable[Path] = ()) -> str:
         parts = []
-        for name in SERVICES:
+        for name in self.services:
             proc = self.procs.get(name)
             state = "not started" if proc is None else f"pid {proc.pid}, returncode {proc.poll()}"
             parts.append(f"----- {name} ({state}), last {lines} lines -----")

@@ -158,7 +158,9 @@ def runs_through_worker_crash(seconds: float) -> dict:
 
 @dag(schedule=None, start_date=START, catchup=False, tags=TAGS)
 def kn_crash_after_payload():
-    runs_through_worker_crash(12)
+    # Long enough to outlive the crash's detection: a killed task process is seen at once, a lost
+    # Celery worker only after [scheduler] task_instance_heartbeat_timeout (tests set it).
+    runs_through_worker_crash(float(os.environ.get("KN_WORKER_CRASH_JOB_SECONDS", "12")))
 
 
 @task.kinetic(backend="local")
