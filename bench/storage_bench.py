@@ -6,12 +6,12 @@ in a fresh subprocess so its peak RSS (ru_maxrss) belongs to that step alone.
     python bench/storage_bench.py [--mib 256] [--repeat 3]
 
 Prints per-step seconds and MiB/s, the upload and the download throughput ratio
-kinetic/raw, each on its own (target >= 0.9), and peak memory over the object size (target <= 1.5; the array itself
-counts as 1). Both sides do the same work: pickle, digest (sha256, which kinetic's runner
-verifies), upload; download, unpickle. kinetic's download also verifies the envelope before
-unpickling it (sha256 of the downloaded bytes, digested as the parallel ranges arrive, and the
-HMAC in result.json under the job key, kinetic_airflow.integrity), which the raw side does not:
-that is the cost of verification.
+kinetic/raw, each on its own (target >= 0.9), and peak memory over the object size
+(target <= 1.5; the array itself counts as 1). Both sides do the same work: pickle, digest
+(sha256, which kinetic's runner verifies), upload; download, unpickle. kinetic's download
+also verifies the envelope before unpickling it (sha256 of the downloaded bytes, digested
+while it streams in, and the HMAC in result.json under the job key, kinetic_airflow.integrity),
+which the raw side does not: that is the cost of verification.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Downloads digested as they arrive: parallel ranges on gs://, one request for small objects.
+"""Downloads digested as they arrive: one request read in large pieces, SHA-256 in the same pass.
 
-The ranged reader is checked with an in-memory object (order, memory bound, short or failing
-ranges); GCSStorage.download_hashed against fake-gcs-server with its access log (how many
-requests, what a rewrite during the download does); the envelope loader end to end.
+The piece copier is checked with in-memory streams (every byte in order, short reads, a failing
+sink); GCSStorage.download_hashed against fake-gcs-server with its access log (one request for
+any size, a cut connection, the library fallback); the envelope loader end to end.
 """
 
 from __future__ import annotations
@@ -10,17 +10,15 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import threading
 from pathlib import Path
 
 import cloudpickle
 import pytest
 
-from kinetic_airflow.job import storage as storage_module
 from kinetic_airflow.job.envelope import ResultRef, load_checked_envelope
 from kinetic_airflow.job.integrity import IntegrityError, check_digest
-from kinetic_airflow.job.ranged import ObjectChangedError, download_in_ranges
 from kinetic_airflow.job.storage import FileStorage, GCSStorage, StorageError, StorageNotFound
+from kinetic_airflow.job.streamed import PIECE_BYTES, copy_hashed
 from kinetic_airflow.testing.gcs import FakeGCS
 
 
@@ -28,62 +26,34 @@ def _object(size: int) -> bytes:
     return os.urandom(size)
 
 
-class _Recorder(io.BytesIO):
-    """A file that counts the ranges fetched but not yet written (what the reader holds)."""
+class _Trickle:
+    """A stream that hands out at most ``step`` bytes per read, like a socket."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.lock = threading.Lock()
-        self.held = 0
-        self.most_held = 0
+    def __init__(self, data: bytes, step: int) -> None:
+        self.data, self.step, self.pos = data, step, 0
 
-    def fetched(self) -> None:
-        with self.lock:
-            self.held += 1
-            self.most_held = max(self.most_held, self.held)
-
-    def write(self, data) -> int:  # type: ignore[override]
-        with self.lock:
-            self.held = max(0, self.held - 1)
-        return super().write(data)
+    def readinto(self, view: memoryview) -> int:
+        n = min(len(view), self.step, len(self.data) - self.pos)
+        view[:n] = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return n
 
 
-@pytest.mark.parametrize("size", [10, 100, 101, 1000, 4097])
-def test_ranges_are_written_and_digested_in_order(size: int) -> None:
+@pytest.mark.parametrize(("size", "step"), [(0, 5), (10, 3), (64, 64), (100, 7), (1000, 333), (4097, 4096)])
+def test_every_byte_is_written_and_digested_in_order(size: int, step: int) -> None:
     data = _object(size)
-    sink = _Recorder()
-
-    def fetch(start: int, end: int) -> bytes:
-        sink.fetched()
-        return data[start:end]
-
-    digest = download_in_ranges(fetch, sink, first=data[:10], size=size, range_bytes=7, workers=3)
-    assert sink.getvalue() == data
-    assert digest == hashlib.sha256(data).hexdigest()
-    # The head plus at most workers + 1 ranges queued and the one in hand: memory is bounded.
-    assert sink.most_held <= 3 + 2
+    sink = io.BytesIO()
+    digest, length = copy_hashed(_Trickle(data, step).readinto, sink, piece_bytes=64)
+    assert (sink.getvalue(), digest, length) == (data, hashlib.sha256(data).hexdigest(), size)
 
 
-def test_a_short_range_fails_the_download() -> None:
-    data = _object(100)
+def test_a_failing_sink_fails_the_copy() -> None:
+    class Full(io.BytesIO):
+        def write(self, data) -> int:  # type: ignore[override]
+            raise OSError(28, "No space left on device")
 
-    def fetch(start: int, end: int) -> bytes:
-        return data[start : end - 1] if start == 40 else data[start:end]
-
-    with pytest.raises(ObjectChangedError, match="bytes 40-49 came back as 9 bytes"):
-        download_in_ranges(fetch, io.BytesIO(), first=data[:10], size=100, range_bytes=10, workers=2)
-
-
-def test_a_failing_range_fails_the_download_without_hanging() -> None:
-    data = _object(1000)
-
-    def fetch(start: int, end: int) -> bytes:
-        if start == 30:
-            raise ConnectionError("reset by peer")
-        return data[start:end]
-
-    with pytest.raises(ConnectionError, match="reset by peer"):
-        download_in_ranges(fetch, io.BytesIO(), first=data[:10], size=1000, range_bytes=10, workers=2)
+    with pytest.raises(OSError, match="No space left"):
+        copy_hashed(_Trickle(_object(1000), 100).readinto, Full(), piece_bytes=64)
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +85,6 @@ def _gets(server: FakeGCS, name: str) -> list[str]:
 def test_a_small_object_is_one_request(logged_gcs: FakeGCS, bucket: str, tmp_path: Path) -> None:
     data = _object(5000)
     storage = GCSStorage(logged_gcs.client())
-    storage.range_bytes = 8192
     storage.write_bytes(f"{bucket}/small.bin", data)
     digest = storage.download_hashed(f"{bucket}/small.bin", str(tmp_path / "out"))
     assert (tmp_path / "out").read_bytes() == data
@@ -123,21 +92,14 @@ def test_a_small_object_is_one_request(logged_gcs: FakeGCS, bucket: str, tmp_pat
     assert len(_gets(logged_gcs, "small.bin")) == 1
 
 
-@pytest.mark.parametrize("size", [8192, 8192 * 5 + 3])
-def test_a_large_object_arrives_whole_in_parallel_ranges(
-    logged_gcs: FakeGCS, bucket: str, tmp_path: Path, size: int
-) -> None:
-    data = _object(size)
+def test_a_large_object_is_one_request_too(logged_gcs: FakeGCS, bucket: str, tmp_path: Path) -> None:
+    data = _object(3 * PIECE_BYTES + 5)
     storage = GCSStorage(logged_gcs.client())
-    storage.range_bytes = 8192
-    name = f"large-{size}.bin"
-    storage.write_bytes(f"{bucket}/{name}", data)
-    digest = storage.download_hashed(f"{bucket}/{name}", str(tmp_path / "out"))
+    storage.write_bytes(f"{bucket}/large.bin", data)
+    digest = storage.download_hashed(f"{bucket}/large.bin", str(tmp_path / "out"))
     assert (tmp_path / "out").read_bytes() == data
     assert digest == hashlib.sha256(data).hexdigest()
-    ranges = -(-size // 8192)
-    # The head, one metadata read for the size, then the remaining ranges.
-    assert len(_gets(logged_gcs, name)) == ranges + 1
+    assert len(_gets(logged_gcs, "large.bin")) == 1
 
 
 def test_an_empty_object_downloads(logged_gcs: FakeGCS, bucket: str, tmp_path: Path) -> None:
@@ -153,22 +115,56 @@ def test_a_missing_object_is_storage_not_found(logged_gcs: FakeGCS, bucket: str,
         GCSStorage(logged_gcs.client()).download_hashed(f"{bucket}/missing.bin", str(tmp_path / "out"))
 
 
-def test_an_object_rewritten_during_the_download_fails_it(
+def test_a_cut_connection_fails_the_download(
     logged_gcs: FakeGCS, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    uri = f"{bucket}/moving.bin"
     storage = GCSStorage(logged_gcs.client())
-    storage.range_bytes = 8192
-    storage.write_bytes(uri, _object(8192 * 3))
-    real = storage_module.download_in_ranges
+    storage.write_bytes(f"{bucket}/cut.bin", _object(50_000))
+    session = storage.client._http
+    real_get = session.get
 
-    def rewrite_then_read(*args, **kwargs):
-        storage.write_bytes(uri, _object(8192 * 3))  # a new generation after the head was read
-        return real(*args, **kwargs)
+    def cut_short(*args, **kwargs):
+        response = real_get(*args, **kwargs)
+        real_readinto = response.raw.readinto
+        sent = [0]
 
-    monkeypatch.setattr(storage_module, "download_in_ranges", rewrite_then_read)
-    with pytest.raises(StorageError, match=r"moving\.bin was rewritten or deleted while it was downloaded"):
-        storage.download_hashed(uri, str(tmp_path / "out"))
+        def readinto(view: memoryview) -> int:
+            if sent[0] >= 20_000:
+                return 0  # the peer closed the connection
+            n = real_readinto(view[: 20_000 - sent[0]])
+            sent[0] += n
+            return n
+
+        monkeypatch.setattr(response.raw, "readinto", readinto)
+        return response
+
+    monkeypatch.setattr(session, "get", cut_short)
+    with pytest.raises(StorageError, match="ended after 20000 of 50000 bytes"):
+        storage.download_hashed(f"{bucket}/cut.bin", str(tmp_path / "out"))
+
+
+def test_a_client_without_the_session_uses_the_library_download(
+    logged_gcs: FakeGCS, bucket: str, tmp_path: Path
+) -> None:
+    class WithoutSession:
+        def __init__(self, client) -> None:
+            self._client = client
+
+        def __getattr__(self, name: str):
+            if name == "_http":
+                raise AttributeError(name)
+            return getattr(self._client, name)
+
+    data = _object(70_000)
+    storage = GCSStorage(WithoutSession(logged_gcs.client()))
+    storage.write_bytes(f"{bucket}/lib.bin", data)
+    assert (
+        storage.download_hashed(f"{bucket}/lib.bin", str(tmp_path / "out"))
+        == hashlib.sha256(data).hexdigest()
+    )
+    assert (tmp_path / "out").read_bytes() == data
+    with pytest.raises(StorageNotFound):
+        storage.download_hashed(f"{bucket}/none.bin", str(tmp_path / "out2"))
 
 
 def test_file_storage_digests_while_it_copies(tmp_path: Path) -> None:
@@ -187,7 +183,6 @@ def test_a_ranged_envelope_is_checked_before_it_is_unpickled(
     value = list(range(20_000))
     blob = cloudpickle.dumps({"ok": True, "value": value})
     storage = GCSStorage(logged_gcs.client())
-    storage.range_bytes = 16384
     uri = f"{bucket}/result.pkl"
     storage.write_bytes(uri, blob)
     good = hashlib.sha256(blob).hexdigest()
