@@ -51,6 +51,26 @@ def test_final_metrics_in_xcom_and_asset_events(base_uri, tmp_path, monkeypatch)
     seen = json.loads(out.read_text())
     assert seen["kinetic_metrics"] in finals
 
+    # what the Kinetic view shows of it: the tab's curves and the sweep table
+    from kinetic_airflow.ui.metrics_view import parse_label, sweep, task_metrics
+
+    with create_session() as session:
+        curves = task_metrics(session, dr.dag_id, dr.run_id, "train", 1)
+        table = sweep(session, {dr.dag_id}, dr.dag_id, "train", dr.run_id)
+    assert curves["metrics"] == ["accuracy", "loss"] and len(curves["attempts"]) == 1
+    assert [p[0] for p in curves["attempts"][0]["points"]["loss"]] == list(range(1, 51))
+    assert curves["final"] == finals[1]
+    (run,) = table["runs"]
+    assert table["params"] == ["lr"] and table["higher_is_better"] == {"accuracy": True, "loss": False}
+    assert [(m["label"], m["params"], m["state"]) for m in run["members"]] == [
+        ("lr=0.01", {"lr": 0.01}, "succeeded"),
+        ("lr=0.1", {"lr": 0.1}, "succeeded"),
+        ("lr=0.05", {"lr": 0.05}, "succeeded"),
+    ]
+    assert [m["final"] for m in run["members"]] == finals
+    assert all(len(m["curves"]["loss"]) == 50 for m in run["members"])
+    assert parse_label("lr=1e-3, depth=4, opt=adam") == {"lr": 0.001, "depth": 4, "opt": "adam"}
+
 
 def test_final_metrics_are_statsd_gauges(monkeypatch):
     """Through Airflow's own StatsD client (as a task process sets it up), to a real UDP socket."""

@@ -374,6 +374,7 @@ def task_rows(session: Any, *, all_jobs: bool = False, **filters: Any) -> list[d
         }
         if all_jobs:
             row["jobs"] = jobs
+            row["gcp_conn_id"] = ref.get("gcp_conn_id")  # a connection id: where its metrics are read
             row["history"] = current["history"]
         out.append(row)
     return out
