@@ -202,7 +202,7 @@ function chart(holder, key, title, labels, data, opts = {}) {
     el.className = "kn-chart";
     el.dataset.metric = key;
     if (!entry) holder.appendChild(el);
-    const width = Math.max(320, Math.min(opts.width || 560, holder.clientWidth - 20 || 560));
+    const width = opts.width || 480;
     const series = [{ label: opts.xLabel || "step" }, ...labels.map((label, i) => ({
       label,
       stroke: COLORS[i % COLORS.length],
@@ -325,7 +325,7 @@ function sweepPage() {
     if (metric) {
       const shown = members.slice(0, COLORS.length * 5);
       chart(overlay, "overlay", `${metric} per member`, shown.map((m) => (manyRuns ? m.run_id + " · " : "") + (m.label || "#" + m.map_index)),
-        aligned(shown.map((m) => m.curves[metric] || [])), { width: 900, height: 300 });
+        aligned(shown.map((m) => m.curves[metric] || [])), { width: 640, height: 300 });
     }
     const scatter = document.getElementById("scatter");
     const param = paramSelect.value;
@@ -335,7 +335,7 @@ function sweepPage() {
       const xs = pairs.map((p) => p[0]);
       const logX = xs.length > 1 && xs[0] > 0 && xs[xs.length - 1] / xs[0] >= 100;
       chart(scatter, "scatter", `final ${metric} against ${param}`, [`final ${metric}`],
-        [xs, pairs.map((p) => p[1])], { scatter: true, xLabel: param, logX, width: 560, height: 300 });
+        [xs, pairs.map((p) => p[1])], { scatter: true, xLabel: param, logX, width: 480, height: 300 });
     }
   }
   every(async () => { last = await getJSON(api); render(last); });
