@@ -184,3 +184,18 @@ def test_keras_callback_checks_its_argument(monkeypatch):
 
     with pytest.raises(ValueError, match="every_n_batches"):
         MetricsCallback(every_n_batches=0)
+
+
+def test_the_vendored_chart_library_ships_in_the_wheel(built_wheel):
+    """uPlot (from the npm registry) with its license and recorded version, beside the pages."""
+    import zipfile
+
+    with zipfile.ZipFile(built_wheel) as wheel:
+        names = set(wheel.namelist())
+        version = wheel.read("kinetic_airflow/ui/static/uplot/VERSION").decode()
+    for name in ("uPlot.iife.min.js", "uPlot.min.css", "LICENSE", "VERSION"):
+        assert f"kinetic_airflow/ui/static/uplot/{name}" in names, name
+    assert "kinetic_airflow/ui/static/sweep.html" in names
+    from kinetic_airflow.ui.app import UPLOT_VERSION
+
+    assert version.startswith(f"uplot {UPLOT_VERSION},")

@@ -414,7 +414,7 @@ def run_costs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def job_details(
     session: Any, dag_id: str, run_id: str, task_id: str, map_index: int
 ) -> dict[str, Any] | None:
-    """One task instance with every job it ran (the task-instance tab)."""
+    """One task instance with every job it ran (the task-instance tab, its metrics)."""
     rows = task_rows(
         session,
         all_jobs=True,

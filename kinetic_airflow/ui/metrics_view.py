@@ -12,7 +12,7 @@ from typing import Any
 from kinetic_airflow.connections import storage_for
 from kinetic_airflow.job.metrics import higher_is_better
 from kinetic_airflow.reported_metrics import combine, read_attempts
-from kinetic_airflow.ui.data import _READERS, task_rows
+from kinetic_airflow.ui.data import _READERS, job_details, task_rows
 
 __all__ = ["parse_label", "sweep", "task_metrics"]
 
@@ -45,18 +45,8 @@ def _shaped(attempts: list[dict[str, Any]]) -> dict[str, Any]:
 def task_metrics(
     session: Any, dag_id: str, run_id: str, task_id: str, map_index: int
 ) -> dict[str, Any] | None:
-    rows = task_rows(
-        session,
-        all_jobs=True,
-        dag_ids=None,
-        dag_id=dag_id,
-        run_id=run_id,
-        task_id=task_id,
-        map_index=map_index,
-    )
-    if not rows:
-        return None
-    return _shaped(_curves(rows[0]))
+    row = job_details(session, dag_id, run_id, task_id, map_index)
+    return None if row is None else _shaped(_curves(row))
 
 
 def parse_label(label: str) -> dict[str, Any]:
