@@ -199,3 +199,43 @@ def test_the_vendored_chart_library_ships_in_the_wheel(built_wheel):
     from kinetic_airflow.ui.app import UPLOT_VERSION
 
     assert version.startswith(f"uplot {UPLOT_VERSION},")
+
+
+def test_a_multi_host_job_reports_from_host_0_unless_told(tmp_path, monkeypatch):
+    storage = CountingStorage()
+    layout = JobLayout.for_job(f"file://{tmp_path}", "job-1")
+    assert job_metrics.start_for_job(storage, layout, 1, 0.05) is None
+    job_metrics.report(loss=1.0)  # host 1: nothing buffered, nothing written
+    assert storage.writes == []
+    monkeypatch.setenv("KINETIC_METRICS_ALL_HOSTS", "1")
+    writer = job_metrics.start_for_job(storage, layout, 1, 60)
+    job_metrics.report(loss=2.0)
+    writer.close()
+    assert storage.list(layout.metrics_prefix) == [layout.metrics_chunk(1, host=1)]
+    assert job_metrics.read_attempt(storage, layout, host=1)["summary"]["loss"]["last"] == 2.0
+    assert job_metrics.read_attempt(storage, layout)["summary"] == {}  # host 0's curve: none
+
+
+def test_attempts_after_a_preemption_continue_the_curve(tmp_path):
+    """Each attempt is its own job (and its own chunks); the try's final is the newest attempt's
+    last value, its best the best over all of them."""
+    from kinetic_airflow.reported_metrics import combine, read_attempts
+
+    storage = CountingStorage()
+    jobs = []
+    for attempt, steps in ((1, range(1, 6)), (2, range(4, 11))):  # resumed from the step-3 checkpoint
+        layout = JobLayout.for_job(f"file://{tmp_path}", f"job-a{attempt}")
+        writer = job_metrics.MetricsWriter(storage, layout, 0, 60).activate()
+        for step in steps:
+            job_metrics.report(step=step, loss=10.0 / step + attempt, acc=step / 10)
+        writer.close()
+        jobs.append(
+            {"job_id": layout.job_uri.rsplit("/", 1)[1], "job_uri": layout.job_uri, "attempt": attempt}
+        )
+    attempts = read_attempts(jobs, lambda uri: storage)
+    assert [a["attempt"] for a in attempts] == [1, 2]
+    assert [p[0] for p in attempts[1]["points"]["loss"]] == list(range(4, 11))
+    combined = combine(attempts)
+    assert combined["final"] == {"loss": 10.0 / 10 + 2, "acc": 1.0}
+    assert combined["best"] == {"loss": min(10.0 / 5 + 1, 10.0 / 10 + 2), "acc": 1.0}
+    assert combined["steps"] == {"loss": 10, "acc": 10}

@@ -69,6 +69,13 @@ def test_final_metrics_in_xcom_and_asset_events(base_uri, tmp_path, monkeypatch)
     ]
     assert [m["final"] for m in run["members"]] == finals
     assert all(len(m["curves"]["loss"]) == 50 for m in run["members"])
+    # a second run of the sweep: the table across runs groups the members by run, newest first
+    again = kn_metrics.kn_metrics_sweep().test()
+    assert again.state == "success", ti_states(again)
+    with create_session() as session:
+        both = sweep(session, {dr.dag_id}, dr.dag_id, "train", None)
+    assert [r["run_id"] for r in both["runs"]][:2] == [again.run_id, dr.run_id]
+    assert [len(r["members"]) for r in both["runs"][:2]] == [3, 3]
     assert parse_label("lr=1e-3, depth=4, opt=adam") == {"lr": 0.001, "depth": 4, "opt": "adam"}
 
 

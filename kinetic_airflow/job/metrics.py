@@ -55,7 +55,7 @@ def report(step: float | None = None, **metrics: Any) -> None:
     """
     writer = _active
     if writer is not None:
-        writer.buffer.append((step, time.time(), metrics))
+        writer.buffer.append((step, metrics))
 
 
 def higher_is_better(name: str) -> bool:
@@ -93,7 +93,7 @@ class MetricsWriter(threading.Thread):
         super().__init__(name="kinetic-metrics", daemon=True)
         self.storage, self.layout, self.host = storage, layout, host
         self.interval = max(float(interval), 0.05)
-        self.buffer: collections.deque[tuple[Any, float, dict[str, Any]]] = collections.deque()
+        self.buffer: collections.deque[tuple[Any, dict[str, Any]]] = collections.deque()
         self.stop_event = threading.Event()
         self.lock = threading.Lock()  # one flush at a time (the thread's and the final one)
         self.seq = 0
@@ -126,51 +126,80 @@ class MetricsWriter(threading.Thread):
             self.flush()
 
     # One flush ------------------------------------------------------------------------------
-    def _take(self) -> list[tuple[Any, float, dict[str, Any]]]:
+    def _take(self) -> list[tuple[Any, dict[str, Any]]]:
         taken = []
         pop = self.buffer.popleft
         for _ in range(len(self.buffer)):  # what is there now; later appends wait for the next flush
             taken.append(pop())
         return taken
 
-    def _points(self, taken: list[tuple[Any, float, dict[str, Any]]]) -> dict[str, list[list[Any]]]:
-        """{metric: [[step, value, time], ...]}, values checked, summary updated."""
-        series: dict[str, list[list[Any]]] = {}
-        for step, when, metrics in taken:
-            number = _number(step) if step is not None else self.last_step + 1
-            if number is None or number is False:
-                number = self.last_step + 1
-            self.last_step = number
+    def _points(self, taken: list[tuple[Any, dict[str, Any]]]) -> tuple[dict[str, list[list[Any]]], int]:
+        """({metric: [[step, value], ...]} thinned for the charts, how many values were taken);
+        values checked, summary updated.
+
+        The writer thread's whole cost per point: kept to plain loops and builtins (a float,
+        the common case, skips the general check), the summary taken per metric with min/max.
+        """
+        steps: dict[str, list[Any]] = {}
+        values: dict[str, list[Any]] = {}
+        last = self.last_step
+        isfinite = math.isfinite
+        for step, metrics in taken:
+            if step is None:
+                last = last + 1
+            elif type(step) is int:
+                last = step
+            else:
+                number = _number(step)
+                last = last + 1 if number is None or number is False else number
             for name, raw in metrics.items():
-                value = _number(raw)
-                if value is False or len(name) > _MAX_NAME:
-                    if name not in self._warned_names:
-                        self._warned_names.add(name)
-                        _warn(f"kinetic_airflow.report: {name}={raw!r} is not a plain number; dropped")
-                    continue
-                series.setdefault(name, []).append([number, value, round(when, 3)])
-                entry = self.summary.setdefault(name, {"count": 0, "min": None, "max": None})
-                entry["count"] += 1
-                entry["last"], entry["last_step"] = value, number
-                if value is not None:
-                    entry["min"] = value if entry["min"] is None else min(entry["min"], value)
-                    entry["max"] = value if entry["max"] is None else max(entry["max"], value)
-        return series
+                if type(raw) is float:
+                    value = raw if isfinite(raw) else None
+                else:
+                    value = _number(raw)
+                    if value is False:
+                        self._bad_value(name, raw)
+                        continue
+                if name not in values:
+                    if len(name) > _MAX_NAME:
+                        self._bad_value(name, raw)
+                        continue
+                    steps[name], values[name] = [], []
+                steps[name].append(last)
+                values[name].append(value)
+        self.last_step = last
+        series: dict[str, list[list[Any]]] = {}
+        for name, vals in values.items():
+            xs = steps[name]
+            series[name] = [[xs[i], vals[i]] for i in _kept(len(xs))]
+            finite = [v for v in vals if v is not None]
+            entry = self.summary.setdefault(name, {"count": 0, "min": None, "max": None})
+            entry["count"] += len(vals)
+            entry["last"], entry["last_step"] = vals[-1], xs[-1]
+            if finite:
+                low, high = min(finite), max(finite)
+                entry["min"] = low if entry["min"] is None else min(entry["min"], low)
+                entry["max"] = high if entry["max"] is None else max(entry["max"], high)
+        return series, sum(len(vals) for vals in values.values())
+
+    def _bad_value(self, name: str, raw: Any) -> None:
+        if name not in self._warned_names:
+            self._warned_names.add(name)
+            _warn(f"kinetic_airflow.report: {name}={raw!r} is not a plain number; dropped")
 
     def flush(self) -> None:
         with self.lock:
             taken = self._take()
             if not taken:
                 return
-            series = self._points(taken)
-            thinned = {name: _thin(points) for name, points in series.items()}
+            series, count = self._points(taken)
             self.seq += 1
             document = {
                 "format": FORMAT,
                 "host": self.host,
                 "seq": self.seq,
                 "time": time.time(),
-                "points": thinned,
+                "points": series,
                 "summary": self.summary,
                 "dropped": self.dropped,
             }
@@ -180,7 +209,7 @@ class MetricsWriter(threading.Thread):
                     self.layout.metrics_chunk(self.seq, self.host), json.dumps(document, allow_nan=False)
                 )
             except Exception as exc:  # reporting must never fail the function
-                self.dropped += sum(len(p) for p in series.values())
+                self.dropped += count
                 if not self._warned_storage:
                     self._warned_storage = True
                     _warn(
@@ -190,14 +219,13 @@ class MetricsWriter(threading.Thread):
                     )
 
 
-def _thin(points: list[list[Any]]) -> list[list[Any]]:
-    """At most MAX_POINTS_PER_CHUNK evenly spaced points, the last one always kept."""
-    if len(points) <= MAX_POINTS_PER_CHUNK:
-        return points
-    stride = len(points) / (MAX_POINTS_PER_CHUNK - 1)
-    kept = [points[int(i * stride)] for i in range(MAX_POINTS_PER_CHUNK - 1)]
-    kept.append(points[-1])
-    return kept
+def _kept(count: int) -> range | list[int]:
+    """Which of ``count`` points a chunk keeps: all, or MAX_POINTS_PER_CHUNK evenly spaced with
+    the last one always kept (the charts need no more; the summary counts every point)."""
+    if count <= MAX_POINTS_PER_CHUNK:
+        return range(count)
+    stride = count / (MAX_POINTS_PER_CHUNK - 1)
+    return [*(int(i * stride) for i in range(MAX_POINTS_PER_CHUNK - 1)), count - 1]
 
 
 def start_for_job(storage: Any, layout: Any, host: int, interval: float) -> MetricsWriter | None:
