@@ -1,13 +1,13 @@
 """What kinetic_airflow.report() costs a job: 10,000 points a second vs the same job silent.
 
 Both jobs run the real runner (``python -m kinetic_airflow.runner``, as a job's process runs
-it) on file:// job storage, one after the other, in rounds (silent, reporting, silent, ...) so
-machine load hits both alike. The function does fixed units of CPU work for ``--seconds`` and
-counts them (its own speed); the reporting job also calls ``report(step=..., loss=..., lr=...)``
-paced at ``--rate`` points a second (the silent one does the same pacing arithmetic, without the
-call). Printed: units per second of each, their ratio (reporting / silent), the points reported
-and the storage writes the metrics made (chunk objects; at most one per ``--interval`` plus the
-final flush).
+it) on file:// job storage, at the same time (two processes, side by side), so whatever else
+loads the machine hits both alike; ``--rounds`` repeats the pair. The function does fixed
+units of CPU work for ``--seconds`` and counts them (its own speed); the reporting job also
+calls ``report(step=..., loss=..., lr=...)`` paced at ``--rate`` points a second (the silent
+one does the same pacing arithmetic, without the call). Printed: units per second of each,
+their ratio (reporting / silent), the points reported and the storage writes the metrics made
+(chunk objects; at most one per ``--interval`` plus the final flush).
 
     .venv/bin/python bench/metrics_bench.py --seconds 60 --rounds 2
 """
@@ -21,6 +21,7 @@ import math
 import statistics
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -90,8 +91,15 @@ def main() -> None:
     silent, loud = [], []
     with tempfile.TemporaryDirectory(prefix="kinetic-metrics-bench-") as tmp:
         for r in range(args.rounds):
-            silent.append(run_one(Path(tmp), f"silent-{r}", args.seconds, args.rate, False, args.interval))
-            loud.append(run_one(Path(tmp), f"reporting-{r}", args.seconds, args.rate, True, args.interval))
+            with ThreadPoolExecutor(2) as pool:  # each thread waits on its job's process
+                quiet = pool.submit(
+                    run_one, Path(tmp), f"silent-{r}", args.seconds, args.rate, False, args.interval
+                )
+                busy = pool.submit(
+                    run_one, Path(tmp), f"reporting-{r}", args.seconds, args.rate, True, args.interval
+                )
+                silent.append(quiet.result())
+                loud.append(busy.result())
     s = statistics.median(x["speed"] for x in silent)
     v = statistics.median(x["speed"] for x in loud)
     bound = math.ceil(args.seconds / args.interval) + 1

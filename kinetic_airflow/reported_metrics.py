@@ -116,6 +116,7 @@ def _asset_extras(context: Any, outlets: list[Any], extra: dict[str, Any]) -> in
     """Put ``extra`` into the outlet events of the task's Assets (not aliases: their events are
     added by the task itself, with ``add``). Returns how many were given it."""
     try:
+        # Airflow start-up cost: loaded when called, not when this module is imported.
         from airflow.sdk import Asset
     except ImportError:
         return 0
