@@ -41,7 +41,7 @@ def workload(seconds: float, rate: float, reporting: bool) -> dict:
     import kinetic_airflow
 
     report = kinetic_airflow.report
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     units = points = 0
     acc = 0.0
     while True:
@@ -57,7 +57,12 @@ def workload(seconds: float, rate: float, reporting: bool) -> dict:
             points += 1
             if reporting:
                 report(step=points, loss=1.0 / points, lr=0.001)
-    return {"units": units, "seconds": time.perf_counter() - start, "points": points if reporting else 0}
+    return {
+        "units": units,
+        "seconds": time.perf_counter() - start,
+        "cpu": time.process_time() - cpu,  # every thread of the job: the metrics writer's too
+        "points": points if reporting else 0,
+    }
 
 
 def run_one(root: Path, name: str, seconds: float, rate: float, reporting: bool, interval: float) -> dict:
@@ -105,10 +110,12 @@ def main() -> None:
     bound = math.ceil(args.seconds / args.interval) + 1
     print(f"function: {args.seconds:g} s of work units; reporting at {args.rate:g} points/s; "
           f"metrics_interval {args.interval:g} s; {args.rounds} round(s)")  # fmt: skip
-    print(f"{'job':<12} {'units/s':>12} {'points':>10} {'storage writes':>15}")
+    # cpu share: the job's CPU seconds per second; well under 1.0 means a loaded machine starved it
+    print(f"{'job':<12} {'units/s':>12} {'cpu share':>10} {'points':>10} {'storage writes':>15}")
     for name, runs in (("silent", silent), ("reporting", loud)):
         for x in runs:
-            print(f"{name:<12} {x['speed']:>12.0f} {x['points']:>10} {x['writes']:>15}")
+            share = x["cpu"] / x["seconds"]
+            print(f"{name:<12} {x['speed']:>12.0f} {share:>10.2f} {x['points']:>10} {x['writes']:>15}")
     print(f"speed ratio reporting/silent (medians): {v / s:.4f}  ({(v / s - 1) * 100:+.2f}%)")
     print(f"metrics writes per reporting job: {[x['writes'] for x in loud]} "
           f"(bound: one per interval + the final flush = {bound})")  # fmt: skip
