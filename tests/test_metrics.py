@@ -127,8 +127,9 @@ def _trains(steps):
     return "trained"
 
 
-def test_the_runner_stores_the_points_before_the_result(tmp_path):
-    layout = make_job(f"file://{tmp_path}", _trains, (5000,), manifest_overrides={"metrics_interval": 30})
+def test_the_runner_stores_the_points_before_the_result(base_uri):
+    """On local disk and on GCS's wire protocol (fake-gcs-server)."""
+    layout = make_job(base_uri, _trains, (5000,), manifest_overrides={"metrics_interval": 30})
     proc, summary = run_runner(layout)
     assert proc.returncode == 0, proc.stderr
     assert summary["ok"] and summary["value_repr"] == "'trained'"
