@@ -111,12 +111,17 @@ def main() -> None:
     print(f"function: {args.seconds:g} s of work units; reporting at {args.rate:g} points/s; "
           f"metrics_interval {args.interval:g} s; {args.rounds} round(s)")  # fmt: skip
     # cpu share: the job's CPU seconds per second; well under 1.0 means a loaded machine starved it
-    print(f"{'job':<12} {'units/s':>12} {'cpu share':>10} {'points':>10} {'storage writes':>15}")
+    print(f"{'job':<12} {'units/s':>10} {'cpu share':>10} {'units/cpu-s':>12} {'points':>8} {'writes':>7}")
     for name, runs in (("silent", silent), ("reporting", loud)):
         for x in runs:
-            share = x["cpu"] / x["seconds"]
-            print(f"{name:<12} {x['speed']:>12.0f} {share:>10.2f} {x['points']:>10} {x['writes']:>15}")
+            share, per_cpu = x["cpu"] / x["seconds"], x["units"] / x["cpu"]
+            row = f"{name:<12} {x['speed']:>10.0f} {share:>10.2f} {per_cpu:>12.0f}"
+            print(f"{row} {x['points']:>8} {x['writes']:>7}")
     print(f"speed ratio reporting/silent (medians): {v / s:.4f}  ({(v / s - 1) * 100:+.2f}%)")
+    c = statistics.median(x["units"] / x["cpu"] for x in loud) / statistics.median(
+        x["units"] / x["cpu"] for x in silent
+    )
+    print(f"per CPU second (the writer thread's CPU counted): {c:.4f}  ({(c - 1) * 100:+.2f}%)")
     print(f"metrics writes per reporting job: {[x['writes'] for x in loud]} "
           f"(bound: one per interval + the final flush = {bound})")  # fmt: skip
 
