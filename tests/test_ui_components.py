@@ -644,6 +644,10 @@ def test_a_keras_sweep_shows_live_curves_and_compares_its_members(stack: UiStack
         assert all(len(m["curves"]["loss"]) == 10 for m in members)
         assert stack.get(f"/kinetic/api/sweep/kn_ui_keras/fit?run_id={run}", None)[0] == 401
         assert stack.get(f"/kinetic/api/metrics/kn_ui_keras/{run}/fit/0", None)[0] == 401
+        # what the auth manager lets a user read: the outsider sees this sweep, never kn_ui_secret
+        assert stack.get(f"/kinetic/api/sweep/kn_ui_keras/fit?run_id={run}", "outsider")[0] == 200
+        assert stack.get(f"/kinetic/api/metrics/kn_ui_keras/{run}/fit/0", "outsider")[0] == 200
+        assert stack.get("/kinetic/api/sweep/kn_ui_secret/secret_sauce", "outsider")[0] == 404
 
         browser.goto(f"{base}/kinetic/sweep/kn_ui_keras/fit?run_id={run}")
         page = poll(
