@@ -24,6 +24,7 @@ _EXPORTS = {
     "KineticOptionError": "kinetic_airflow.options",
     "KineticRemoteError": "kinetic_airflow.results",
     "PayloadError": "kinetic_airflow.job.payload",
+    "report": "kinetic_airflow.job.metrics",
 }
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "kinetic_task",
     "load_result",
     "parse_accelerator",
+    "report",
 ]
 
 if TYPE_CHECKING:
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
     from kinetic_airflow.decorators import kinetic_task
     from kinetic_airflow.job.envelope import ResultRef
     from kinetic_airflow.job.inputs import Data
+    from kinetic_airflow.job.metrics import report
     from kinetic_airflow.job.payload import PayloadError
     from kinetic_airflow.loading import load_result
     from kinetic_airflow.operators import KineticRunOperator

@@ -43,6 +43,8 @@ DEFAULTS: dict[str, Any] = {
     "impersonation_chain": None,
     "poll_interval": 2.0,
     "heartbeat_seconds": 30.0,
+    # How often a job writes the points kinetic_airflow.report() buffered (one object per interval).
+    "metrics_interval": 5.0,
     "xcom_max_bytes": 262144,
     "log_max_lines": 10000,
     "local_python": None,

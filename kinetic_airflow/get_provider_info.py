@@ -63,6 +63,12 @@ def get_provider_info() -> dict:
                     ),
                     "poll_interval": option("Seconds between job status checks (default 2).", "5", "float"),
                     "heartbeat_seconds": option("Runner heartbeat period (default 30).", "30", "float"),
+                    "metrics_interval": option(
+                        "Seconds between a job's writes of the metrics kinetic_airflow.report() buffered: "
+                        "at most one storage write per interval, whatever the report rate (default 5).",
+                        "5",
+                        "float",
+                    ),
                     "xcom_max_bytes": option(
                         "Results larger than this stay in storage; XCom gets a reference (default 262144).",
                         "1048576",

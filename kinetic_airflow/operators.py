@@ -49,7 +49,7 @@ from kinetic_airflow.job.integrity import IntegrityError, new_key
 from kinetic_airflow.job.layout import JobIdentity, JobLayout
 from kinetic_airflow.job.requirements import resolve_requirements
 from kinetic_airflow.job.storage import Storage, uri_to_local_path
-from kinetic_airflow.lifecycle import Action, Phase, TryInfo, decide, load_record, save_record
+from kinetic_airflow.lifecycle import Action, Phase, TryInfo, decide, load_record, recorded_jobs, save_record
 from kinetic_airflow.links import (
     LINKS_XCOM_KEY,
     KineticJobConsoleLink,
@@ -58,6 +58,7 @@ from kinetic_airflow.links import (
 )
 from kinetic_airflow.optional import require_airflow
 from kinetic_airflow.options import is_deferred, validate_options
+from kinetic_airflow.reported_metrics import publish, read_attempts
 from kinetic_airflow.results import (
     KineticJobError,
     load_verified_envelope,
@@ -703,7 +704,25 @@ class KineticRunOperator(BaseOperator):
             self._delivered(context, ref, "failed", record)
             raise
         self._delivered(context, ref, "success", record)
+        self._publish_metrics(context, ref, record)
         return value
+
+    def _publish_metrics(self, context: Context, ref: JobRef, record: dict[str, Any] | None) -> None:
+        """What the function reported (``kinetic_airflow.report``): XCom ``kinetic_metrics``, gauges
+        and the outlets' Asset-event extra (``kinetic_airflow.reported_metrics``)."""
+        try:
+            try_number = JobIdentity.from_dict(ref["identity"]).try_number
+            jobs = [j for j in (recorded_jobs(record) if record else []) if j.get("try_number") == try_number]
+            attempts = read_attempts(jobs or [ref], self._storage)
+            tags = {
+                "dag_id": context["ti"].dag_id,
+                "task_id": context["ti"].task_id,
+                "accelerator": ref.get("accelerator") or "cpu",
+                "backend": ref.get("backend") or "",
+            }
+            publish(context, list(getattr(self, "outlets", None) or []), attempts, tags)
+        except Exception as exc:  # the job succeeded: its metrics must not fail the task
+            log.warning("could not publish the metrics of job %s: %s", ref["job_id"], exc)
 
     def _delivered(self, context: Context, ref: JobRef, outcome: str, record: dict[str, Any] | None) -> None:
         """Record that this job's outcome reached Airflow (unless a newer job owns the record),

@@ -288,6 +288,16 @@ OPTIONS: dict[str, OptionSpec] = dict(
             config=True,
         ),
         _spec(
+            "metrics_interval",
+            "duration",
+            "a number of seconds, more than 0",
+            "",
+            minimum=0,
+            above=True,
+            task=False,
+            config=True,
+        ),
+        _spec(
             "storage_retry_seconds",
             "duration",
             "a number of seconds, 0 or more",

@@ -287,6 +287,7 @@ def ship_payload(
         "identity": identity.to_dict(),
         "output_dir": output_dir,
         "heartbeat_seconds": heartbeat_seconds,
+        "metrics_interval": resolve_setting("metrics_interval"),
         "callable": callable_name(python_callable),
         "created": time.time(),
         "backend": ref["backend"],

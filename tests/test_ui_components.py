@@ -90,6 +90,7 @@ class UiStack(ComponentStack):
             "KINETIC_BACKEND": "local",
             "KINETIC_BASE_URI": f"file://{self.kinetic_root}",
             "KINETIC_POLL_INTERVAL": "0.5",
+            "KINETIC_METRICS_INTERVAL": "0.5",
             "KN_UI_RELEASE": str(self.release),
             "PYTHONPATH": os.pathsep.join(
                 filter(None, [str(HERE / "ui_support"), os.environ.get("PYTHONPATH")])
@@ -111,7 +112,7 @@ class UiStack(ComponentStack):
             database_url=self.pg.create_database("airflow"),
         )
         self.airflow.start()
-        for dag_id in ("kn_ui_sweep", "kn_ui_gke", "kn_ui_secret", "kn_ui_fail"):
+        for dag_id in ("kn_ui_sweep", "kn_ui_keras", "kn_ui_gke", "kn_ui_secret", "kn_ui_fail"):
             poll(
                 lambda d=dag_id: parsed(self.api, d),
                 timeout=120,
@@ -584,3 +585,92 @@ def test_a_failure_shows_the_users_traceback_and_names(stack: UiStack, sweep: di
         browser.goto(f"{base}/dags/kn_ui_fail/runs/{run}/tasks/needs_missing/plugin/kinetic-job")
         tab = browser.wait_for_text(frame, timeout=60)
         assert "module 'kn_ui_not_installed' is not installed in the local job" in tab, tab
+
+
+# Metrics a sweep reported (kinetic_airflow.keras.MetricsCallback) ----------------------------------
+_CHART_POINTS_JS = """(() => {
+  const el = document.querySelector('#charts .kn-chart[data-metric="loss"]');
+  const state = document.querySelector("#summary .state");
+  return el ? {points: Number(el.dataset.points), state: state ? state.textContent : ""} : null;
+})()"""
+
+
+_SWEEP_PAGE_JS = """(() => {
+  const points = (id) => Number((document.querySelector(`#${id} .kn-chart`) || {dataset: {}}).dataset.points);
+  const rows = [...document.querySelectorAll("#members tr.member")].map((tr) => tr.dataset.mapIndex);
+  return {rows, scatter: points("scatter"), overlay: points("overlay")};
+})()"""
+
+
+def _chart(browser: Browser, wanted: Any, what: str, timeout: float = 180) -> dict[str, Any]:
+    return poll(
+        lambda: (found := browser.evaluate(_CHART_POINTS_JS)) and wanted(found) and found,
+        timeout=timeout,
+        what=what,
+    )
+
+
+def test_a_keras_sweep_shows_live_curves_and_compares_its_members(stack: UiStack) -> None:
+    """Four members train a tiny Keras model with kinetic's callback: the tab's loss chart gains
+    points while its job runs; afterwards the sweep page ranks the four by final loss and plots
+    final loss against lr."""
+    base = stack.api.base_url
+    run_id = trigger(stack.api, "kn_ui_keras")
+    run = urllib.parse.quote(run_id, safe="")
+    with Browser() as browser:
+        browser.set_cookie("_token", stack.token("admin"), base)
+        browser.goto(f"{base}/kinetic/task/kn_ui_keras/{run}/fit/0")
+        first = _chart(browser, lambda f: f["points"] == 3, "3 epochs of loss on the chart", timeout=300)
+        assert first["state"] == "running", first
+        stack.release.with_name(stack.release.name + ".keras3").write_text("go")
+        more = _chart(browser, lambda f: f["points"] == 6, "6 epochs of loss on the chart")
+        assert more["state"] == "running", more  # it grew while the job ran: no reload
+        _shot(browser, "kinetic-task-tab-live-curves.png")
+        stack.release.with_name(stack.release.name + ".keras6").write_text("go")
+        done = _chart(browser, lambda f: f["points"] == 10 and f["state"] == "succeeded", "the end")
+        assert done["points"] == 10
+
+        def all_ended() -> bool:
+            status, body = stack.get(f"/kinetic/api/sweep/kn_ui_keras/fit?run_id={run}")
+            members = body["runs"][0]["members"] if status == 200 and body["runs"] else []
+            return len(members) == 4 and all(m["ti_state"] == "success" for m in members)
+
+        poll(all_ended, timeout=300, what="the four members to succeed", diagnostics=stack.api.diagnostics)
+        status, body = stack.get(f"/kinetic/api/sweep/kn_ui_keras/fit?run_id={run}")
+        assert status == 200, body
+        members = body["runs"][0]["members"]
+        assert sorted(m["label"] for m in members) == ["lr=0.001", "lr=0.003", "lr=0.01", "lr=0.03"]
+        by_loss = sorted(members, key=lambda m: m["final"]["loss"])
+        assert all(len(m["curves"]["loss"]) == 10 for m in members)
+        assert stack.get(f"/kinetic/api/sweep/kn_ui_keras/fit?run_id={run}", None)[0] == 401
+        assert stack.get(f"/kinetic/api/metrics/kn_ui_keras/{run}/fit/0", None)[0] == 401
+        # what the auth manager lets a user read: the outsider sees this sweep, never kn_ui_secret
+        assert stack.get(f"/kinetic/api/sweep/kn_ui_keras/fit?run_id={run}", "outsider")[0] == 200
+        assert stack.get(f"/kinetic/api/metrics/kn_ui_keras/{run}/fit/0", "outsider")[0] == 200
+        assert stack.get("/kinetic/api/sweep/kn_ui_secret/secret_sauce", "outsider")[0] == 404
+
+        browser.goto(f"{base}/kinetic/sweep/kn_ui_keras/fit?run_id={run}")
+        page = poll(
+            lambda: (
+                (found := browser.evaluate(_SWEEP_PAGE_JS))
+                and len(found["rows"]) == 4
+                and found["scatter"] == 4
+                and found
+            ),
+            timeout=60,
+            what="the sweep page's table and scatter",
+        )
+        assert page["rows"] == [str(m["map_index"]) for m in by_loss], (page, by_loss)  # by final loss
+        assert page["overlay"] == 40  # four curves of ten epochs
+        _shot(browser, "kinetic-sweep-page.png")
+        # the task tab inside Airflow's UI links to it
+        browser.goto(f"{base}/dags/kn_ui_keras/runs/{run}/tasks/fit/mapped/0/plugin/kinetic-job")
+        browser.wait_for_text("compare the sweep", timeout=60)
+    status, jobs = stack.get(f"/kinetic/api/jobs?dag_id=kn_ui_keras&run_id={run}")
+    assert status == 200 and len(jobs["jobs"]) == 4
+    gauges = poll(
+        lambda: [line for line in stack.statsd.lines if "kinetic.metric.loss" in line and "|g" in line],
+        timeout=60,
+        what="the final loss as a StatsD gauge",
+    )
+    assert len(gauges) >= 4, gauges

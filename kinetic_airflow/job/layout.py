@@ -11,6 +11,7 @@ layout is written down once::
     {base}/jobs/{job_id}/job.log            the job's log (local backend)
     {base}/jobs/{job_id}/job.json           the job's record (the jobs CLI, gc: ``jobstore``)
     {base}/jobs/{job_id}/usage.json         chips x time of the attempt (``usage``; ``jobs show``)
+    {base}/jobs/{job_id}/metrics/h{h}-{n}.json  points kinetic_airflow.report() buffered (``job.metrics``)
     {base}/outputs/{dag}/{run}/{task}/{map} KINETIC_OUTPUT_DIR: the same for every try
     {base}/cache/{sha256}/...               content-addressed volume uploads
 
@@ -44,6 +45,7 @@ __all__ = [
     "LWS_PREFIX",
     "MANIFEST_NAME",
     "MAX_JOB_ID",
+    "METRICS_DIR",
     "PAYLOAD_NAME",
     "RECORD_NAME",
     "RESULT_NAME",
@@ -210,6 +212,7 @@ SUMMARY_NAME = "result.json"
 LOG_NAME = "job.log"
 RECORD_NAME = "job.json"
 USAGE_NAME = "usage.json"
+METRICS_DIR = "metrics"
 # A local job's state directory: the launch (pid), the exit record, a cancel request, the supervisor's log.
 LAUNCH_NAME = "launch.json"
 EXIT_NAME = "exit.json"
@@ -257,6 +260,15 @@ class JobLayout:
     @property
     def usage(self) -> str:
         return join_uri(self.job_uri, USAGE_NAME)
+
+    @property
+    def metrics_prefix(self) -> str:
+        return join_uri(self.job_uri, METRICS_DIR)
+
+    def metrics_chunk(self, seq: int, host: int = 0) -> str:
+        """One flush of the runner's metrics buffer: written once, never rewritten (zero-padded so
+        a listing sorts in write order)."""
+        return join_uri(self.job_uri, METRICS_DIR, f"h{host}-{seq:06d}.json")
 
 
 # In the pod: a gcsfuse volume of ``Data(uri, fuse=True)`` (the GKE backend mounts it, the runner

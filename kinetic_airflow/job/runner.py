@@ -51,6 +51,7 @@ from kinetic_airflow.job.integrity import (
 )
 from kinetic_airflow.job.interop import write_kinetic_result
 from kinetic_airflow.job.layout import PAYLOAD_NAME, RESULT_NAME, JobLayout
+from kinetic_airflow.job.metrics import MetricsWriter, start_for_job
 from kinetic_airflow.job.requirements import InstallError, ensure_environment
 from kinetic_airflow.job.storage import Storage, open_storage, uri_to_local_path
 from kinetic_airflow.job.tracebacks import mark_traceback, user_names
@@ -345,6 +346,7 @@ class JobRunner:
         started = self.started = _now()
         self.marker("started")
         heartbeat = None
+        metrics: MetricsWriter | None = None
         envelope: dict[str, Any] = {"ok": False, "host": self.host, "value": None, "exception": None}
         try:
             payload = self.load_payload()
@@ -356,6 +358,9 @@ class JobRunner:
             )
             heartbeat.start()
             fn, args, kwargs = self.setup(payload)
+            metrics = start_for_job(
+                self.storage, self.layout, self.host, float(self.manifest.get("metrics_interval") or 5.0)
+            )
             name = getattr(fn, "__qualname__", None) or _qualname(fn)
             log(f"running {name} (job {self.manifest.get('job_id')}, host {self.host})")
             with self._timed("execute"):
@@ -379,6 +384,8 @@ class JobRunner:
         finally:
             if heartbeat is not None:
                 heartbeat.stop_event.set()
+            if metrics is not None:  # the last points are stored before the result
+                metrics.close()
         envelope["timings"] = {**self.timings, "total": round(_now() - started, 3)}
         envelope["fingerprint"] = {
             "python": platform.python_version(),

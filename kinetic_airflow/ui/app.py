@@ -17,10 +17,18 @@ from fastapi.responses import FileResponse
 
 from kinetic_airflow.job.layout import STATE_KEY
 from kinetic_airflow.ui.data import job_details, run_costs, task_rows
+from kinetic_airflow.ui.metrics_view import sweep, task_metrics
 
 __all__ = ["create_app"]
 
 _STATIC = Path(__file__).resolve().parent / "static"
+UPLOT_VERSION = "1.6.32"  # vendored from the npm registry: static/uplot/VERSION
+_STATIC_FILES = {
+    "kinetic.js": "text/javascript",
+    "kinetic.css": "text/css",
+    "uPlot.iife.min.js": "text/javascript",
+    "uPlot.min.css": "text/css",
+}
 _STATES = (
     "submitted",
     "launching",
@@ -97,12 +105,19 @@ def create_app() -> FastAPI:
     def task_page(dag_id: str, run_id: str, task_id: str, map_index: str, user: User):
         return _page("task.html")
 
+    @app.get("/sweep/{dag_id}/{task_id}", include_in_schema=False)
+    def sweep_page(dag_id: str, task_id: str, user: User) -> FileResponse:
+        return _page("sweep.html")
+
     @app.get("/static/{name}", include_in_schema=False)
     def static(name: str, user: User) -> FileResponse:
-        if name not in ("kinetic.js", "kinetic.css"):
+        media = _STATIC_FILES.get(name)
+        if media is None:
             raise HTTPException(404, f"no static file {name!r}")
-        media = "text/javascript" if name.endswith(".js") else "text/css"
-        return FileResponse(_STATIC / name, media_type=media, headers={"Cache-Control": "no-store"})
+        path = _STATIC / ("uplot/" + name if name.startswith("uPlot") else name)
+        # uPlot's files change only with its version (in the URL): cacheable; ours: not
+        cache = "max-age=86400" if name.startswith("uPlot") else "no-store"
+        return FileResponse(path, media_type=media, headers={"Cache-Control": cache})
 
     @app.get("/api/jobs")
     def list_jobs(
@@ -134,5 +149,32 @@ def create_app() -> FastAPI:
         if details is None:
             raise HTTPException(404, f"no kinetic job for {dag_id}/{run_id}/{task_id}[{map_index}]")
         return details
+
+    @app.get("/api/metrics/{dag_id}/{run_id}/{task_id}/{map_index}")
+    def metrics_of_task(dag_id: str, run_id: str, task_id: str, map_index: str, user: User):
+        """The metrics the task's job reported: the newest try's attempts, points per metric."""
+        map_index = _map_index(map_index)
+        with create_session() as session:
+            found = None
+            if dag_id in _visible_dag_ids(user, session, dag_id):
+                found = task_metrics(session, dag_id, run_id, task_id, map_index)
+        if found is None:
+            raise HTTPException(404, f"no kinetic job for {dag_id}/{run_id}/{task_id}[{map_index}]")
+        return found
+
+    @app.get("/api/sweep/{dag_id}/{task_id}")
+    def sweep_of_task(
+        dag_id: str,
+        task_id: str,
+        user: User,
+        run_id: str | None = Query(None, description="one DAG run; default: every run (grouped by run)"),
+        limit: int = Query(2000, ge=1, le=10000),
+    ) -> dict[str, Any]:
+        """A mapped kinetic task's members: label, parameters, state, final/best metrics, chip-hours."""
+        with create_session() as session:
+            visible = _visible_dag_ids(user, session, dag_id)
+            if dag_id not in visible:
+                raise HTTPException(404, f"no kinetic job for {dag_id}/{task_id}")
+            return sweep(session, visible, dag_id, task_id, run_id, limit)
 
     return app

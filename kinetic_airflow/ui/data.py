@@ -374,6 +374,7 @@ def task_rows(session: Any, *, all_jobs: bool = False, **filters: Any) -> list[d
         }
         if all_jobs:
             row["jobs"] = jobs
+            row["gcp_conn_id"] = ref.get("gcp_conn_id")  # a connection id: where its metrics are read
             row["history"] = current["history"]
         out.append(row)
     return out
@@ -413,7 +414,7 @@ def run_costs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def job_details(
     session: Any, dag_id: str, run_id: str, task_id: str, map_index: int
 ) -> dict[str, Any] | None:
-    """One task instance with every job it ran (the task-instance tab)."""
+    """One task instance with every job it ran (the task-instance tab, its metrics)."""
     rows = task_rows(
         session,
         all_jobs=True,

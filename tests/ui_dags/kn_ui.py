@@ -122,7 +122,45 @@ def kn_ui_fail():
     needs_missing()
 
 
+@task.kinetic(backend="local", retries=0)
+def fit(lr: float) -> float:
+    """A tiny Keras model on CPU, reporting each epoch with kinetic's callback. It stops after
+    epochs 3 and 6 until the test lets it go on (``KN_UI_RELEASE.keras3`` / ``.keras6``), so the
+    test sees the curve grow while the job runs."""
+    os.environ.setdefault("KERAS_BACKEND", "jax")
+    import keras
+    import numpy as np
+
+    from kinetic_airflow.keras import MetricsCallback
+
+    release = os.environ["KN_UI_RELEASE"]
+
+    class Gate(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            gate = Path(f"{release}.keras{epoch + 1}")
+            if epoch + 1 in (3, 6):
+                print(f"fit: waiting for {gate.name}", flush=True)
+                while not gate.exists():
+                    time.sleep(0.2)
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 8)).astype("float32")
+    y = (x @ rng.normal(size=(8, 1)).astype("float32")) + 0.1
+    layers = [keras.Input((8,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)]
+    model = keras.Sequential(layers)
+    model.compile(optimizer=keras.optimizers.SGD(lr), loss="mse")
+    # kinetic's callback first: an epoch's point is reported before the gate holds the job
+    history = model.fit(x, y, epochs=10, batch_size=64, verbose=0, callbacks=[MetricsCallback(), Gate()])
+    return float(history.history["loss"][-1])
+
+
+@dag(schedule=None, start_date=START, catchup=False, tags=["kinetic-ui-test"])
+def kn_ui_keras():
+    fit.expand(lr=[0.001, 0.003, 0.01, 0.03])
+
+
 kn_ui_sweep()
+kn_ui_keras()
 kn_ui_gke()
 kn_ui_secret()
 kn_ui_fail()

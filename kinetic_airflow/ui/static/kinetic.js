@@ -43,6 +43,11 @@ function tiPath(row) {
   const mapped = row.map_index >= 0 ? `/mapped/${row.map_index}` : "";
   return `${BASE}/dags/${parts[0]}/runs/${parts[1]}/tasks/${parts[2]}${mapped}`;
 }
+// The sweep comparison of a mapped task: this run's members, or (across) every run's.
+function sweepPath(row, across = false) {
+  const path = `${BASE}/kinetic/sweep/${encodeURIComponent(row.dag_id)}/${encodeURIComponent(row.task_id)}`;
+  return across ? path : path + "?run_id=" + encodeURIComponent(row.run_id);
+}
 function outputLink(uri) {
   if (!uri) return "";
   if (uri.startsWith("gs://")) {
@@ -122,7 +127,7 @@ function jobsPage() {
         <td class="num">${chipHours(row.chip_hours)}</td>
         <td class="small">${resultText(row.result)}</td>
         <td class="small links"><a href="${tiPath(row)}" target="_top">log</a> ·
-          <a href="${tiPath(row)}/plugin/kinetic-job" target="_top">job</a> · ${outputLink(row.output_dir)}</td></tr>`).join("")
+          <a href="${tiPath(row)}/plugin/kinetic-job" target="_top">job</a> · ${outputLink(row.output_dir)}${row.map_index >= 0 ? ` · <a href="${sweepPath(row)}" target="_blank" rel="noopener">sweep</a>` : ""}</td></tr>`).join("")
       || `<tr><td colspan="12" class="muted">no kinetic jobs match</td></tr>`;
   }
   every(draw);
@@ -157,6 +162,181 @@ function taskPage() {
         <td class="num">${chipHours(job.chip_hours)}</td></tr>`).join("");
     document.getElementById("history").innerHTML = (row.history || []).slice().reverse().map((h) => `<tr>
         <td class="small">${when(h.time)}</td><td>${badge(h.state)}</td><td>${esc(h.text)}</td></tr>`).join("");
+    const sweep = document.getElementById("sweep-link");
+    if (row.map_index >= 0) {
+      sweep.innerHTML = `<a href="${sweepPath(row)}" target="_blank" rel="noopener">compare the sweep</a> ·
+        <a href="${sweepPath(row, true)}" target="_blank" rel="noopener">across runs</a>`;
+    }
+    await drawTaskMetrics(api.replace(/^task\//, "metrics/"));
   }
   every(draw);
+}
+
+// ---- Metrics: charts (uPlot, vendored in static/uplot) ---------------------------------------
+const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#d97706", "#7c3aed", "#0891b2", "#db2777", "#65a30d",
+  "#4b5563", "#ea580c"];
+function num(value) {
+  if (value === null || value === undefined) return "";
+  const v = Number(value);
+  return Math.abs(v) >= 1e4 || (v !== 0 && Math.abs(v) < 1e-3) ? v.toExponential(3) : v.toPrecision(4);
+}
+// Aligned data for uPlot from several [[x, y], ...] series: the union of their x values.
+function aligned(seriesPoints) {
+  const xs = [...new Set(seriesPoints.flatMap((pts) => pts.map((p) => p[0])))].sort((a, b) => a - b);
+  const index = new Map(xs.map((x, i) => [x, i]));
+  const ys = seriesPoints.map((pts) => {
+    const y = new Array(xs.length).fill(undefined);
+    for (const [x, v] of pts) y[index.get(x)] = v;
+    return y;
+  });
+  return [xs, ...ys];
+}
+// One chart, kept across refreshes: new data goes into the same uPlot (no flicker, zoom kept).
+function chart(holder, key, title, labels, data, opts = {}) {
+  holder.charts = holder.charts || new Map();
+  let entry = holder.charts.get(key);
+  const signature = [title, opts.xLabel, opts.logX, ...labels].join("|");
+  if (!entry || entry.signature !== signature) {
+    if (entry) entry.plot.destroy();
+    const el = entry ? entry.el : document.createElement("div");
+    el.className = "kn-chart";
+    el.dataset.metric = key;
+    if (!entry) holder.appendChild(el);
+    const width = opts.width || 480;
+    const series = [{ label: opts.xLabel || "step" }, ...labels.map((label, i) => ({
+      label,
+      stroke: COLORS[i % COLORS.length],
+      width: 1.5,
+      dash: opts.dashed && opts.dashed[i] ? [6, 4] : undefined,
+      spanGaps: false,
+      paths: opts.scatter ? () => null : undefined,
+      points: opts.scatter ? { show: true, size: 9, fill: COLORS[i % COLORS.length] } : undefined,
+    }))];
+    const plot = new uPlot({
+      title, width, height: opts.height || 220, series,
+      scales: { x: { time: false, distr: opts.logX ? 3 : 1 } },
+      axes: [{ label: opts.xLabel || "step" }, {}],
+    }, data, el);
+    entry = { el, plot, signature };
+    holder.charts.set(key, entry);
+  } else {
+    entry.plot.setData(data);
+  }
+  // For readers and tests: how many points the chart holds now.
+  entry.el.dataset.points = String(data.slice(1).reduce((n, ys) => n + ys.filter((v) => v !== undefined && v !== null).length, 0));
+  return entry;
+}
+function dropStaleCharts(holder, keep) {
+  for (const [key, entry] of holder.charts || []) {
+    if (!keep.has(key)) { entry.plot.destroy(); entry.el.remove(); holder.charts.delete(key); }
+  }
+}
+
+// The Kinetic tab's curves: one chart per metric, one series per attempt of the newest try (an
+// attempt after a preemption continues the curve, dashed and named so).
+async function drawTaskMetrics(api) {
+  const holder = document.getElementById("charts");
+  let data;
+  try {
+    data = await getJSON(api);
+  } catch (err) {
+    if (err.message.startsWith("404")) return;
+    throw err;
+  }
+  const note = document.getElementById("metrics-note");
+  if (!data.metrics.length) {
+    note.textContent = "No metrics reported (yet): call kinetic_airflow.report(step=..., loss=...) or use kinetic_airflow.keras.MetricsCallback() in the function.";
+    dropStaleCharts(holder, new Set());
+    return;
+  }
+  note.innerHTML = Object.keys(data.final).sort().map((name) =>
+    `<span class="metric"><b>${esc(name)}</b> ${num(data.final[name])} <span class="muted">(best ${num(data.best[name])})</span></span>`).join(" ");
+  const labels = data.attempts.map((a, i) => i === 0 ? `attempt ${a.attempt}` : `attempt ${a.attempt} (after preemption)`);
+  const dashed = data.attempts.map((_a, i) => i > 0);
+  for (const name of data.metrics) {
+    const series = data.attempts.map((a) => a.points[name] || []);
+    chart(holder, name, name, labels, aligned(series), { dashed });
+  }
+  dropStaleCharts(holder, new Set(data.metrics));
+}
+
+// ---- Sweep comparison ----------------------------------------------------------------------
+function sweepPage() {
+  const [dagId, taskId] = location.pathname.split("/kinetic/sweep/")[1].split("/").map(decodeURIComponent);
+  const params = new URLSearchParams(location.search);
+  const query = params.get("run_id") ? "?run_id=" + encodeURIComponent(params.get("run_id")) : "";
+  const api = "sweep/" + [dagId, taskId].map(encodeURIComponent).join("/") + query;
+  document.getElementById("title").textContent = `${dagId} · ${taskId}` + (params.get("run_id") ? ` · ${params.get("run_id")}` : " · every run");
+  const metricSelect = document.getElementById("metric");
+  const paramSelect = document.getElementById("param");
+  let sort = null; // {key: "final:loss", desc: false}
+  let last = null;
+  const options = (select, values, preferred) => {
+    const keep = select.value || preferred;
+    const html = values.map((v) => `<option>${esc(v)}</option>`).join("");
+    if (select.dataset.values !== html) { select.innerHTML = html; select.dataset.values = html; }
+    if (values.includes(keep)) select.value = keep;
+  };
+  metricSelect.onchange = paramSelect.onchange = () => last && render(last);
+  function value(member, key) {
+    if (key === "label" || key === "state") return member[key];
+    if (key === "map_index" || key === "chip_hours") return member[key];
+    const [kind, name] = key.split(":");
+    return member[kind] ? member[kind][name] : undefined;
+  }
+  function sorted(members) {
+    const { key, desc } = sort;
+    return members.slice().sort((a, b) => {
+      const x = value(a, key), y = value(b, key);
+      if (x === y) return a.map_index - b.map_index;
+      if (x === undefined || x === null) return 1;
+      if (y === undefined || y === null) return -1;
+      return (x < y ? -1 : 1) * (desc ? -1 : 1);
+    });
+  }
+  function render(data) {
+    const metrics = data.metrics;
+    options(metricSelect, metrics, metrics.includes("loss") ? "loss" : metrics[0]);
+    options(paramSelect, data.params, data.params[0]);
+    const metric = metricSelect.value;
+    if (!sort && metric) sort = { key: "final:" + metric, desc: !!data.higher_is_better[metric] };
+    sort = sort || { key: "map_index", desc: false };
+    const columns = [["map_index", "#"], ["label", "label"], ["state", "state"],
+      ...metrics.flatMap((m) => [["final:" + m, m + " final"], ["best:" + m, m + " best"]]), ["chip_hours", "chip-hours"]];
+    document.getElementById("head").innerHTML = "<tr>" + columns.map(([key, text]) =>
+      `<th data-key="${esc(key)}" class="sortable">${esc(text)}${sort.key === key ? (sort.desc ? " ▼" : " ▲") : ""}</th>`).join("") + "</tr>";
+    for (const th of document.querySelectorAll("#head th")) {
+      th.onclick = () => {
+        const key = th.dataset.key;
+        sort = sort.key === key ? { key, desc: !sort.desc } : { key, desc: key.startsWith("best:") || key.startsWith("final:") ? !!data.higher_is_better[key.split(":")[1]] : false };
+        render(data);
+      };
+    }
+    document.getElementById("members").innerHTML = data.runs.map((run) => `
+      <tr class="run"><td colspan="${columns.length}"><b>${esc(run.run_id)}</b> <span class="muted small">${esc(run.run_after || "")}</span></td></tr>` +
+      sorted(run.members).map((m) => `<tr class="member" data-run="${esc(run.run_id)}" data-map-index="${m.map_index}">
+        <td class="num">${m.map_index}</td><td>${clip(m.label)}</td><td>${badge(m.state)}</td>
+        ${metrics.map((name) => `<td class="num">${num(m.final[name])}</td><td class="num">${num(m.best[name])}</td>`).join("")}
+        <td class="num">${chipHours(m.chip_hours)}</td></tr>`).join("")).join("")
+      || `<tr><td colspan="${columns.length}" class="muted">no mapped kinetic task instances</td></tr>`;
+    const members = data.runs.flatMap((run) => run.members.map((m) => ({ ...m, run_id: run.run_id })));
+    const manyRuns = data.runs.length > 1;
+    const overlay = document.getElementById("overlay");
+    if (metric) {
+      const shown = members.slice(0, COLORS.length * 5);
+      chart(overlay, "overlay", `${metric} per member`, shown.map((m) => (manyRuns ? m.run_id + " · " : "") + (m.label || "#" + m.map_index)),
+        aligned(shown.map((m) => m.curves[metric] || [])), { width: 640, height: 300 });
+    }
+    const scatter = document.getElementById("scatter");
+    const param = paramSelect.value;
+    if (metric && param) {
+      const pairs = members.map((m) => [m.params[param], m.final[metric]])
+        .filter(([x, y]) => typeof x === "number" && typeof y === "number").sort((a, b) => a[0] - b[0]);
+      const xs = pairs.map((p) => p[0]);
+      const logX = xs.length > 1 && xs[0] > 0 && xs[xs.length - 1] / xs[0] >= 100;
+      chart(scatter, "scatter", `final ${metric} against ${param}`, [`final ${metric}`],
+        [xs, pairs.map((p) => p[1])], { scatter: true, xLabel: param, logX, width: 480, height: 300 });
+    }
+  }
+  every(async () => { last = await getJSON(api); render(last); });
 }

@@ -1,0 +1,155 @@
+"""The metrics a job reported (``kinetic_airflow.report``), as Airflow sees them.
+
+One task instance's try may run several attempts (a preemption makes a new job): their points
+form one curve, each point tagged with its attempt. When the try succeeds the worker publishes
+the final values (the last value of each metric, from the newest attempt that reported it):
+
+* XCom ``kinetic_metrics``: ``{"loss": 0.12, "accuracy": 0.97}`` for a downstream ``pick_best``;
+* Airflow's metrics (StatsD / OpenTelemetry) as gauges ``kinetic.metric.<name>`` tagged like
+  the chip-hours figures (``kinetic_airflow.usage``);
+* the ``extra`` of the Asset events of the task's ``outlets``: ``{"kinetic_metrics": {...},
+  "kinetic_best": {...}}``, so a DAG scheduled on the model's Asset sees what produced it.
+
+Everything read here is plain JSON, checked number by number (``job.metrics.read_attempt``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from kinetic_airflow.job.layout import JobLayout
+from kinetic_airflow.job.metrics import best_of, read_attempt
+
+__all__ = ["METRICS_XCOM_KEY", "combine", "publish", "read_attempts"]
+
+log = logging.getLogger(__name__)
+
+METRICS_XCOM_KEY = "kinetic_metrics"
+_CHUNKS: OrderedDict[str, Any] = OrderedDict()  # metrics chunks never change once written
+_CHUNKS_LOCK = threading.Lock()
+_CHUNKS_SIZE = 20000
+
+
+class _ChunkCache:
+    """A bounded view of the process-wide chunk cache with the dict methods read_attempt uses."""
+
+    def get(self, uri: str) -> Any:
+        with _CHUNKS_LOCK:
+            return _CHUNKS.get(uri)
+
+    def __setitem__(self, uri: str, value: Any) -> None:
+        with _CHUNKS_LOCK:
+            _CHUNKS[uri] = value
+            while len(_CHUNKS) > _CHUNKS_SIZE:
+                _CHUNKS.popitem(last=False)
+
+
+def read_attempts(jobs: list[dict[str, Any]], storage_of: Any) -> list[dict[str, Any]]:
+    """``[{"job_id", "attempt", "try_number", "points", "summary"}]`` for ``jobs`` (entries with a
+    ``job_uri``), in order; ``storage_of(uri)`` opens a job's storage."""
+    out = []
+    for job in jobs:
+        uri = job.get("job_uri")
+        if not uri:
+            continue
+        try:
+            read = read_attempt(storage_of(uri), JobLayout(uri), cache=_ChunkCache())  # type: ignore[arg-type]
+        except Exception as exc:  # metrics are a view: never a reason to fail
+            log.warning("could not read the metrics of job %s: %s", job.get("job_id"), exc)
+            read = {"points": {}, "summary": {}}
+        out.append(
+            {
+                "job_id": job.get("job_id"),
+                "attempt": job.get("attempt") or (job.get("identity") or {}).get("attempt") or 1,
+                "try_number": job.get("try_number") or (job.get("identity") or {}).get("try_number"),
+                **read,
+            }
+        )
+    return out
+
+
+def combine(attempts: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """``{"final": {name: value}, "best": {name: value}, "steps": {name: last step}}`` over attempts
+    (oldest first): final from the newest attempt that reported the metric, best over all."""
+    final: dict[str, float | None] = {}
+    best: dict[str, float | None] = {}
+    steps: dict[str, float | None] = {}
+    for attempt in attempts:
+        for name, summary in attempt["summary"].items():
+            final[name] = summary.get("last")
+            steps[name] = summary.get("last_step")
+            candidate = best_of(name, summary)
+            if candidate is None:
+                continue
+            earlier = best.get(name)
+            if earlier is None:
+                best[name] = candidate
+            else:
+                both = {"min": min(earlier, candidate), "max": max(earlier, candidate)}
+                best[name] = best_of(name, both)
+    return {"final": final, "best": best, "steps": steps}
+
+
+def _stat_name(name: str) -> str:
+    return "kinetic.metric." + (re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:100] or "_")
+
+
+def _gauges(final: dict[str, float | None], tags: dict[str, str]) -> None:
+    try:
+        # Airflow start-up cost: loaded when called, not when this module is imported.
+        from airflow.sdk.observability.stats import Stats
+    except ImportError:
+        return
+    try:
+        for name, value in final.items():
+            if value is not None:
+                Stats.gauge(_stat_name(name), value, tags={**tags, "metric": name})
+    except Exception as exc:
+        log.warning("could not emit the job's metrics as gauges: %s", exc)
+
+
+def _asset_extras(context: Any, outlets: list[Any], extra: dict[str, Any]) -> int:
+    """Put ``extra`` into the outlet events of the task's Assets (not aliases: their events are
+    added by the task itself, with ``add``). Returns how many were given it."""
+    try:
+        # Airflow start-up cost: loaded when called, not when this module is imported.
+        from airflow.sdk import Asset
+    except ImportError:
+        return 0
+    events = context.get("outlet_events")
+    if events is None:
+        return 0
+    done = 0
+    for outlet in outlets or []:
+        if isinstance(outlet, Asset):
+            events[outlet].extra.update(extra)
+            done += 1
+    return done
+
+
+def publish(
+    context: Any,
+    outlets: list[Any],
+    attempts: list[dict[str, Any]],
+    tags: dict[str, str],
+) -> dict[str, dict[str, float | None]]:
+    """XCom, gauges and Asset-event extra for a successful try; returns what it published."""
+    combined = combine(attempts)
+    final = combined["final"]
+    if not final:
+        return combined
+    context["ti"].xcom_push(key=METRICS_XCOM_KEY, value=final)
+    _gauges(final, tags)
+    shown = ", ".join(f"{k}={v:.6g}" if v is not None else f"{k}=nan" for k, v in sorted(final.items()))
+    assets = _asset_extras(context, outlets, {"kinetic_metrics": final, "kinetic_best": combined["best"]})
+    log.info(
+        "[kinetic] final metrics: %s (XCom %r%s)",
+        shown,
+        METRICS_XCOM_KEY,
+        f"; the extra of {assets} Asset event(s)" if assets else "",
+    )
+    return combined

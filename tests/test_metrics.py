@@ -1,0 +1,242 @@
+"""kinetic_airflow.report() and the Keras callback: the runner's buffer, its bounded write rate,
+storage errors, and what Airflow reads back (plain numbers only)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+
+import cloudpickle
+import pytest
+from jobkit import make_job, run_runner
+
+from kinetic_airflow.job import metrics as job_metrics
+from kinetic_airflow.job.layout import JobLayout
+from kinetic_airflow.job.storage import FileStorage, open_storage
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class CountingStorage(FileStorage):
+    """Real file storage that counts the writes (the metrics writer's only calls)."""
+
+    def __init__(self, fail: bool = False) -> None:
+        super().__init__()
+        self.writes: list[float] = []
+        self.fail = fail
+        self.lock = threading.Lock()
+
+    def write_bytes(self, uri, data, *, if_absent=False):
+        with self.lock:
+            self.writes.append(time.monotonic())
+        if self.fail:
+            raise OSError("storage is down")
+        return super().write_bytes(uri, data, if_absent=if_absent)
+
+
+def _writer(tmp_path, storage, interval):
+    layout = JobLayout.for_job(f"file://{tmp_path}", "job-1")
+    return layout, job_metrics.MetricsWriter(storage, layout, 0, interval).activate()
+
+
+def test_report_outside_a_job_does_nothing():
+    assert job_metrics._active is None
+    import kinetic_airflow
+
+    kinetic_airflow.report(step=1, loss=0.5)  # no error, no buffer anywhere
+    assert kinetic_airflow.report is job_metrics.report
+
+
+def test_writes_are_bounded_by_the_interval_whatever_the_report_rate(tmp_path):
+    storage = CountingStorage()
+    layout, writer = _writer(tmp_path, storage, interval=0.2)
+    started = time.monotonic()
+    step = 0
+    while time.monotonic() - started < 1.5:  # as fast as this loop goes: far above 1 per interval
+        step += 1
+        job_metrics.report(step=step, loss=1.0 / step, accuracy=step / (step + 1))
+    elapsed = time.monotonic() - started
+    writer.close()
+    assert step > 10_000
+    # one per elapsed interval, plus the final flush when the function returns
+    assert 1 <= len(storage.writes) <= int(elapsed / 0.2) + 2, (len(storage.writes), elapsed)
+    gaps = [b - a for a, b in zip(storage.writes, storage.writes[1:-1], strict=False)]
+    assert all(gap >= 0.2 * 0.9 for gap in gaps), gaps
+    read = job_metrics.read_attempt(storage, layout)
+    # thinned for the charts, exact in the summary
+    assert len(read["points"]["loss"]) <= job_metrics.MAX_POINTS_PER_CHUNK * len(storage.writes)
+    assert read["points"]["loss"][-1] == [step, 1.0 / step]
+    assert read["summary"]["loss"]["last"] == 1.0 / step and read["summary"]["loss"]["min"] == 1.0 / step
+    assert read["summary"]["loss"]["count"] == step and read["summary"]["loss"]["max"] == 1.0
+    assert read["summary"]["accuracy"]["max"] == step / (step + 1)
+    assert job_metrics.best_of("accuracy", read["summary"]["accuracy"]) == step / (step + 1)
+    assert job_metrics.best_of("val_loss", {"min": 1, "max": 2}) == 1
+
+
+def test_a_storage_error_drops_points_with_one_warning(tmp_path, capsys):
+    storage = CountingStorage(fail=True)
+    _, writer = _writer(tmp_path, storage, interval=0.05)
+    for i in range(5):
+        job_metrics.report(loss=float(i))
+        time.sleep(0.07)
+    writer.close()
+    assert len(storage.writes) >= 3
+    err = capsys.readouterr().err
+    assert err.count("could not write metrics") == 1, err
+    assert writer.dropped == 5 and writer.summary["loss"]["count"] == 5
+
+
+def test_numbers_are_checked_steps_default_and_nan_is_a_gap(tmp_path, capsys):
+    storage = CountingStorage()
+    layout, writer = _writer(tmp_path, storage, interval=60)
+    np = pytest.importorskip("numpy")
+    job_metrics.report(loss=1.0, name="text", flag=True)
+    job_metrics.report(loss=np.float32(0.5), name="again")
+    job_metrics.report(step=10, loss=float("nan"))
+    job_metrics.report(loss=0.25)
+    writer.close()
+    err = capsys.readouterr().err
+    assert err.count("'text' is not a plain number") == 1 and "flag=True" in err
+    read = job_metrics.read_attempt(storage, layout)
+    assert read["points"] == {"loss": [[1, 1.0], [2, 0.5], [10, None], [11, 0.25]]}
+    assert read["summary"]["loss"] == {"last": 0.25, "last_step": 11, "min": 0.25, "max": 1.0, "count": 4}
+
+
+def test_reading_keeps_only_plain_numbers(tmp_path):
+    storage = open_storage(f"file://{tmp_path}")
+    layout = JobLayout.for_job(f"file://{tmp_path}", "job-1")
+    forged = {
+        "points": {"loss": [[1, 0.5], [2, "<script>"], ["3", 1], [4, True], [5, {"x": 1}], [6, 0.25]]},
+        "summary": {"loss": {"last": 0.25, "min": "x"}, "ok": {"last": 1, "count": 2}},
+    }
+    storage.write_text(layout.metrics_chunk(1), json.dumps(forged))
+    storage.write_text(layout.metrics_chunk(2), "not json")
+    read = job_metrics.read_attempt(storage, layout)
+    assert read["points"] == {"loss": [[1, 0.5], [6, 0.25]]}
+    assert read["summary"] == {"ok": {"last": 1, "last_step": None, "min": None, "max": None, "count": 2}}
+
+
+def _trains(steps):
+    import kinetic_airflow
+
+    for step in range(1, steps + 1):
+        kinetic_airflow.report(step=step, loss=1.0 / step)
+    return "trained"
+
+
+def test_the_runner_stores_the_points_before_the_result(base_uri):
+    """On local disk and on GCS's wire protocol (fake-gcs-server)."""
+    layout = make_job(base_uri, _trains, (5000,), manifest_overrides={"metrics_interval": 30})
+    proc, summary = run_runner(layout)
+    assert proc.returncode == 0, proc.stderr
+    assert summary["ok"] and summary["value_repr"] == "'trained'"
+    storage = open_storage(layout.job_uri)
+    assert len(storage.list(layout.metrics_prefix)) == 1  # a short job: only the final flush
+    read = job_metrics.read_attempt(storage, layout)
+    assert read["summary"]["loss"]["last"] == 1 / 5000 and read["summary"]["loss"]["count"] == 5000
+
+
+def test_the_runner_survives_unwritable_metrics_storage(tmp_path):
+    """A real storage error (the metrics folder's place is taken by a file): one warning in the
+    job log, and the function's result is stored as usual."""
+    layout = make_job(f"file://{tmp_path}", _trains, (100,), manifest_overrides={"metrics_interval": 0.05})
+    (tmp_path / "jobs/job-1/metrics").write_text("not a folder")
+    proc, summary = run_runner(layout)
+    assert proc.returncode == 0, proc.stderr
+    assert summary["ok"] and summary["value_repr"] == "'trained'"
+    assert proc.stderr.count("could not write metrics") == 1, proc.stderr
+
+
+def _fits_keras(epochs):
+    os.environ.setdefault("KERAS_BACKEND", "jax")
+    import keras
+    import numpy as np
+
+    from kinetic_airflow.keras import MetricsCallback
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype("float32")
+    y = (x @ np.array([1.0, -2.0, 0.5, 3.0], dtype="float32"))[:, None]
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
+    model.fit(x, y, epochs=epochs, batch_size=16, verbose=0, callbacks=[MetricsCallback(every_n_batches=2)])
+    return epochs
+
+
+def test_keras_callback_reports_epochs_and_batches(tmp_path):
+    layout = make_job(f"file://{tmp_path}", _fits_keras, (3,), manifest_overrides={"metrics_interval": 30})
+    proc, summary = run_runner(layout, env={**os.environ, "KERAS_BACKEND": "jax"})
+    assert proc.returncode == 0, proc.stderr
+    assert summary["ok"], summary
+    read = job_metrics.read_attempt(open_storage(layout.job_uri), layout)
+    assert [p[0] for p in read["points"]["loss"]] == [1, 2, 3]
+    assert [p[0] for p in read["points"]["mae"]] == [1, 2, 3]
+    assert [p[0] for p in read["points"]["batch_loss"]] == [2, 4, 6, 8, 10, 12]  # 4 batches an epoch
+    assert read["points"]["loss"][-1][1] < read["points"]["loss"][0][1]  # it trained
+
+
+def test_keras_callback_checks_its_argument(monkeypatch):
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    pytest.importorskip("keras")
+    from kinetic_airflow.keras import MetricsCallback
+
+    with pytest.raises(ValueError, match="every_n_batches"):
+        MetricsCallback(every_n_batches=0)
+
+
+def test_the_vendored_chart_library_ships_in_the_wheel(built_wheel):
+    """uPlot (from the npm registry) with its license and recorded version, beside the pages."""
+    import zipfile
+
+    with zipfile.ZipFile(built_wheel) as wheel:
+        names = set(wheel.namelist())
+        version = wheel.read("kinetic_airflow/ui/static/uplot/VERSION").decode()
+    for name in ("uPlot.iife.min.js", "uPlot.min.css", "LICENSE", "VERSION"):
+        assert f"kinetic_airflow/ui/static/uplot/{name}" in names, name
+    assert "kinetic_airflow/ui/static/sweep.html" in names
+    from kinetic_airflow.ui.app import UPLOT_VERSION
+
+    assert version.startswith(f"uplot {UPLOT_VERSION},")
+
+
+def test_a_multi_host_job_reports_from_host_0_unless_told(tmp_path, monkeypatch):
+    storage = CountingStorage()
+    layout = JobLayout.for_job(f"file://{tmp_path}", "job-1")
+    assert job_metrics.start_for_job(storage, layout, 1, 0.05) is None
+    job_metrics.report(loss=1.0)  # host 1: nothing buffered, nothing written
+    assert storage.writes == []
+    monkeypatch.setenv("KINETIC_METRICS_ALL_HOSTS", "1")
+    writer = job_metrics.start_for_job(storage, layout, 1, 60)
+    job_metrics.report(loss=2.0)
+    writer.close()
+    assert storage.list(layout.metrics_prefix) == [layout.metrics_chunk(1, host=1)]
+    assert job_metrics.read_attempt(storage, layout, host=1)["summary"]["loss"]["last"] == 2.0
+    assert job_metrics.read_attempt(storage, layout)["summary"] == {}  # host 0's curve: none
+
+
+def test_attempts_after_a_preemption_continue_the_curve(tmp_path):
+    """Each attempt is its own job (and its own chunks); the try's final is the newest attempt's
+    last value, its best the best over all of them."""
+    from kinetic_airflow.reported_metrics import combine, read_attempts
+
+    storage = CountingStorage()
+    jobs = []
+    for attempt, steps in ((1, range(1, 6)), (2, range(4, 11))):  # resumed from the step-3 checkpoint
+        layout = JobLayout.for_job(f"file://{tmp_path}", f"job-a{attempt}")
+        writer = job_metrics.MetricsWriter(storage, layout, 0, 60).activate()
+        for step in steps:
+            job_metrics.report(step=step, loss=10.0 / step + attempt, acc=step / 10)
+        writer.close()
+        jobs.append(
+            {"job_id": layout.job_uri.rsplit("/", 1)[1], "job_uri": layout.job_uri, "attempt": attempt}
+        )
+    attempts = read_attempts(jobs, lambda uri: storage)
+    assert [a["attempt"] for a in attempts] == [1, 2]
+    assert [p[0] for p in attempts[1]["points"]["loss"]] == list(range(4, 11))
+    combined = combine(attempts)
+    assert combined["final"] == {"loss": 10.0 / 10 + 2, "acc": 1.0}
+    assert combined["best"] == {"loss": min(10.0 / 5 + 1, 10.0 / 10 + 2), "acc": 1.0}
+    assert combined["steps"] == {"loss": 10, "acc": 10}
