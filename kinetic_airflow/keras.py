@@ -38,6 +38,11 @@ def _callback_class() -> Any:
             self.every_n_batches = every_n_batches
             self.prefix = prefix
             self._batches = 0
+            if every_n_batches is None:
+                # Keras dispatches batch callbacks asynchronously only while no callback overrides
+                # the batch hooks (CallbackList._configure_async_dispatch reads ``_is_default``);
+                # an epoch-only callback keeps the base class's hook, so training never waits on it.
+                self.on_train_batch_end = keras.callbacks.Callback.on_train_batch_end.__get__(self)
 
         def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
             self._batches += 1

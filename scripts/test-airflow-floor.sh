@@ -27,6 +27,7 @@ TIER=(
   tests/test_lifecycle.py
   tests/test_integrity.py
   tests/test_bad_inputs.py
+  tests/test_metrics_airflow.py
 )
 
 venv=.venv-airflow-floor

@@ -93,13 +93,14 @@ def test_numbers_are_checked_steps_default_and_nan_is_a_gap(tmp_path, capsys):
     storage = CountingStorage()
     layout, writer = _writer(tmp_path, storage, interval=60)
     np = pytest.importorskip("numpy")
-    job_metrics.report(loss=1.0, name="text", flag=True)
+    job_metrics.report(loss=1.0, name="text", flag=True, version="1.5")
     job_metrics.report(loss=np.float32(0.5), name="again")
     job_metrics.report(step=10, loss=float("nan"))
     job_metrics.report(loss=0.25)
     writer.close()
     err = capsys.readouterr().err
     assert err.count("'text' is not a plain number") == 1 and "flag=True" in err
+    assert "version='1.5' is not a plain number" in err  # a numeric string is still a string
     read = job_metrics.read_attempt(storage, layout)
     assert read["points"] == {"loss": [[1, 1.0], [2, 0.5], [10, None], [11, 0.25]]}
     assert read["summary"]["loss"] == {"last": 0.25, "last_step": 11, "min": 0.25, "max": 1.0, "count": 4}
@@ -185,6 +186,18 @@ def test_keras_callback_checks_its_argument(monkeypatch):
 
     with pytest.raises(ValueError, match="every_n_batches"):
         MetricsCallback(every_n_batches=0)
+
+
+def test_an_epoch_only_callback_keeps_keras_batch_dispatch_asynchronous(monkeypatch):
+    """Keras turns off asynchronous batch callbacks when any callback overrides a batch hook."""
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    keras = pytest.importorskip("keras")
+    from kinetic_airflow.keras import MetricsCallback
+
+    epochs_only = keras.callbacks.CallbackList([MetricsCallback()])
+    every_batch = keras.callbacks.CallbackList([MetricsCallback(every_n_batches=1)])
+    assert epochs_only._async_train is True
+    assert every_batch._async_train is False
 
 
 def test_the_vendored_chart_library_ships_in_the_wheel(built_wheel):

@@ -115,16 +115,27 @@ def test_a_missing_object_is_storage_not_found(logged_gcs: FakeGCS, bucket: str,
         GCSStorage(logged_gcs.client()).download_hashed(f"{bucket}/missing.bin", str(tmp_path / "out"))
 
 
-def test_a_cut_connection_fails_the_download(
-    logged_gcs: FakeGCS, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(("cuts", "succeeds"), [(1, True), (3, False)])
+def test_a_cut_connection_is_tried_again_and_then_fails_the_download(
+    logged_gcs: FakeGCS,
+    bucket: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    cuts: int,
+    succeeds: bool,
 ) -> None:
+    data = _object(50_000)
     storage = GCSStorage(logged_gcs.client())
-    storage.write_bytes(f"{bucket}/cut.bin", _object(50_000))
+    storage.write_bytes(f"{bucket}/cut-{cuts}.bin", data)
     session = storage.client._http
     real_get = session.get
+    tries = [0]
 
     def cut_short(*args, **kwargs):
         response = real_get(*args, **kwargs)
+        tries[0] += 1
+        if tries[0] > cuts:
+            return response
         real_readinto = response.raw.readinto
         sent = [0]
 
@@ -139,8 +150,16 @@ def test_a_cut_connection_fails_the_download(
         return response
 
     monkeypatch.setattr(session, "get", cut_short)
-    with pytest.raises(StorageError, match="ended after 20000 of 50000 bytes"):
-        storage.download_hashed(f"{bucket}/cut.bin", str(tmp_path / "out"))
+    out = tmp_path / "out"
+    if succeeds:
+        assert (
+            storage.download_hashed(f"{bucket}/cut-{cuts}.bin", str(out)) == hashlib.sha256(data).hexdigest()
+        )
+        assert out.read_bytes() == data and tries[0] == 2
+    else:
+        with pytest.raises(StorageError, match=r"ended after 20000 of 50000 bytes.*\(3 tries\)"):
+            storage.download_hashed(f"{bucket}/cut-{cuts}.bin", str(out))
+        assert tries[0] == 3
 
 
 def test_a_client_without_the_session_uses_the_library_download(

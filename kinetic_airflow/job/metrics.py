@@ -74,7 +74,7 @@ def _warn(message: str) -> None:
 
 def _number(value: Any) -> float | bool | None:
     """A finite float, None for NaN/inf (a diverged loss: a gap in the chart), False: not a number."""
-    if isinstance(value, bool):
+    if isinstance(value, (bool, str, bytes)):  # float("1.5") would pass a string for a number
         return False
     if isinstance(value, (int, float)):
         number = float(value)
@@ -95,7 +95,9 @@ class MetricsWriter(threading.Thread):
         self.interval = max(float(interval), 0.05)
         self.buffer: collections.deque[tuple[Any, dict[str, Any]]] = collections.deque()
         self.stop_event = threading.Event()
-        self.lock = threading.Lock()  # one flush at a time (the thread's and the final one)
+        # One flusher at a time without a lock: the thread flushes until close() stops it, then
+        # close() makes the final flush only once the thread has ended (a lock held across a
+        # storage write would let a hung storage hang the job's end as well).
         self.seq = 0
         self.writes = 0
         self.dropped = 0
@@ -119,6 +121,12 @@ class MetricsWriter(threading.Thread):
         self.stop_event.set()
         if self.is_alive():
             self.join(timeout=self.interval + 5)
+        if self.is_alive():  # stuck in a storage write: the job's result matters more
+            _warn(
+                f"metrics storage at {self.layout.metrics_prefix} did not answer; the points of the "
+                "last interval are dropped"
+            )
+            return
         self.flush()
 
     def run(self) -> None:
@@ -188,35 +196,34 @@ class MetricsWriter(threading.Thread):
             _warn(f"kinetic_airflow.report: {name}={raw!r} is not a plain number; dropped")
 
     def flush(self) -> None:
-        with self.lock:
-            taken = self._take()
-            if not taken:
-                return
-            series, count = self._points(taken)
-            self.seq += 1
-            document = {
-                "format": FORMAT,
-                "host": self.host,
-                "seq": self.seq,
-                "time": time.time(),
-                "points": series,
-                "summary": self.summary,
-                "dropped": self.dropped,
-            }
-            try:
-                self.writes += 1
-                self.storage.write_text(
-                    self.layout.metrics_chunk(self.seq, self.host), json.dumps(document, allow_nan=False)
+        taken = self._take()
+        if not taken:
+            return
+        series, count = self._points(taken)
+        self.seq += 1
+        document = {
+            "format": FORMAT,
+            "host": self.host,
+            "seq": self.seq,
+            "time": time.time(),
+            "points": series,
+            "summary": self.summary,
+            "dropped": self.dropped,
+        }
+        try:
+            self.writes += 1
+            self.storage.write_text(
+                self.layout.metrics_chunk(self.seq, self.host), json.dumps(document, allow_nan=False)
+            )
+        except Exception as exc:  # reporting must never fail the function
+            self.dropped += count
+            if not self._warned_storage:
+                self._warned_storage = True
+                _warn(
+                    f"could not write metrics to {self.layout.metrics_prefix} ({exc}); their points "
+                    "are dropped (the final and best values still count them). Further failures "
+                    "are not logged."
                 )
-            except Exception as exc:  # reporting must never fail the function
-                self.dropped += count
-                if not self._warned_storage:
-                    self._warned_storage = True
-                    _warn(
-                        f"could not write metrics to {self.layout.metrics_prefix} ({exc}); their points "
-                        "are dropped (the final and best values still count them). Further failures "
-                        "are not logged."
-                    )
 
 
 def _kept(count: int) -> range | list[int]:

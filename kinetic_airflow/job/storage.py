@@ -18,6 +18,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -378,20 +379,37 @@ class GCSStorage(Storage):
                 return sink.hexdigest()
             except Exception as exc:
                 raise self._translate(uri, exc) from exc
+        for attempt in range(1, _DOWNLOAD_ATTEMPTS + 1):
+            try:
+                return self._stream_hashed(session, url, uri, local_path)
+            except _TransientDownloadError as exc:
+                if attempt == _DOWNLOAD_ATTEMPTS:
+                    raise StorageError(f"{exc} ({attempt} tries). Nothing from it is used.") from exc
+                time.sleep(0.5 * attempt)  # the library's downloads retried these too
+        raise AssertionError("unreachable")
+
+    def _stream_hashed(self, session: Any, url: str, uri: str, local_path: str) -> str:
+        """One try: a cut or a 429/5xx is transient (start again), anything else is final."""
         try:
             response = session.get(url, headers={"Accept-Encoding": "identity"}, stream=True)
-        except Exception as exc:
-            raise StorageError(f"cannot download {uri}: {exc}") from exc
+        except OSError as exc:  # requests' ConnectionError and timeouts are OSErrors
+            raise _TransientDownloadError(f"cannot download {uri}: {exc}") from exc
         with contextlib.closing(response):
+            if response.status_code in _TRANSIENT_STATUS:
+                raise _TransientDownloadError(f"downloading {uri} got HTTP {response.status_code}")
             if response.status_code != 200:
                 raise self._translate(uri, _http_error(response))
-            with open(local_path, "wb") as fh:
-                digest, length = copy_hashed(response.raw.readinto, fh)
+            try:
+                with open(local_path, "wb") as fh:
+                    digest, length = copy_hashed(response.raw.readinto, fh)
+            except Exception as exc:
+                if isinstance(exc, OSError) and not _is_connection_error(exc):
+                    raise  # the local disk (full, permissions): not the connection
+                raise _TransientDownloadError(f"the download of {uri} broke off: {exc}") from exc
             expected = response.headers.get("Content-Length")
             if expected is not None and int(expected) != length:
-                raise StorageError(
-                    f"the download of {uri} ended after {length} of {expected} bytes: the connection "
-                    "was cut. Nothing from it is used; try again."
+                raise _TransientDownloadError(
+                    f"the download of {uri} ended after {length} of {expected} bytes: the connection was cut"
                 )
         return digest
 
@@ -406,6 +424,22 @@ class GCSStorage(Storage):
         if not out and name and self.exists(prefix_uri):
             return [prefix_uri]
         return sorted(out)
+
+
+_DOWNLOAD_ATTEMPTS = 3
+_TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class _TransientDownloadError(Exception):
+    """A try of a download that may work when made again."""
+
+
+def _is_connection_error(exc: BaseException) -> bool:
+    """urllib3's and http.client's errors for a broken stream, told apart from a local disk's."""
+    module = type(exc).__module__
+    return module.startswith(("urllib3", "requests", "http.client")) or isinstance(
+        exc, (ConnectionError, TimeoutError)
+    )
 
 
 def _http_error(response: Any) -> Exception:
