@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 METRICS_XCOM_KEY = "kinetic_metrics"
 _CHUNKS: OrderedDict[str, Any] = OrderedDict()  # metrics chunks never change once written
 _CHUNKS_LOCK = threading.Lock()
-_CHUNKS_SIZE = 20000
+_CHUNKS_SIZE = 1000  # parsed chunks of up to 2,000 points per metric each
 
 
 class _ChunkCache:

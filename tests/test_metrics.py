@@ -120,6 +120,25 @@ def test_reading_keeps_only_plain_numbers(tmp_path):
     assert read["summary"] == {"ok": {"last": 1, "last_step": None, "min": None, "max": None, "count": 2}}
 
 
+def test_reading_is_bounded_whatever_storage_holds(tmp_path, monkeypatch):
+    """A long job's many chunks come back thinned; a chunk too large to be ours, or its metrics
+    past the limit, are left out (a bucket writer can forge them; the api-server reads them)."""
+    storage = open_storage(f"file://{tmp_path}")
+    layout = JobLayout.for_job(f"file://{tmp_path}", "job-1")
+    for seq in range(1, 4):
+        series = [[(seq - 1) * 2000 + i, 0.5] for i in range(1, 2001)]
+        storage.write_text(layout.metrics_chunk(seq), json.dumps({"points": {"loss": series}}))
+    many = {"points": {f"m{i}": [[1, 1.0]] for i in range(300)}}
+    storage.write_text(layout.metrics_chunk(4), json.dumps(many))
+    monkeypatch.setattr(job_metrics, "_MAX_CHUNK_CHARS", 200_000)
+    storage.write_text(layout.metrics_chunk(5), json.dumps({"points": {"huge": [[1, 1.0]] * 20_000}}))
+    read = job_metrics.read_attempt(storage, layout)
+    loss = read["points"]["loss"]
+    assert len(loss) == job_metrics.MAX_CURVE_POINTS and loss[-1] == [6000, 0.5] and loss[0] == [1, 0.5]
+    assert "huge" not in read["points"]
+    assert len(read["points"]) - 1 == 200  # m0..m199 besides loss
+
+
 def _trains(steps):
     import kinetic_airflow
 

@@ -40,6 +40,11 @@ __all__ = [
 FORMAT = 1
 MAX_POINTS_PER_CHUNK = 2000  # per metric; the summary stays exact
 _MAX_NAME = 100
+# What a reader takes from storage, which a bucket writer can forge and a long job makes large:
+# a chunk the writer could never write is skipped, and each curve handed back is thinned.
+_MAX_CHUNK_CHARS = 8 * 1024 * 1024
+_MAX_METRICS = 200
+MAX_CURVE_POINTS = 5000
 # Metric names for which a larger value is better (the rest: smaller is better, like a loss).
 _HIGHER_IS_BETTER = ("acc", "auc", "precision", "recall", "f1", "score", "iou", "map", "reward", "r2")
 
@@ -226,13 +231,13 @@ class MetricsWriter(threading.Thread):
                 )
 
 
-def _kept(count: int) -> range | list[int]:
-    """Which of ``count`` points a chunk keeps: all, or MAX_POINTS_PER_CHUNK evenly spaced with
-    the last one always kept (the charts need no more; the summary counts every point)."""
-    if count <= MAX_POINTS_PER_CHUNK:
+def _kept(count: int, most: int = MAX_POINTS_PER_CHUNK) -> range | list[int]:
+    """Which of ``count`` points to keep: all, or ``most`` evenly spaced with the last one always
+    kept (the charts need no more; the summary counts every point)."""
+    if count <= most:
         return range(count)
-    stride = count / (MAX_POINTS_PER_CHUNK - 1)
-    return [*(int(i * stride) for i in range(MAX_POINTS_PER_CHUNK - 1)), count - 1]
+    stride = count / (most - 1)
+    return [*(int(i * stride) for i in range(most - 1)), count - 1]
 
 
 def start_for_job(storage: Any, layout: Any, host: int, interval: float) -> MetricsWriter | None:
@@ -261,6 +266,8 @@ def _check_chunk(document: Any) -> tuple[dict[str, list[list[float | None]]], di
     ):
         if not isinstance(name, str) or len(name) > _MAX_NAME or not isinstance(series, list):
             continue
+        if len(points) >= _MAX_METRICS:
+            break
         kept = []
         for point in series:
             if (
@@ -298,7 +305,10 @@ def read_attempt(storage: Any, layout: Any, host: int = 0, cache: dict[str, Any]
         parsed = cache.get(uri) if cache is not None else None
         if parsed is None:
             try:
-                parsed = _check_chunk(json.loads(storage.read_text(uri)))
+                text = storage.read_text(uri)
+                if len(text) > _MAX_CHUNK_CHARS:
+                    continue  # larger than any chunk the writer makes: not ours
+                parsed = _check_chunk(json.loads(text))
             except Exception:
                 continue
             if cache is not None:
@@ -307,4 +317,7 @@ def read_attempt(storage: Any, layout: Any, host: int = 0, cache: dict[str, Any]
         for name, series in chunk_points.items():
             points.setdefault(name, []).extend(series)
         summary = chunk_summary or summary  # the latest chunk's running summary
+    for name, series in points.items():
+        if len(series) > MAX_CURVE_POINTS:
+            points[name] = [series[i] for i in _kept(len(series), MAX_CURVE_POINTS)]
     return {"points": points, "summary": summary}
