@@ -107,7 +107,8 @@ class Stack(ComponentStack):
         worker = self.api.service_of(pid)
         assert worker in self.api.workers, f"task process {pid} runs in no Celery worker ({worker})"
         self.api.kill_service(worker, whole_session=True)
-        assert not process_alive(pid)
+        # SIGKILL is sent; a process in the middle of a system call (D state) ends when it returns.
+        poll(lambda: not process_alive(pid), timeout=15, interval=0.1, what=f"task process {pid} to end")
         self.api.start_service(worker)
 
 
