@@ -82,24 +82,17 @@ def _gets(server: FakeGCS, name: str) -> list[str]:
     return [r.path for r in server.requests() if r.method == "GET" and name in r.path]
 
 
-def test_a_small_object_is_one_request(logged_gcs: FakeGCS, bucket: str, tmp_path: Path) -> None:
-    data = _object(5000)
+@pytest.mark.parametrize(("name", "size"), [("small.bin", 5000), ("large.bin", 3 * PIECE_BYTES + 5)])
+def test_any_object_is_one_request(
+    logged_gcs: FakeGCS, bucket: str, tmp_path: Path, name: str, size: int
+) -> None:
+    data = _object(size)
     storage = GCSStorage(logged_gcs.client())
-    storage.write_bytes(f"{bucket}/small.bin", data)
-    digest = storage.download_hashed(f"{bucket}/small.bin", str(tmp_path / "out"))
+    storage.write_bytes(f"{bucket}/{name}", data)
+    digest = storage.download_hashed(f"{bucket}/{name}", str(tmp_path / "out"))
     assert (tmp_path / "out").read_bytes() == data
     assert digest == hashlib.sha256(data).hexdigest()
-    assert len(_gets(logged_gcs, "small.bin")) == 1
-
-
-def test_a_large_object_is_one_request_too(logged_gcs: FakeGCS, bucket: str, tmp_path: Path) -> None:
-    data = _object(3 * PIECE_BYTES + 5)
-    storage = GCSStorage(logged_gcs.client())
-    storage.write_bytes(f"{bucket}/large.bin", data)
-    digest = storage.download_hashed(f"{bucket}/large.bin", str(tmp_path / "out"))
-    assert (tmp_path / "out").read_bytes() == data
-    assert digest == hashlib.sha256(data).hexdigest()
-    assert len(_gets(logged_gcs, "large.bin")) == 1
+    assert len(_gets(logged_gcs, name)) == 1
 
 
 def test_an_empty_object_downloads(logged_gcs: FakeGCS, bucket: str, tmp_path: Path) -> None:
