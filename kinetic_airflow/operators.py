@@ -713,7 +713,7 @@ class KineticRunOperator(BaseOperator):
         try:
             try_number = JobIdentity.from_dict(ref["identity"]).try_number
             jobs = [j for j in (recorded_jobs(record) if record else []) if j.get("try_number") == try_number]
-            attempts = read_attempts(jobs or [ref], self._storage)
+            attempts = read_attempts(jobs or [ref], self._storage, summary_only=True)
             tags = {
                 "dag_id": context["ti"].dag_id,
                 "task_id": context["ti"].task_id,

@@ -48,16 +48,24 @@ class _ChunkCache:
                 _CHUNKS.popitem(last=False)
 
 
-def read_attempts(jobs: list[dict[str, Any]], storage_of: Any) -> list[dict[str, Any]]:
+def read_attempts(
+    jobs: list[dict[str, Any]], storage_of: Any, *, summary_only: bool = False
+) -> list[dict[str, Any]]:
     """``[{"job_id", "attempt", "try_number", "points", "summary"}]`` for ``jobs`` (entries with a
-    ``job_uri``), in order; ``storage_of(uri)`` opens a job's storage."""
+    ``job_uri``), in order; ``storage_of(uri)`` opens a job's storage. ``summary_only``: no
+    points, one chunk read per attempt (``job.metrics.read_attempt``)."""
     out = []
     for job in jobs:
         uri = job.get("job_uri")
         if not uri:
             continue
         try:
-            read = read_attempt(storage_of(uri), JobLayout(uri), cache=_ChunkCache())  # type: ignore[arg-type]
+            read = read_attempt(
+                storage_of(uri),
+                JobLayout(uri),
+                cache=_ChunkCache(),  # type: ignore[arg-type]
+                summary_only=summary_only,
+            )
         except Exception as exc:  # metrics are a view: never a reason to fail
             log.warning("could not read the metrics of job %s: %s", job.get("job_id"), exc)
             read = {"points": {}, "summary": {}}

@@ -139,6 +139,22 @@ def test_reading_is_bounded_whatever_storage_holds(tmp_path, monkeypatch):
     assert len(read["points"]) - 1 == 200  # m0..m199 besides loss
 
 
+def test_the_final_values_read_one_chunk_the_newest_readable(tmp_path):
+    storage = open_storage(f"file://{tmp_path}")
+    layout = JobLayout.for_job(f"file://{tmp_path}", "job-1")
+    for seq, last in ((1, 0.9), (2, 0.5)):
+        summary = {"loss": {"last": last, "last_step": seq, "min": last, "max": 0.9, "count": seq}}
+        storage.write_text(
+            layout.metrics_chunk(seq), json.dumps({"points": {"loss": [[seq, last]]}, "summary": summary})
+        )
+    storage.write_text(layout.metrics_chunk(3), "cut sho")
+    read = job_metrics.read_attempt(storage, layout, summary_only=True)
+    assert read == {
+        "points": {},
+        "summary": {"loss": {"last": 0.5, "last_step": 2, "min": 0.5, "max": 0.9, "count": 2}},
+    }
+
+
 def _trains(steps):
     import kinetic_airflow
 

@@ -290,10 +290,19 @@ def _check_chunk(document: Any) -> tuple[dict[str, list[list[float | None]]], di
     return points, summary
 
 
-def read_attempt(storage: Any, layout: Any, host: int = 0, cache: dict[str, Any] | None = None) -> dict:
+def read_attempt(
+    storage: Any,
+    layout: Any,
+    host: int = 0,
+    cache: dict[str, Any] | None = None,
+    *,
+    summary_only: bool = False,
+) -> dict:
     """One attempt's metrics: ``{"points": {name: [[step, value], ...]}, "summary": {name: {...}}}``.
 
-    Chunks never change once written, so ``cache`` (uri -> parsed chunk) spares re-reading them."""
+    Chunks never change once written, so ``cache`` (uri -> parsed chunk) spares re-reading them.
+    Every chunk carries the running summary, so ``summary_only`` reads the newest readable one
+    alone (no points): what the final values need at a task's end."""
     points: dict[str, list[list[float | None]]] = {}
     summary: dict[str, Any] = {}
     try:
@@ -301,7 +310,7 @@ def read_attempt(storage: Any, layout: Any, host: int = 0, cache: dict[str, Any]
         uris = [u for u in listed if u.rsplit("/", 1)[-1].startswith(f"h{host}-")]
     except Exception:
         return {"points": points, "summary": summary}
-    for uri in sorted(uris):
+    for uri in sorted(uris, reverse=summary_only):
         parsed = cache.get(uri) if cache is not None else None
         if parsed is None:
             try:
@@ -314,6 +323,10 @@ def read_attempt(storage: Any, layout: Any, host: int = 0, cache: dict[str, Any]
             if cache is not None:
                 cache[uri] = parsed
         chunk_points, chunk_summary = parsed
+        if summary_only:
+            if chunk_summary:
+                return {"points": points, "summary": chunk_summary}
+            continue
         for name, series in chunk_points.items():
             points.setdefault(name, []).extend(series)
         summary = chunk_summary or summary  # the latest chunk's running summary

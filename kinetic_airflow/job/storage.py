@@ -379,14 +379,15 @@ class GCSStorage(Storage):
                 return sink.hexdigest()
             except Exception as exc:
                 raise self._translate(uri, exc) from exc
-        for attempt in range(1, _DOWNLOAD_ATTEMPTS + 1):
+        for attempt in range(1, _DOWNLOAD_ATTEMPTS):
             try:
                 return self._stream_hashed(session, url, uri, local_path)
-            except _TransientDownloadError as exc:
-                if attempt == _DOWNLOAD_ATTEMPTS:
-                    raise StorageError(f"{exc} ({attempt} tries). Nothing from it is used.") from exc
+            except _TransientDownloadError:
                 time.sleep(0.5 * attempt)  # the library's downloads retried these too
-        raise AssertionError("unreachable")
+        try:
+            return self._stream_hashed(session, url, uri, local_path)
+        except _TransientDownloadError as exc:
+            raise StorageError(f"{exc} ({_DOWNLOAD_ATTEMPTS} tries). Nothing from it is used.") from exc
 
     def _stream_hashed(self, session: Any, url: str, uri: str, local_path: str) -> str:
         """One try: a cut or a 429/5xx is transient (start again), anything else is final."""

@@ -61,7 +61,4 @@ def copy_hashed(read_into: ReadInto, fh: BinaryIO, *, piece_bytes: int = PIECE_B
             total += length
             pending = pool.submit(consume, buffer, length)
             index += 1
-            if length < piece_bytes:
-                pending.result()
-                break
     return digest.hexdigest(), total
