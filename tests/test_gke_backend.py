@@ -248,7 +248,11 @@ def test_stale_heartbeat_counts_as_node_loss(gke_env, base_uri, monkeypatch):
         storage.read_text(f"{base_uri}/jobs/{usage['attempts'][0]['job_id']}/status/progress.json")
     )
     states = [h["state"] for h in first["history"]]
-    assert states == ["running", "heartbeat_stale", "preempted"], first["history"]
+    # The watcher may first see the pod still starting (pulling_image) when the machine is busy;
+    # from then on the attempt runs, goes stale, and is counted as a lost node.
+    startup = states[: states.index("running")] if "running" in states else states
+    assert set(startup) <= {"pulling_image"}, first["history"]
+    assert states[len(startup) :] == ["running", "heartbeat_stale", "preempted"], first["history"]
     assert first["history"][-2]["text"].startswith("heartbeat stale: the runner's last heartbeat is")
 
 
