@@ -5,19 +5,27 @@ PostgreSQL, with the GKE backend pointed at the cluster emulator, twice over the
 
 * ``unguarded``: ``wait_before_defer=0`` and ``min_deferral_seconds=0`` — every task defers at
   once and resumes the moment its job ends, as kinetic-airflow did before it dealt with the race;
-* ``guarded``: kinetic's defaults.
+* ``guarded``: kinetic's defaults: a finished job's event is held until the process that deferred
+  the task has been reaped, plus ``resume_margin_seconds`` (``kinetic_airflow.resume_window``).
 
 For each backend and job length it triggers ``--runs`` DAG runs of ``--tasks`` mapped kinetic
 tasks whose jobs sleep that long, and counts failed task instances and the scheduler's
-"finished with state success, but the task instance's state attribute is ..." lines.
+"finished with state success, but the task instance's state attribute is ..." lines. It also
+reports each cell's task-duration overhead: a task instance's duration (start to end, across its
+deferral) minus the job's sleep, median and worst.
+
+A third mode, ``fixed``, is the guard as it was before it watched the deferring process
+(``watch_deferring_process=false``: every finished job's event held ``min_deferral_seconds``):
 
     .venv/bin/python bench/race_bench.py --runs 3 --tasks 20 --lengths 0 2 5
+    .venv/bin/python bench/race_bench.py --modes fixed guarded --runs 1 --lengths 0 2 5 10 15 30
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -77,7 +85,16 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[tuple[str, float], dic
     cells = write_dags(dags, args.backends, args.lengths, args.tasks)
     env = {"KINETIC_BASE_URI": f"file://{root}/kinetic", "KINETIC_POLL_INTERVAL": str(args.poll)}
     if mode == "unguarded":
-        env.update({"KINETIC_WAIT_BEFORE_DEFER": "0", "KINETIC_MIN_DEFERRAL_SECONDS": "0"})
+        env.update(
+            {
+                "KINETIC_WAIT_BEFORE_DEFER": "0",
+                "KINETIC_MIN_DEFERRAL_SECONDS": "0",
+                "KINETIC_RESUME_MARGIN_SECONDS": "0",
+                "KINETIC_WATCH_DEFERRING_PROCESS": "false",
+            }
+        )
+    elif mode == "fixed":  # the guard before it watched the deferring process
+        env["KINETIC_WATCH_DEFERRING_PROCESS"] = "false"
     results: dict[tuple[str, float], dict] = {}
     with PostgresServer() as pg, EmulatorProcess(root / "emulator") as emulator:
         env = {**emulator.airflow_env(), **env, "KINETIC_BACKEND": "local"}
@@ -103,6 +120,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[tuple[str, float], dic
                     for _ in range(args.runs)
                 ]
                 failed = 0
+                overheads: list[float] = []
                 for run_id in run_ids:
                     path = f"/api/v2/dags/{name}/dagRuns/{quote(run_id, safe='')}"
                     poll(
@@ -112,12 +130,17 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[tuple[str, float], dic
                     )
                     tis = services.api("GET", f"{path}/taskInstances?limit=1000")["task_instances"]
                     failed += sum(ti["state"] != "success" for ti in tis)
+                    overheads += [
+                        ti["duration"] - seconds for ti in tis if ti["state"] == "success" and ti["duration"]
+                    ]
                 log = (services.logs / "scheduler.log").read_text(errors="replace")
                 races = sum(1 for line in log.splitlines() if RACE_MESSAGE in line and name in line)
                 results[(backend, seconds)] = {
                     "failed": failed,
                     "races": races,
                     "total": args.runs * args.tasks,
+                    "overhead_median_s": round(statistics.median(overheads), 2) if overheads else None,
+                    "overhead_max_s": round(max(overheads), 2) if overheads else None,
                     "wall_s": round(time.monotonic() - started, 1),
                 }
                 print(f"{mode:9} {backend:5} {seconds:>4}s  {results[(backend, seconds)]}", flush=True)
@@ -153,6 +176,14 @@ def main() -> None:
             cells = [table[m][(backend, seconds)] for m in args.modes]
             shown = "  ".join(f"{c['failed']:>10} ({c['races']:>3})    " for c in cells)
             print(f"{backend:7}  {seconds:>8}s  {shown}  {cells[0]['total']:>4}")
+    print()
+    print("task-duration overhead above the job's sleep, seconds: median / worst")
+    print("backend  job length  " + "  ".join(f"{m:>18}" for m in args.modes))
+    for backend in args.backends:
+        for seconds in args.lengths:
+            cells = [table[m][(backend, seconds)] for m in args.modes]
+            shown = "  ".join(f"{c['overhead_median_s']!s:>8} / {c['overhead_max_s']!s:<7}" for c in cells)
+            print(f"{backend:7}  {seconds:>8}s  {shown}")
     if args.json:
         Path(args.json).write_text(
             json.dumps({m: {f"{b}/{s}": v for (b, s), v in r.items()} for m, r in table.items()}, indent=2)

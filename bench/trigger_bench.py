@@ -25,6 +25,9 @@ Memory over a long run (issue 18: a followed pod must not keep every line it pri
 prints the triggerer's RSS once a minute; flat means the log streams hold only the lines
 not yet shown.
 
+Silent pods (``--line-every 0``) print nothing: kinetic's triggers then read the runners'
+heartbeats instead of log cursors.
+
 N = 20 is there so the peer is measured where it keeps up with its interval on 2 cores.
 
 Targets (README): <= 2 storage requests per job per minute for kinetic in steady state;
@@ -200,6 +203,8 @@ def _create_jobs(emulator: Any, refs: list[dict], line_every: float = LINE_EVERY
     batch = kubernetes.client.BatchV1Api(emulator.api_client())
     core = kubernetes.client.CoreV1Api(emulator.api_client())
     script = f"while true; do echo tick $(date +%s); sleep {line_every:g}; done"
+    if line_every <= 0:  # a silent job: it prints nothing for the whole run
+        script = "while true; do sleep 3600; done"
     for ref in refs:
         from kinetic_airflow.job.layout import JobIdentity
 
@@ -298,7 +303,9 @@ def main() -> None:
     parser.add_argument("--poll", type=float, default=2.0)
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--sides", nargs="+", default=["kinetic", "cncf"], choices=["kinetic", "cncf"])
-    parser.add_argument("--line-every", type=float, default=LINE_EVERY_SECONDS, help="seconds a line")
+    parser.add_argument(
+        "--line-every", type=float, default=LINE_EVERY_SECONDS, help="seconds a line (0: silent pods)"
+    )
     parser.add_argument("--rss-every", type=float, default=0.0, help="sample the triggerer's RSS this often")
     args = parser.parse_args()
     if args.child:

@@ -53,11 +53,17 @@ DEFAULTS: dict[str, Any] = {
     "startup_timeout": 1800.0,
     "heartbeat_timeout": 300.0,
     "preemption_retries": 3,
-    # Airflow's executor-event race (README, "Short jobs and Airflow's executor-event race"): a job
-    # that ends within this many seconds is awaited in the worker instead of deferring...
+    # A job that ends within this many seconds is awaited in the worker instead of deferring: one
+    # task process instead of two, and no resume latency (README, "Short jobs").
     "wait_before_defer": 5.0,
-    # ...and a deferred task's event is held until it has been deferred this long. None: twice
-    # [workers] min_heartbeat_interval plus 5 s, past the deferring process's exit report.
+    # Airflow's executor-event race (resume_window.py): a deferred task's event is held until the
+    # process that deferred it has been reaped, plus this margin (the executor's post and one
+    # scheduler loop)...
+    "resume_margin_seconds": 2.0,
+    # False: never look for that process, always hold for min_deferral_seconds.
+    "watch_deferring_process": True,
+    # ...or, where the triggerer cannot see that process, until the task has been deferred this
+    # long. None: twice [workers] min_heartbeat_interval plus 5 s, past its exit report.
     "min_deferral_seconds": None,
     # How long a watcher retries failing job storage before it gives the job up (watch.py).
     "storage_retry_seconds": 180.0,

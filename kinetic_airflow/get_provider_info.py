@@ -129,12 +129,27 @@ def get_provider_info() -> dict:
                     ),
                     "wait_before_defer": option(
                         "Seconds a task waits in the worker for its job before deferring (default 5): "
-                        "short jobs finish without deferring, away from Airflow's executor-event race.",
+                        "a short job then costs one task process instead of two and no resume latency.",
                         "5",
                         "float",
                     ),
+                    "resume_margin_seconds": option(
+                        "A deferred task's completion is held until the process that deferred it has "
+                        "exited plus this margin (default 2): the executor reports that exit and the "
+                        "scheduler reads it within one loop, away from Airflow's executor-event race.",
+                        "2",
+                        "float",
+                    ),
+                    "watch_deferring_process": option(
+                        "Hold a deferred task's completion until the process that deferred it has "
+                        "exited, seen through /proc when the triggerer shares its host and PID "
+                        "namespace (default true); false always holds for min_deferral_seconds.",
+                        "true",
+                        "boolean",
+                    ),
                     "min_deferral_seconds": option(
-                        "A deferred task's completion is held until it has been deferred this long "
+                        "Where the triggerer cannot see the process that deferred a task (another host "
+                        "or PID namespace), its completion is held until it has been deferred this long "
                         "(default: 2 x [workers] min_heartbeat_interval + 5 s), so Airflow has processed "
                         "the deferring process's exit before the task resumes.",
                         "15",

@@ -66,6 +66,7 @@ from kinetic_airflow.results import (
     raise_remote,
     to_xcom,
 )
+from kinetic_airflow.resume_window import DeferringProcess
 from kinetic_airflow.submission import (
     preflight,
     publish_job,
@@ -611,6 +612,10 @@ class KineticRunOperator(BaseOperator):
             log_max_lines=int(_number("log_max_lines", resolve_setting("log_max_lines"), whole=True)),
             wait_before_defer=_number("wait_before_defer", resolve_setting("wait_before_defer"), zero=True),
             min_deferral_seconds=_number("min_deferral_seconds", min_deferral_seconds(), zero=True),
+            resume_margin_seconds=_number(
+                "resume_margin_seconds", resolve_setting("resume_margin_seconds"), zero=True
+            ),
+            watch_deferring_process=_flag(resolve_setting("watch_deferring_process")),
             storage_retry_seconds=_number(
                 "storage_retry_seconds", resolve_setting("storage_retry_seconds"), zero=True
             ),
@@ -642,10 +647,10 @@ class KineticRunOperator(BaseOperator):
         """Wait for the job: in the worker briefly (or wholly, if not deferrable), then deferred.
 
         Returns the job's ending event when the worker saw it, or raises ``TaskDeferred``. Short
-        jobs are awaited here (``wait_before_defer``) and a deferred task's event is held until
-        it has been deferred ``min_deferral_seconds``: both keep a kinetic task out of Airflow's
-        executor-event race (README), which fails a task whose trigger fires while the scheduler
-        has not yet processed the exit of the process that deferred it.
+        jobs are awaited here (``wait_before_defer``): one task process, no resume latency. The
+        trigger is told which process deferred it, so it holds a finished job's event until that
+        process's exit has reached the scheduler (``resume_window``): Airflow's executor-event race
+        fails a task that resumes before.
         """
         guard.step = "recording the job as waiting"
         self._record(context, Phase.WAITING, ref, deadline, previous)
@@ -674,6 +679,8 @@ class KineticRunOperator(BaseOperator):
             gcp_conn_id=self._gcp_conn_id(),
             log_max_lines=settings.log_max_lines,
             not_before=time.time() + settings.min_deferral_seconds,
+            deferred_by=_deferring_process() if settings.watch_deferring_process else None,
+            resume_margin=settings.resume_margin_seconds,
             storage_retry_seconds=settings.storage_retry_seconds,
         )
         guard.step = "deferring to the triggerer"
@@ -923,6 +930,8 @@ class WaitSettings:
     log_max_lines: int
     wait_before_defer: float
     min_deferral_seconds: float
+    resume_margin_seconds: float
+    watch_deferring_process: bool
     storage_retry_seconds: float
 
 
@@ -944,6 +953,17 @@ def _number(
             f"Set it {'on the task or ' if task_arg else ''}in {where}."
         )
     return number
+
+
+def _flag(value: Any) -> bool:
+    """A boolean setting as the option table hands it over (checked there): a bool or its text."""
+    return value is True or str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def _deferring_process() -> dict[str, Any] | None:
+    """This process (the one about to defer), as the trigger's kwargs carry it."""
+    process = DeferringProcess.this_process()
+    return process.to_dict() if process is not None else None
 
 
 def min_deferral_seconds() -> float:

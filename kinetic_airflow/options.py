@@ -307,6 +307,15 @@ OPTIONS: dict[str, OptionSpec] = dict(
             config=True,
         ),
         _spec(
+            "resume_margin_seconds",
+            "duration",
+            "a number of seconds, 0 or more",
+            "",
+            minimum=0,
+            task=False,
+            config=True,
+        ),
+        _spec(
             "min_deferral_seconds",
             "duration",
             "a number of seconds, 0 or more",
@@ -333,6 +342,7 @@ OPTIONS: dict[str, OptionSpec] = dict(
             config=True,
         ),
         _spec("kinetic_interop", "bool", "true or false", "", task=False, config=True),
+        _spec("watch_deferring_process", "bool", "true or false", "", task=False, config=True),
         # The runner image per accelerator kind (a CPU image cannot run a TPU or GPU job); they win
         # over container_image, a task's container_image= wins over both.
         *(

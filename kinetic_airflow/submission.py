@@ -150,6 +150,8 @@ _RUN_SETTINGS = (
     "xcom_max_bytes",
     "wait_before_defer",
     "min_deferral_seconds",
+    "resume_margin_seconds",
+    "watch_deferring_process",
     "preemption_retries",
     "kinetic_interop",
 )

@@ -10,11 +10,12 @@ those kwargs after a triggerer restart, ``run`` simply observes again.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from kinetic_airflow.resume_window import DeferringProcess, ResumeWindow
 
 if TYPE_CHECKING:
     from kinetic_airflow.watch import JobWatcher
@@ -32,6 +33,8 @@ class KineticJobTrigger(BaseTrigger):
         log_max_lines: int = 10000,
         not_before: float | None = None,
         storage_retry_seconds: float | None = None,
+        deferred_by: dict[str, Any] | None = None,
+        resume_margin: float = 2.0,
     ) -> None:
         super().__init__()
         self.job = job
@@ -41,6 +44,8 @@ class KineticJobTrigger(BaseTrigger):
         self.log_max_lines = log_max_lines
         self.not_before = not_before
         self.storage_retry_seconds = storage_retry_seconds
+        self.deferred_by = deferred_by  # the process that deferred the task (resume_window)
+        self.resume_margin = resume_margin
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -53,6 +58,8 @@ class KineticJobTrigger(BaseTrigger):
                 "log_max_lines": self.log_max_lines,
                 "not_before": self.not_before,
                 "storage_retry_seconds": self.storage_retry_seconds,
+                "deferred_by": self.deferred_by,
+                "resume_margin": self.resume_margin,
             },
         )
 
@@ -78,14 +85,21 @@ class KineticJobTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         self.log.info("watching kinetic job %s at %s", self.job["job_id"], self.job["job_uri"])
-        watcher = await asyncio.to_thread(self._watcher)
-        event = await watcher.wait()
-        hold = (self.not_before or 0) - time.time()
-        if hold > 0:
-            # Airflow's executor-event race (README): resuming the task before the scheduler has
-            # processed the exit of the process that deferred it fails the task.
-            self.log.info("job %s ended; resuming the task in %.1fs", self.job["job_id"], hold)
-            await asyncio.sleep(hold)
+        # Airflow's executor-event race (resume_window): resuming the task before the scheduler
+        # has processed the exit of the process that deferred it fails the task. Watched from
+        # here, while the job runs, so a job that outlasts that exit is not held at all.
+        window = ResumeWindow(
+            DeferringProcess.from_dict(self.deferred_by),
+            not_before=self.not_before,
+            margin=self.resume_margin,
+        )
+        window.start()
+        try:
+            watcher = await asyncio.to_thread(self._watcher)
+            event = await watcher.wait()
+            await window.wait(self.log.info, self.job["job_id"])
+        finally:
+            window.stop()
         yield TriggerEvent(event)
 
     async def on_kill(self) -> None:

@@ -1,0 +1,232 @@
+"""When a deferred task may resume without falling into Airflow's executor-event race.
+
+Airflow 3.3 fails a resumed task if the scheduler reads the *deferring* process's exit event
+(state ``success``, same try number) after it has queued the resumed workload: the event's
+``change_state`` drops the resumed key from the executor's ``running`` set, so
+``_process_executor_events`` sees a queued task the executor no longer has ("finished with
+state success, but the task instance's state attribute is queued") and fails it. Read from
+apache-airflow-core 3.3.2:
+
+* the deferring process sends ``DeferTask``; its supervisor sets the task DEFERRED;
+* the process exits; the supervisor reaps it in ``_monitor_subprocess`` (at once when the
+  exit is already reapable as its sockets close, otherwise only after its ``select`` times out:
+  ``[workers] min_heartbeat_interval``, 5 s; measured: 0.2-1.6 s or 5-6 s after deferral);
+* ``supervise`` returns (after any remote log upload) and the executor's worker posts the
+  ``success`` event; the scheduler reads it at its next executor heartbeat, one loop later.
+
+Nothing of that is written where a triggerer can read it, except the reaping itself: the
+deferring process's entry in ``/proc`` lasts (as a zombie) until its supervisor has waited for
+it. So when the triggerer shares the deferring process's host and PID namespace (LocalExecutor,
+a Celery or standalone deployment on one machine), a finished job's event is held until that
+process is reaped plus ``resume_margin_seconds`` (the executor's post and one scheduler loop).
+Anywhere else the fixed bound ``min_deferral_seconds`` from the deferral stays.
+
+Linux ``/proc`` only, standard library only: the triggerer imports this on its event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = [
+    "DeferringProcess",
+    "ProcessState",
+    "ResumeWindow",
+]
+
+_PROC = "/proc"
+_REAP_POLL_SECONDS = 0.1
+# A deferring process that outlives this is stuck in its own teardown (a listener, a log upload);
+# Airflow's task_success_overtime (20 s) kills such a process well before it.
+_REAP_WAIT_LIMIT_SECONDS = 300.0
+
+
+class ProcessState(enum.Enum):
+    """What the triggerer can see of the process that deferred the task."""
+
+    REAPED = "reaped"  # its supervisor has waited for it: its exit event is on its way
+    SELF = "self"  # the trigger runs in the process that deferred (dag.test): no executor, no race
+    ALIVE = "alive"  # still running, or exited and not yet waited for (a zombie)
+    UNOBSERVABLE = "unobservable"  # another host or PID namespace, or no /proc
+
+
+@dataclass(frozen=True)
+class DeferringProcess:
+    """The process that deferred a task, named so another process on its host can find it.
+
+    The boot id and PID namespace tell whether a reader shares that host and namespace; the
+    start time (clock ticks since boot) tells the process from a later one reusing its PID.
+    """
+
+    pid: int
+    start_ticks: int
+    boot_id: str
+    pid_namespace: str
+
+    @classmethod
+    def this_process(cls, proc: str = _PROC) -> DeferringProcess | None:
+        """This process, or None where ``/proc`` does not say enough to find it again."""
+        pid = os.getpid()
+        start = _start_ticks(pid, proc)
+        boot_id = _read(f"{proc}/sys/kernel/random/boot_id")
+        namespace = _namespace(proc)
+        if start is None or not boot_id or not namespace:
+            return None
+        return cls(pid=pid, start_ticks=start, boot_id=boot_id, pid_namespace=namespace)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, value: Any) -> DeferringProcess | None:
+        """Decoded from trigger kwargs; None for anything else (kwargs of an older version)."""
+        if not isinstance(value, dict):
+            return None
+        try:
+            return cls(
+                pid=int(value["pid"]),
+                start_ticks=int(value["start_ticks"]),
+                boot_id=str(value["boot_id"]),
+                pid_namespace=str(value["pid_namespace"]),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def state(self, proc: str = _PROC) -> ProcessState:
+        same_host = _read(f"{proc}/sys/kernel/random/boot_id") == self.boot_id
+        if not same_host or _namespace(proc) != self.pid_namespace:
+            return ProcessState.UNOBSERVABLE
+        if self.pid == os.getpid():
+            return ProcessState.SELF
+        stat = _stat_fields(self.pid, proc)
+        if stat is None or _int(stat[19]) != self.start_ticks:
+            return ProcessState.REAPED  # gone, or the PID now belongs to a later process
+        return ProcessState.ALIVE  # running, or a zombie ("Z") its supervisor has not waited for
+
+
+class ResumeWindow:
+    """Watches, from the trigger's start, for the window to close; holds the event until then.
+
+    Started when the trigger starts (usually a second after the deferral), so the reaping is
+    seen as it happens, typically while the job still runs: a job that ends later pays nothing.
+    ``not_before`` (deferral time + ``min_deferral_seconds``) is the bound used when the
+    deferring process cannot be observed.
+    """
+
+    def __init__(
+        self,
+        deferred_by: DeferringProcess | None,
+        *,
+        not_before: float | None,
+        margin: float,
+        proc: str = _PROC,
+    ) -> None:
+        self._process = deferred_by
+        self._not_before = not_before
+        self._margin = margin
+        self._proc = proc
+        self._reaped_at: float | None = None  # monotonic, when first seen reaped
+        self._watch: asyncio.Task[None] | None = None
+        self._gave_up = False
+        self.state = deferred_by.state(proc) if deferred_by is not None else ProcessState.UNOBSERVABLE
+        if self.state is ProcessState.REAPED:
+            self._reaped_at = time.monotonic()
+
+    def start(self) -> None:
+        """Begin watching for the reaping (on the running loop); a no-op when nothing to watch."""
+        if self.state is ProcessState.ALIVE and self._watch is None:
+            self._watch = asyncio.get_running_loop().create_task(self._watch_reaping())
+
+    def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+
+    async def _watch_reaping(self) -> None:
+        assert self._process is not None
+        give_up = time.monotonic() + _REAP_WAIT_LIMIT_SECONDS
+        while self._process.state(self._proc) is ProcessState.ALIVE:
+            if time.monotonic() > give_up:
+                self._gave_up = True
+                break
+            await asyncio.sleep(_REAP_POLL_SECONDS)
+        self._reaped_at = time.monotonic()
+
+    async def wait(self, log: Callable[[str], None], job_id: str) -> None:
+        """Return once the task can resume safely (see the module docstring)."""
+        if self.state is ProcessState.SELF:
+            return
+        if self.state is ProcessState.UNOBSERVABLE:
+            hold = (self._not_before or 0) - time.time()
+            if hold > 0:
+                log(
+                    f"job {job_id} ended; resuming the task in {hold:.1f}s (Airflow's executor-event "
+                    "race; this triggerer cannot see the process that deferred it)"
+                )
+                await asyncio.sleep(hold)
+            return
+        if self._reaped_at is None:
+            pid = self._process.pid if self._process is not None else "?"
+            log(
+                f"job {job_id} ended; resuming the task once the process that deferred it (pid {pid}) "
+                "has exited (Airflow's executor-event race)"
+            )
+            self.start()
+            assert self._watch is not None
+            await self._watch
+        if self._gave_up:
+            pid = self._process.pid if self._process is not None else "?"
+            log(
+                f"the process that deferred the task (pid {pid}) has not exited in "
+                f"{_REAP_WAIT_LIMIT_SECONDS:.0f}s; resuming anyway"
+            )
+            return
+        assert self._reaped_at is not None
+        hold = self._reaped_at + self._margin - time.monotonic()
+        if hold > 0:
+            log(
+                f"job {job_id} ended; resuming the task in {hold:.1f}s, once the exit of the process "
+                "that deferred it has reached the scheduler"
+            )
+            await asyncio.sleep(hold)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii") as handle:
+            return handle.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _namespace(proc: str) -> str | None:
+    try:
+        return os.readlink(f"{proc}/self/ns/pid")
+    except OSError:
+        return None
+
+
+def _stat_fields(pid: int, proc: str) -> list[str] | None:
+    """The fields after the command name of ``/proc/<pid>/stat`` (state first), or None."""
+    text = _read(f"{proc}/{pid}/stat")
+    if not text or ")" not in text:
+        return None
+    fields = text[text.rindex(")") + 1 :].split()
+    return fields if len(fields) > 19 else None
+
+
+def _start_ticks(pid: int, proc: str) -> int | None:
+    fields = _stat_fields(pid, proc)
+    return _int(fields[19]) if fields else None
+
+
+def _int(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None

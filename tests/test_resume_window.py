@@ -1,0 +1,130 @@
+"""The resume hold against real processes: a finished job's event waits for the process that
+deferred the task to be reaped by its parent (a zombie still counts as not reaped), then for the
+margin; where that process cannot be seen, for the fixed bound."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kinetic_airflow.resume_window import DeferringProcess, ProcessState, ResumeWindow
+from kinetic_airflow.triggers import KineticJobTrigger
+
+
+def _child(seconds: float) -> tuple[subprocess.Popen, DeferringProcess]:
+    """A child process and its identity, as the child itself would have named it."""
+    child = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"])
+    me = DeferringProcess.this_process()
+    assert me is not None, "this test needs Linux /proc"
+    stat = open(f"/proc/{child.pid}/stat").read()
+    ticks = int(stat[stat.rindex(")") + 1 :].split()[19])
+    return child, dataclasses.replace(me, pid=child.pid, start_ticks=ticks)
+
+
+def test_a_zombie_is_not_reaped_until_its_parent_waits() -> None:
+    child, identity = _child(0.2)
+    assert identity.state() is ProcessState.ALIVE
+    deadline = time.monotonic() + 10
+    while open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.monotonic() < deadline, "the child never exited"
+        time.sleep(0.05)
+    assert identity.state() is ProcessState.ALIVE  # exited, but its exit not yet collected
+    child.wait()
+    assert identity.state() is ProcessState.REAPED
+
+
+def test_a_reused_pid_is_not_the_deferring_process() -> None:
+    child, identity = _child(30)
+    try:
+        assert (
+            dataclasses.replace(identity, start_ticks=identity.start_ticks + 1).state() is ProcessState.REAPED
+        )
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_trigger_run_by_the_deferring_process_itself_does_not_wait() -> None:
+    """dag.test() runs the trigger inline, in the process that deferred: there is no executor
+    event to wait for, and that process will not exit while it waits."""
+    me = DeferringProcess.this_process()
+    assert me is not None and me.state() is ProcessState.SELF
+    started = time.monotonic()
+    asyncio.run(ResumeWindow(me, not_before=time.time() + 60, margin=30).wait(print, "j"))
+    assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("field", ["boot_id", "pid_namespace"])
+def test_another_host_or_namespace_is_unobservable(field: str) -> None:
+    me = DeferringProcess.this_process()
+    assert me is not None
+    assert dataclasses.replace(me, **{field: "elsewhere"}).state() is ProcessState.UNOBSERVABLE
+
+
+def test_the_hold_ends_a_margin_after_the_reaping() -> None:
+    child, identity = _child(0.5)
+    lines: list[str] = []
+    reaped_at: list[float] = []
+
+    async def reap_later() -> None:
+        await asyncio.sleep(1.5)  # the child has been a zombie for a second by now
+        await asyncio.to_thread(child.wait)
+        reaped_at.append(time.monotonic())
+
+    async def scenario() -> float:
+        reaper = asyncio.create_task(reap_later())
+        await ResumeWindow(identity, not_before=time.time() + 60, margin=0.3).wait(lines.append, "j1")
+        released = time.monotonic()
+        await reaper
+        return released
+
+    released = asyncio.run(scenario())
+    assert reaped_at and released >= reaped_at[0] + 0.3  # never before the reaping plus the margin
+    assert released < reaped_at[0] + 10  # and not the fixed bound (60 s)
+    assert any("once the process that deferred it (pid" in line for line in lines)
+
+
+def test_a_reaping_seen_while_the_job_ran_costs_nothing_at_its_end() -> None:
+    """The window is watched from the trigger's start: once the process has been reaped longer
+    ago than the margin, a job ending then resumes at once (not after the margin, nor the bound)."""
+    child, identity = _child(0.2)
+
+    async def scenario() -> float:
+        window = ResumeWindow(identity, not_before=time.time() + 60, margin=0.5)
+        window.start()
+        await asyncio.to_thread(child.wait)
+        await asyncio.sleep(1.0)  # the job runs on past the reaping and the margin
+        ended = time.monotonic()
+        await window.wait(print, "j")
+        window.stop()
+        return time.monotonic() - ended
+
+    assert asyncio.run(scenario()) < 0.2
+
+
+def test_without_an_observable_process_the_fixed_bound_holds() -> None:
+    me = DeferringProcess.this_process()
+    assert me is not None
+    elsewhere = dataclasses.replace(me, boot_id="another-host")
+    for identity in (elsewhere, None):  # None: a trigger deferred by an older kinetic-airflow
+        lines: list[str] = []
+        started = time.time()
+        asyncio.run(ResumeWindow(identity, not_before=started + 1.0, margin=0.0).wait(lines.append, "j"))
+        assert time.time() >= started + 1.0
+        assert any("cannot see the process" in line for line in lines)
+
+
+def test_older_trigger_kwargs_still_build_a_trigger() -> None:
+    """A trigger row written before deferred_by existed is rebuilt after an upgrade."""
+    old_kwargs = {"job": {"job_id": "j", "job_uri": "file:///tmp/j", "backend": "local"}, "not_before": 1.0}
+    trigger = KineticJobTrigger(**old_kwargs)
+    assert DeferringProcess.from_dict(trigger.deferred_by) is None
+    me = DeferringProcess.this_process()
+    assert me is not None
+    _, kwargs = KineticJobTrigger(**old_kwargs, deferred_by=me.to_dict()).serialize()
+    assert DeferringProcess.from_dict(kwargs["deferred_by"]) == me
