@@ -58,7 +58,7 @@ from kinetic_airflow.links import (
 )
 from kinetic_airflow.optional import require_airflow
 from kinetic_airflow.options import is_deferred, validate_options
-from kinetic_airflow.reported_metrics import publish, read_attempts
+from kinetic_airflow.reported_metrics import gauge_tags, publish, read_attempts
 from kinetic_airflow.results import (
     KineticJobError,
     load_verified_envelope,
@@ -721,12 +721,7 @@ class KineticRunOperator(BaseOperator):
             try_number = JobIdentity.from_dict(ref["identity"]).try_number
             jobs = [j for j in (recorded_jobs(record) if record else []) if j.get("try_number") == try_number]
             attempts = read_attempts(jobs or [ref], self._storage, summary_only=True)
-            tags = {
-                "dag_id": context["ti"].dag_id,
-                "task_id": context["ti"].task_id,
-                "accelerator": ref.get("accelerator") or "cpu",
-                "backend": ref.get("backend") or "",
-            }
+            tags = gauge_tags(context["ti"], ref)
             publish(context, list(getattr(self, "outlets", None) or []), attempts, tags)
         except Exception as exc:  # the job succeeded: its metrics must not fail the task
             log.warning("could not publish the metrics of job %s: %s", ref["job_id"], exc)

@@ -106,6 +106,26 @@ def _stat_name(name: str) -> str:
     return "kinetic.metric." + (re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:100] or "_")
 
 
+def gauge_tags(ti: Any, job: dict[str, Any]) -> dict[str, str]:
+    """The gauges' tags for a task instance's job; a sweep's members are series of their own."""
+    tags = {
+        "dag_id": ti.dag_id,
+        "task_id": ti.task_id,
+        "accelerator": job.get("accelerator") or "cpu",
+        "backend": job.get("backend") or "",
+    }
+    map_index = getattr(ti, "map_index", -1)
+    if map_index is not None and map_index >= 0:
+        tags["map_index"] = str(map_index)
+    return tags
+
+
+def _tag_value(value: str) -> str:
+    """A tag value every metrics backend takes: Datadog's and InfluxDB's line formats split on
+    ``,`` ``|`` ``#`` ``:`` ``=`` and spaces, so a metric named ``val:acc`` must not cut its line."""
+    return re.sub(r"[^A-Za-z0-9_.\-/]+", "_", value)[:200] or "_"
+
+
 def _gauges(final: dict[str, float | None], tags: dict[str, str]) -> None:
     try:
         # Airflow start-up cost: loaded when called, not when this module is imported.
@@ -115,7 +135,8 @@ def _gauges(final: dict[str, float | None], tags: dict[str, str]) -> None:
     try:
         for name, value in final.items():
             if value is not None:
-                Stats.gauge(_stat_name(name), value, tags={**tags, "metric": name})
+                clean = {key: _tag_value(str(tag)) for key, tag in {**tags, "metric": name}.items()}
+                Stats.gauge(_stat_name(name), value, tags=clean)
     except Exception as exc:
         log.warning("could not emit the job's metrics as gauges: %s", exc)
 

@@ -106,3 +106,33 @@ def test_final_metrics_are_statsd_gauges(monkeypatch):
         ["metric", "val_acc"],
     ], lines
     assert lines[0].endswith(":0.125|g") and lines[1].endswith(":0.75|g"), lines
+
+
+def test_gauge_tags_survive_tagged_line_formats(monkeypatch):
+    """A metric or DAG name with a tag format's separators is cleaned in the tag values (the
+    Datadog and InfluxDB line formats would cut the line), and a sweep member carries its
+    map index so members are series of their own."""
+    from kinetic_airflow import reported_metrics
+
+    seen: list[tuple[str, dict]] = []
+
+    class Recorder:
+        @staticmethod
+        def gauge(stat, value, tags=None):
+            seen.append((stat, tags))
+
+    import airflow.sdk.observability.stats as stats_module
+
+    monkeypatch.setattr(stats_module, "Stats", Recorder)
+    reported_metrics._gauges({"val:acc|top,1 #x": 0.5}, {"dag_id": "d", "task_id": "t", "map_index": "3"})
+    [(stat, tags)] = seen
+    assert stat == "kinetic.metric.val_acc_top_1_x", stat
+    assert tags == {"dag_id": "d", "task_id": "t", "map_index": "3", "metric": "val_acc_top_1_x"}, tags
+
+    class TI:
+        dag_id, task_id, map_index = "d", "t", 3
+
+    job = {"accelerator": "tpu-v6e-8", "backend": "gke"}
+    assert reported_metrics.gauge_tags(TI(), job)["map_index"] == "3"
+    TI.map_index = -1  # not mapped: no map_index tag at all
+    assert "map_index" not in reported_metrics.gauge_tags(TI(), job)
