@@ -175,6 +175,59 @@ def test_the_runner_stores_the_points_before_the_result(base_uri):
     assert read["summary"]["loss"]["last"] == 1 / 5000 and read["summary"]["loss"]["count"] == 5000
 
 
+def _reports_then_waits(marker):
+    import pathlib
+    import time
+
+    import kinetic_airflow
+
+    for step in range(1, 4):
+        kinetic_airflow.report(step=step, loss=1.0 / step)
+    pathlib.Path(marker).write_text("reported")
+    time.sleep(120)
+
+
+def test_a_terminated_job_stores_the_points_of_its_last_interval(tmp_path):
+    """SIGTERM (a preemption) before the writer's next interval: the points are stored anyway,
+    so the next attempt's curve continues from them."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from jobkit import KEY_ENV, key_of
+
+    marker = tmp_path / "reported"
+    layout = make_job(
+        f"file://{tmp_path}",
+        _reports_then_waits,
+        (str(marker),),
+        manifest_overrides={"metrics_interval": 600},
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kinetic_airflow.runner", "--job-uri", layout.job_uri],
+        env={**os.environ, KEY_ENV: key_of(layout.job_uri)},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                proc.stderr.read() if proc.stderr else ""
+            )
+            time.sleep(0.05)
+        storage = open_storage(layout.job_uri)
+        assert storage.list(layout.metrics_prefix) == []  # nothing written yet: the interval is 600 s
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGTERM
+    read = job_metrics.read_attempt(storage, layout)
+    assert read["summary"]["loss"]["count"] == 3 and read["summary"]["loss"]["last"] == 1 / 3, read
+
+
 def test_the_runner_survives_unwritable_metrics_storage(tmp_path):
     """A real storage error (the metrics folder's place is taken by a file): one warning in the
     job log, and the function's result is stored as usual."""

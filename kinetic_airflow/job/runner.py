@@ -51,7 +51,7 @@ from kinetic_airflow.job.integrity import (
 )
 from kinetic_airflow.job.interop import write_kinetic_result
 from kinetic_airflow.job.layout import PAYLOAD_NAME, RESULT_NAME, JobLayout
-from kinetic_airflow.job.metrics import MetricsWriter, start_for_job
+from kinetic_airflow.job.metrics import MetricsWriter, flush_on_termination, start_for_job
 from kinetic_airflow.job.requirements import InstallError, ensure_environment
 from kinetic_airflow.job.storage import Storage, open_storage, uri_to_local_path
 from kinetic_airflow.job.tracebacks import mark_traceback, user_names
@@ -512,6 +512,8 @@ def _install_sigterm_marker(runner: JobRunner) -> None:
     def handler(signum: int, _frame: Any) -> None:
         runner.marker("terminated", signal=signum)
         log(f"received signal {signum}; stopping")
+        # A preempted attempt's curve keeps its last interval: the next attempt continues it.
+        flush_on_termination()
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 
