@@ -89,6 +89,31 @@ def test_a_storage_error_drops_points_with_one_warning(tmp_path, capsys):
     assert writer.dropped == 5 and writer.summary["loss"]["count"] == 5
 
 
+class FlakyStorage(CountingStorage):
+    """Fails the first ``failures`` writes, then works."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    def write_bytes(self, uri, data, *, if_absent=False):
+        if self.failures > 0:
+            self.failures -= 1
+            raise OSError("a storage blip")
+        return super().write_bytes(uri, data, if_absent=if_absent)
+
+
+def test_the_final_flush_tries_again_after_a_storage_blip(tmp_path, capsys):
+    """The last chunk's points are carried by no later chunk: two failed writes still store it."""
+    storage = FlakyStorage(failures=2)
+    layout, writer = _writer(tmp_path, storage, interval=600)
+    job_metrics.report(step=1, loss=0.5)
+    writer.close()
+    read = job_metrics.read_attempt(storage, layout)
+    assert read["summary"]["loss"]["count"] == 1 and writer.dropped == 0, read
+    assert "could not write metrics" not in capsys.readouterr().err
+
+
 def test_numbers_are_checked_steps_default_and_nan_is_a_gap(tmp_path, capsys):
     storage = CountingStorage()
     layout, writer = _writer(tmp_path, storage, interval=60)

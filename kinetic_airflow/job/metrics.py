@@ -39,6 +39,8 @@ __all__ = [
 
 FORMAT = 1
 MAX_POINTS_PER_CHUNK = 2000  # per metric; the summary stays exact
+# The final chunk's points are carried by no later chunk: its write is tried this many times.
+FINAL_FLUSH_TRIES = 3
 _MAX_NAME = 100
 # What a reader takes from storage, which a bucket writer can forge and a long job makes large:
 # a chunk the writer could never write is skipped, and each curve handed back is thinned.
@@ -132,7 +134,7 @@ class MetricsWriter(threading.Thread):
                 "last interval are dropped"
             )
             return
-        self.flush()
+        self.flush(tries=FINAL_FLUSH_TRIES)
 
     def run(self) -> None:
         while not self.stop_event.wait(self.interval):
@@ -200,7 +202,10 @@ class MetricsWriter(threading.Thread):
             self._warned_names.add(name)
             _warn(f"kinetic_airflow.report: {name}={raw!r} is not a plain number; dropped")
 
-    def flush(self) -> None:
+    def flush(self, tries: int = 1) -> None:
+        """Store the points taken since the last flush as one chunk. An interval's flush tries
+        once (the next interval carries the summary on); the final one, whose points no later
+        chunk would carry, tries ``tries`` times, a second apart at most."""
         taken = self._take()
         if not taken:
             return
@@ -215,20 +220,27 @@ class MetricsWriter(threading.Thread):
             "summary": self.summary,
             "dropped": self.dropped,
         }
-        try:
-            self.writes += 1
-            self.storage.write_text(
-                self.layout.metrics_chunk(self.seq, self.host), json.dumps(document, allow_nan=False)
+        text = json.dumps(document, allow_nan=False)
+        for attempt in range(1, tries + 1):
+            try:
+                self.writes += 1
+                self.storage.write_text(self.layout.metrics_chunk(self.seq, self.host), text)
+                return
+            except Exception as exc:  # reporting must never fail the function
+                if attempt < tries:
+                    time.sleep(min(1.0, 0.25 * attempt))
+                    continue
+                self._dropped_on(exc, count)
+
+    def _dropped_on(self, exc: Exception, count: int) -> None:
+        self.dropped += count
+        if not self._warned_storage:
+            self._warned_storage = True
+            _warn(
+                f"could not write metrics to {self.layout.metrics_prefix} ({exc}); their points "
+                "are dropped (the final and best values still count them). Further failures "
+                "are not logged."
             )
-        except Exception as exc:  # reporting must never fail the function
-            self.dropped += count
-            if not self._warned_storage:
-                self._warned_storage = True
-                _warn(
-                    f"could not write metrics to {self.layout.metrics_prefix} ({exc}); their points "
-                    "are dropped (the final and best values still count them). Further failures "
-                    "are not logged."
-                )
 
 
 def _kept(count: int, most: int = MAX_POINTS_PER_CHUNK) -> range | list[int]:
