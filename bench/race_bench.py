@@ -14,7 +14,8 @@ tasks whose jobs sleep that long, and counts failed task instances and the sched
 reports each cell's task-duration overhead: a task instance's duration (start to end, across its
 deferral) minus the job's sleep, median and worst.
 
-A third mode, ``fixed``, is the guard as it was before it watched the deferring process
+``patient`` is the default guard with ``wait_before_defer=20``: a job of up to 20 s is awaited
+in the worker, never deferred. A third mode, ``fixed``, is the guard as it was before it watched the deferring process
 (``watch_deferring_process=false``: every finished job's event held ``min_deferral_seconds``):
 
     .venv/bin/python bench/race_bench.py --runs 3 --tasks 20 --lengths 0 2 5
@@ -95,6 +96,8 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[tuple[str, float], dic
         )
     elif mode == "fixed":  # the guard before it watched the deferring process
         env["KINETIC_WATCH_DEFERRING_PROCESS"] = "false"
+    elif mode == "patient":  # no deferral for a job of up to 20 s: the worker waits for it
+        env["KINETIC_WAIT_BEFORE_DEFER"] = "20"
     results: dict[tuple[str, float], dict] = {}
     with PostgresServer() as pg, EmulatorProcess(root / "emulator") as emulator:
         env = {**emulator.airflow_env(), **env, "KINETIC_BACKEND": "local"}
