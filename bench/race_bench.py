@@ -15,8 +15,9 @@ reports each cell's task-duration overhead: a task instance's duration (start to
 deferral) minus the job's sleep, median and worst.
 
 ``patient`` is the default guard with ``wait_before_defer=20``: a job of up to 20 s is awaited
-in the worker, never deferred. A third mode, ``fixed``, is the guard as it was before it watched the deferring process
-(``watch_deferring_process=false``: every finished job's event held ``min_deferral_seconds``):
+in the worker, never deferred. A third mode, ``fixed``, is the guard as it was before it
+watched the deferring process (``watch_deferring_process=false``: every finished job's event
+held ``min_deferral_seconds``):
 
     .venv/bin/python bench/race_bench.py --runs 3 --tasks 20 --lengths 0 2 5
     .venv/bin/python bench/race_bench.py --modes fixed guarded --runs 1 --lengths 0 2 5 10 15 30
