@@ -138,6 +138,18 @@ class ResumeWindow:
         if self.state is ProcessState.REAPED:
             self._reaped_at = time.monotonic()
 
+    def describe(self) -> str:
+        """How this task will resume, for the trigger's first log line."""
+        if self.state is ProcessState.SELF:
+            return "the task resumes when its job ends"
+        if self.state is ProcessState.UNOBSERVABLE:
+            return (
+                "the task resumes no sooner than min_deferral_seconds after deferring (this "
+                "triggerer cannot see the process that deferred it)"
+            )
+        pid = self._process.pid if self._process is not None else "?"
+        return f"the task resumes once the process that deferred it (pid {pid}) has exited"
+
     def start(self) -> None:
         """Begin watching for the reaping (on the running loop); a no-op when nothing to watch."""
         if self.state is ProcessState.ALIVE and self._watch is None:

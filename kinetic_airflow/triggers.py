@@ -84,14 +84,13 @@ class KineticJobTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        self.log.info("watching kinetic job %s at %s", self.job["job_id"], self.job["job_uri"])
         # Airflow's executor-event race (resume_window): resuming the task before the scheduler
         # has processed the exit of the process that deferred it fails the task. Watched from
         # here, while the job runs, so a job that outlasts that exit is not held at all.
-        window = ResumeWindow(
-            DeferringProcess.from_dict(self.deferred_by),
-            not_before=self.not_before,
-            margin=self.resume_margin,
+        deferred_by = DeferringProcess.from_dict(self.deferred_by)
+        window = ResumeWindow(deferred_by, not_before=self.not_before, margin=self.resume_margin)
+        self.log.info(
+            "watching kinetic job %s at %s; %s", self.job["job_id"], self.job["job_uri"], window.describe()
         )
         window.start()
         try:

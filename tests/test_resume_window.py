@@ -119,6 +119,18 @@ def test_without_an_observable_process_the_fixed_bound_holds() -> None:
         assert any("cannot see the process" in line for line in lines)
 
 
+def test_the_trigger_says_how_its_task_will_resume() -> None:
+    child, identity = _child(30)
+    try:
+        seen = ResumeWindow(identity, not_before=None, margin=2).describe()
+        assert seen == f"the task resumes once the process that deferred it (pid {child.pid}) has exited"
+    finally:
+        child.kill()
+        child.wait()
+    unseen = ResumeWindow(None, not_before=None, margin=2).describe()
+    assert "cannot see the process that deferred it" in unseen
+
+
 def test_older_trigger_kwargs_still_build_a_trigger() -> None:
     """A trigger row written before deferred_by existed is rebuilt after an upgrade."""
     old_kwargs = {"job": {"job_id": "j", "job_uri": "file:///tmp/j", "backend": "local"}, "not_before": 1.0}
