@@ -58,7 +58,8 @@ sweep()
 
 
 def tree_cpu(proc: psutil.Process) -> tuple[float, float]:
-    """(own, descendants') CPU seconds: live descendants read now, reaped ones via children_*."""
+    """(own, descendants') CPU seconds: live descendants read now, reaped ones through the
+    children_* times of whoever reaped them."""
     try:
         own = proc.cpu_times()
     except psutil.Error:
@@ -66,8 +67,8 @@ def tree_cpu(proc: psutil.Process) -> tuple[float, float]:
     below = own.children_user + own.children_system
     for child in proc.children(recursive=True):
         try:
-            times = child.cpu_times()
-            below += times.user + times.system
+            times = child.cpu_times()  # with the processes it reaped (a worker's task processes)
+            below += times.user + times.system + times.children_user + times.children_system
         except psutil.Error:
             pass
     return own.user + own.system, below
