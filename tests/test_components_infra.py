@@ -134,6 +134,31 @@ def test_redis_server_serves_a_client_and_stop_removes_everything() -> None:
     server.stop()  # idempotent
 
 
+def test_redis_server_takes_another_port_when_its_port_is_taken_before_it_binds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The probe socket is closed before redis binds: a server of another xdist process can take the
+    port in between. The first port handed out here is held by a listening socket."""
+    import socket
+
+    import components.redis_server as redis_server
+
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    taken = holder.getsockname()[1]
+    ports = iter([taken])
+    real_free_port = redis_server.free_port
+    monkeypatch.setattr(redis_server, "free_port", lambda: next(ports, None) or real_free_port())
+    server = RedisServer()
+    try:
+        server.start()
+        assert server.port != taken and server.ping()
+    finally:
+        server.stop()
+        holder.close()
+
+
 def test_missing_redis_server_names_the_install_script(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.setattr(Path, "is_file", lambda self: False)

@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from components.airflow_services import free_port
+
 __all__ = ["RedisError", "RedisServer", "find_redis_server"]
 
 
@@ -42,12 +44,6 @@ def find_redis_server() -> str:
             "(scripts/setup.sh does it when it runs as root)."
         )
     return path
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class RedisServer:
@@ -73,10 +69,24 @@ class RedisServer:
         except (OSError, AssertionError) as exc:
             return f"<no redis log: {exc}>"
 
-    def start(self, timeout: float = 30.0) -> RedisServer:
+    def start(self, timeout: float = 30.0, tries: int = 3) -> RedisServer:
+        """Start on a free port; a port taken between the probe and redis' bind (another test's
+        server, in another xdist process) is tried again on a new one."""
         binary = find_redis_server()
         self.dir = Path(tempfile.mkdtemp(prefix="kn-redis-"))
-        self.port = _free_port()
+        for attempt in range(1, tries + 1):
+            try:
+                return self._start_once(binary, timeout)
+            except RedisError:
+                lost_port = "Address already in use" in self.log_tail()
+                if not lost_port or attempt == tries:
+                    self.stop()
+                    raise
+                self.log_path.unlink(missing_ok=True)
+        raise AssertionError("unreachable: the last try returns or raises")
+
+    def _start_once(self, binary: str, timeout: float) -> RedisServer:
+        self.port = free_port()
         command = [
             binary,
             "--port", str(self.port),
@@ -95,7 +105,6 @@ class RedisServer:
             if self.proc.poll() is not None:
                 raise RedisError(f"redis-server exited with code {self.proc.returncode}:\n{self.log_tail()}")
             if time.monotonic() >= deadline:
-                self.stop()
                 raise RedisError(f"redis-server did not answer PING in {timeout:.0f}s:\n{self.log_tail()}")
             time.sleep(0.05)
         return self
