@@ -15,7 +15,7 @@ from jobkit import make_job, run_runner
 
 from kinetic_airflow.job import metrics as job_metrics
 from kinetic_airflow.job.layout import JobLayout
-from kinetic_airflow.job.storage import FileStorage, open_storage
+from kinetic_airflow.job.storage import FileStorage, StorageNotFound, open_storage
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -155,13 +155,30 @@ def test_reading_is_bounded_whatever_storage_holds(tmp_path, monkeypatch):
         storage.write_text(layout.metrics_chunk(seq), json.dumps({"points": {"loss": series}}))
     many = {"points": {f"m{i}": [[1, 1.0]] for i in range(300)}}
     storage.write_text(layout.metrics_chunk(4), json.dumps(many))
-    monkeypatch.setattr(job_metrics, "_MAX_CHUNK_CHARS", 200_000)
+    monkeypatch.setattr(job_metrics, "_MAX_CHUNK_BYTES", 200_000)
     storage.write_text(layout.metrics_chunk(5), json.dumps({"points": {"huge": [[1, 1.0]] * 20_000}}))
+    whole_reads: list[str] = []
+    monkeypatch.setattr(storage, "read_bytes", lambda uri: whole_reads.append(uri) or b"")
     read = job_metrics.read_attempt(storage, layout)
+    assert whole_reads == []  # every chunk read through the bounded read, the huge one not whole
     loss = read["points"]["loss"]
     assert len(loss) == job_metrics.MAX_CURVE_POINTS and loss[-1] == [6000, 0.5] and loss[0] == [1, 0.5]
     assert "huge" not in read["points"]
     assert len(read["points"]) - 1 == 200  # m0..m199 besides loss
+
+
+@pytest.mark.parametrize("scheme", ["file", "gs"])
+def test_a_bounded_read_returns_none_past_the_limit_without_reading_the_rest(scheme, tmp_path, request):
+    """Through the real storages (fake-gcs-server for gs://): a ranged read of limit + 1 bytes."""
+    base = f"file://{tmp_path}" if scheme == "file" else request.getfixturevalue("gcs_bucket") + "/bounded"
+    storage = open_storage(base)
+    storage.write_bytes(f"{base}/small", b"x" * 100)
+    storage.write_bytes(f"{base}/large", b"y" * 5000)
+    assert storage.read_at_most(f"{base}/small", 100) == b"x" * 100
+    assert storage.read_at_most(f"{base}/large", 100) is None
+    assert storage.read_at_most(f"{base}/large", 5000) == b"y" * 5000
+    with pytest.raises(StorageNotFound):
+        storage.read_at_most(f"{base}/missing", 100)
 
 
 def test_the_final_values_read_one_chunk_the_newest_readable(tmp_path):

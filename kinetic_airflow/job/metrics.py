@@ -11,7 +11,9 @@ when a chunk's points are thinned to ``MAX_POINTS_PER_CHUNK`` per metric for the
 Reporting never slows or fails the function: a value that is not a number is dropped (one
 warning per metric name), a storage error drops that chunk's points with one warning (the
 summary in the next chunk still counts them), and outside a job ``report`` does nothing. A
-multi-host job reports from host 0 only, unless ``KINETIC_METRICS_ALL_HOSTS=1``.
+multi-host job reports from host 0 only, unless ``KINETIC_METRICS_ALL_HOSTS=1``: then every host
+stores its own chunks (``h{host}-``), which the readers here leave alone: Airflow's side (XCom,
+StatsD, Asset events, the view) shows host 0's, the host whose result is the task's.
 
 The reading side (``read_attempt``) is used by Airflow (XCom, StatsD, Asset events, the UI):
 chunks are plain JSON, checked number by number, never unpickled.
@@ -44,7 +46,7 @@ FINAL_FLUSH_TRIES = 3
 _MAX_NAME = 100
 # What a reader takes from storage, which a bucket writer can forge and a long job makes large:
 # a chunk the writer could never write is skipped, and each curve handed back is thinned.
-_MAX_CHUNK_CHARS = 8 * 1024 * 1024
+_MAX_CHUNK_BYTES = 8 * 1024 * 1024
 _MAX_METRICS = 200
 MAX_CURVE_POINTS = 5000
 # Metric names for which a larger value is better (the rest: smaller is better, like a loss).
@@ -335,10 +337,10 @@ def read_attempt(
         parsed = cache.get(uri) if cache is not None else None
         if parsed is None:
             try:
-                text = storage.read_text(uri)
-                if len(text) > _MAX_CHUNK_CHARS:
-                    continue  # larger than any chunk the writer makes: not ours
-                parsed = _check_chunk(json.loads(text))
+                data = storage.read_at_most(uri, _MAX_CHUNK_BYTES)
+                if data is None:
+                    continue  # larger than any chunk the writer makes: not ours, and not read
+                parsed = _check_chunk(json.loads(data))
             except Exception:
                 continue
             if cache is not None:
