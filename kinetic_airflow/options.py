@@ -105,6 +105,11 @@ def _spec(name: str, kind: str, accepts: str, example: str, **kw: Any) -> tuple[
     return name, OptionSpec(name, kind, accepts, example, **kw)
 
 
+def _config_seconds(name: str) -> tuple[str, OptionSpec]:
+    """A [kinetic]-only wait or bound in seconds, 0 (none) or more: the guard's and the retries'."""
+    return _spec(name, "duration", "a number of seconds, 0 or more", "", minimum=0, task=False, config=True)
+
+
 # The table. Order: the operator's signature, then settings that exist only in [kinetic].
 OPTIONS: dict[str, OptionSpec] = dict(
     [
@@ -278,15 +283,7 @@ OPTIONS: dict[str, OptionSpec] = dict(
         _spec("local_python", "text", "the path of a Python interpreter", "", task=False, config=True),
         _spec("local_state_dir", "text", "a directory path", "", task=False, config=True),
         _spec("service_account", "text", "a Kubernetes service account name", "", task=False, config=True),
-        _spec(
-            "wait_before_defer",
-            "duration",
-            "a number of seconds, 0 or more",
-            "",
-            minimum=0,
-            task=False,
-            config=True,
-        ),
+        _config_seconds("wait_before_defer"),
         _spec(
             "metrics_interval",
             "duration",
@@ -297,33 +294,9 @@ OPTIONS: dict[str, OptionSpec] = dict(
             task=False,
             config=True,
         ),
-        _spec(
-            "storage_retry_seconds",
-            "duration",
-            "a number of seconds, 0 or more",
-            "",
-            minimum=0,
-            task=False,
-            config=True,
-        ),
-        _spec(
-            "resume_margin_seconds",
-            "duration",
-            "a number of seconds, 0 or more",
-            "",
-            minimum=0,
-            task=False,
-            config=True,
-        ),
-        _spec(
-            "min_deferral_seconds",
-            "duration",
-            "a number of seconds, 0 or more",
-            "",
-            minimum=0,
-            task=False,
-            config=True,
-        ),
+        _config_seconds("storage_retry_seconds"),
+        _config_seconds("resume_margin_seconds"),
+        _config_seconds("min_deferral_seconds"),
         _spec(
             "runner_python",
             "text",
