@@ -49,7 +49,10 @@ if [ ! -x "$venv/bin/python" ]; then
   fi
   venv_save "$venv" "$key"
 fi
-here="$("$venv/bin/python" -c 'import kinetic_airflow, os; print(os.path.dirname(os.path.dirname(kinetic_airflow.__file__)))' 2>/dev/null || true)"
+# Asked from / : run here, Python would import the package from the working directory whatever the
+# venv's editable install points at (a cached venv made in a clone since deleted passed this check,
+# and its `airflow` then could not import kinetic_airflow).
+here="$(cd / && "$OLDPWD/$venv/bin/python" -c 'import kinetic_airflow, os; print(os.path.dirname(os.path.dirname(kinetic_airflow.__file__)))' 2>/dev/null || true)"
 if [ "$here" != "$(pwd)" ]; then # a cached venv made in another clone: point it at this one
   "$venv/bin/python" -m pip install --quiet --no-deps -e .
 fi
