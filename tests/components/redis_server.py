@@ -74,16 +74,15 @@ class RedisServer:
         server, in another xdist process) is tried again on a new one."""
         binary = find_redis_server()
         self.dir = Path(tempfile.mkdtemp(prefix="kn-redis-"))
-        for attempt in range(1, tries + 1):
+        while True:
             try:
                 return self._start_once(binary, timeout)
             except RedisError:
-                lost_port = "Address already in use" in self.log_tail()
-                if not lost_port or attempt == tries:
+                tries -= 1
+                if tries == 0 or "Address already in use" not in self.log_tail():
                     self.stop()
                     raise
                 self.log_path.unlink(missing_ok=True)
-        raise AssertionError("unreachable: the last try returns or raises")
 
     def _start_once(self, binary: str, timeout: float) -> RedisServer:
         self.port = free_port()
