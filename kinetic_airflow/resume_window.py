@@ -14,11 +14,16 @@ apache-airflow-core 3.3.2:
 * ``supervise`` returns (after any remote log upload) and the executor's worker posts the
   ``success`` event; the scheduler reads it at its next executor heartbeat, one loop later.
 
-Nothing of that is written where a triggerer can read it, except the reaping itself: the
-deferring process's entry in ``/proc`` lasts (as a zombie) until its supervisor has waited for
-it. So when the triggerer shares the deferring process's host and PID namespace (LocalExecutor,
-a Celery or standalone deployment on one machine), a finished job's event is held until that
-process is reaped plus ``resume_margin_seconds`` (the executor's post and one scheduler loop).
+Nothing of that is written where a triggerer can read it, but when the triggerer shares the
+deferring process's host and PID namespace, ``/proc`` shows it:
+
+* under LocalExecutor, the read itself: the worker retitles itself once it has posted the event,
+  and the pipe it posts into empties when the scheduler has read it (``local_executor_watch``);
+  a finished job's event is held until then, and no longer;
+* under any other executor on that host (Celery on one machine), the reaping: the deferring
+  process's entry lasts (as a zombie) until its supervisor has waited for it; the event is held
+  until then plus ``resume_margin_seconds`` (the executor's post and one scheduler loop).
+
 Anywhere else the fixed bound ``min_deferral_seconds`` from the deferral stays.
 
 Linux ``/proc`` only, standard library only: the triggerer imports this on its event loop.
@@ -34,17 +39,22 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from kinetic_airflow import procfs
+from kinetic_airflow.local_executor_watch import LocalExecutorWorker
+
 __all__ = [
     "DeferringProcess",
     "ProcessState",
     "ResumeWindow",
 ]
 
-_PROC = "/proc"
+_PROC = procfs.PROC
 _REAP_POLL_SECONDS = 0.25  # 1,000 triggers deferred at once read /proc 4,000 times a second, briefly
 # A deferring process that outlives this is stuck in its own teardown (a listener, a log upload);
 # Airflow's task_success_overtime (20 s) kills such a process well before it.
 _REAP_WAIT_LIMIT_SECONDS = 300.0
+_READ_POLL_SECONDS = 0.05  # only between a job's end and the scheduler's read: a second at most
+_UNSEEN_READ_SECONDS = 15.0  # the bound for kwargs without not_before (min_deferral_seconds' default)
 
 
 class ProcessState(enum.Enum):
@@ -62,30 +72,40 @@ class DeferringProcess:
 
     The boot id and PID namespace tell whether a reader shares that host and namespace; the
     start time (clock ticks since boot) tells the process from a later one reusing its PID.
+    ``worker`` is its LocalExecutor worker, through which the scheduler's read of the exit
+    event itself can be seen (``local_executor_watch``); None under any other executor.
     """
 
     pid: int
     start_ticks: int
     boot_id: str
     pid_namespace: str
+    worker: LocalExecutorWorker | None = None
 
     @classmethod
     def this_process(cls, proc: str = _PROC) -> DeferringProcess | None:
         """This process, or None where ``/proc`` does not say enough to find it again."""
         pid = os.getpid()
-        start = _start_ticks(pid, proc)
-        boot_id = _read(f"{proc}/sys/kernel/random/boot_id")
-        namespace = _namespace(proc)
+        start = procfs.start_ticks(pid, proc)
+        boot_id = procfs.boot_id(proc)
+        namespace = procfs.pid_namespace(proc)
         if start is None or not boot_id or not namespace:
             return None
-        return cls(pid=pid, start_ticks=start, boot_id=boot_id, pid_namespace=namespace)
+        return cls(
+            pid=pid,
+            start_ticks=start,
+            boot_id=boot_id,
+            pid_namespace=namespace,
+            worker=LocalExecutorWorker.parent_of_this_process(proc),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, value: Any) -> DeferringProcess | None:
-        """Decoded from trigger kwargs; None for anything else (kwargs of an older version)."""
+        """Decoded from trigger kwargs; None for anything else (kwargs of an older version).
+        Kwargs written before ``worker`` existed decode without one."""
         if not isinstance(value, dict):
             return None
         try:
@@ -94,18 +114,18 @@ class DeferringProcess:
                 start_ticks=int(value["start_ticks"]),
                 boot_id=str(value["boot_id"]),
                 pid_namespace=str(value["pid_namespace"]),
+                worker=LocalExecutorWorker.from_dict(value.get("worker")),
             )
         except (KeyError, TypeError, ValueError):
             return None
 
     def state(self, proc: str = _PROC) -> ProcessState:
-        same_host = _read(f"{proc}/sys/kernel/random/boot_id") == self.boot_id
-        if not same_host or _namespace(proc) != self.pid_namespace:
+        same_host = procfs.boot_id(proc) == self.boot_id
+        if not same_host or procfs.pid_namespace(proc) != self.pid_namespace:
             return ProcessState.UNOBSERVABLE
         if self.pid == os.getpid():
             return ProcessState.SELF
-        stat = _stat_fields(self.pid, proc)
-        if stat is None or _int(stat[19]) != self.start_ticks:
+        if procfs.start_ticks(self.pid, proc) != self.start_ticks:
             return ProcessState.REAPED  # gone, or the PID now belongs to a later process
         return ProcessState.ALIVE  # running, or a zombie ("Z") its supervisor has not waited for
 
@@ -148,6 +168,11 @@ class ResumeWindow:
                 "triggerer cannot see the process that deferred it)"
             )
         pid = self._process.pid if self._process is not None else "?"
+        if self._process is not None and self._process.worker is not None:
+            return (
+                "the task resumes once the scheduler has read the exit of the process that deferred "
+                f"it (pid {pid}, run by LocalExecutor worker {self._process.worker.pid})"
+            )
         return f"the task resumes once the process that deferred it (pid {pid}) has exited"
 
     def start(self) -> None:
@@ -199,6 +224,9 @@ class ResumeWindow:
             )
             return
         assert self._reaped_at is not None
+        if self._process is not None and self._process.worker is not None:
+            if await self._scheduler_read(self._process.worker, log, job_id):
+                return
         hold = self._reaped_at + self._margin - time.monotonic()
         if hold > 0:
             log(
@@ -207,38 +235,37 @@ class ResumeWindow:
             )
             await asyncio.sleep(hold)
 
+    async def _scheduler_read(
+        self, worker: LocalExecutorWorker, log: Callable[[str], None], job_id: str
+    ) -> bool:
+        """Wait until the LocalExecutor's scheduler has read the deferring process's exit event
+        (``local_executor_watch``); False, at once, where its queues cannot be seen.
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="ascii") as handle:
-            return handle.read().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def _namespace(proc: str) -> str | None:
-    try:
-        return os.readlink(f"{proc}/self/ns/pid")
-    except OSError:
-        return None
-
-
-def _stat_fields(pid: int, proc: str) -> list[str] | None:
-    """The fields after the command name of ``/proc/<pid>/stat`` (state first), or None."""
-    text = _read(f"{proc}/{pid}/stat")
-    if not text or ")" not in text:
-        return None
-    fields = text[text.rindex(")") + 1 :].split()
-    return fields if len(fields) > 19 else None
-
-
-def _start_ticks(pid: int, proc: str) -> int | None:
-    fields = _stat_fields(pid, proc)
-    return _int(fields[19]) if fields else None
-
-
-def _int(text: str) -> int | None:
-    try:
-        return int(text)
-    except ValueError:
-        return None
+        Bounded by the fixed bound (``not_before``): a scheduler that has not read its
+        worker's queue by then is past Airflow's own heartbeat limits, and waiting on would
+        only keep the task from its result.
+        """
+        bound = self._not_before if self._not_before is not None else time.time() + _UNSEEN_READ_SECONDS
+        said = False
+        while True:
+            posted = worker.posted(self._proc)
+            unread = worker.unread_events(self._proc) if posted else 1
+            if unread is None:
+                return False
+            if unread == 0:
+                if said:
+                    log(f"the scheduler has read the exit of the process that deferred job {job_id}'s task")
+                return True
+            if time.time() >= bound:
+                log(
+                    f"the scheduler has not read the exit of the process that deferred job {job_id}'s "
+                    "task by the fixed bound (min_deferral_seconds); resuming the task now"
+                )
+                return True
+            if not said:
+                log(
+                    f"job {job_id} ended; resuming the task once the scheduler has read the exit of "
+                    "the process that deferred it (Airflow's executor-event race)"
+                )
+                said = True
+            await asyncio.sleep(_READ_POLL_SECONDS)

@@ -272,7 +272,8 @@ def test_short_jobs_never_fail_under_the_scheduler(
     mark = stack.emulator.request_mark()
     run_ids = [trigger(stack.api, dag_id) for _ in range(runs)]
     for run_id in run_ids:
-        assert _wait_run(stack, dag_id, run_id) == "success", _why(stack, dag_id, run_id)
+        state = _wait_run(stack, dag_id, run_id)
+        assert state == "success", f"{_race_failures(stack, dag_id)}\n{_why(stack, dag_id, run_id)}"
     assert _race_failures(stack, dag_id) == []
     for run_id in run_ids:
         states = _states(stack.api, dag_id, run_id)
@@ -287,9 +288,9 @@ def test_short_jobs_never_fail_under_the_scheduler(
         assert stack.emulator.job_creations(since=mark) == 20 * runs
     if dag_id == "kn_race_deferred":  # these went through the triggerer, and were held back
         log = _task_log_text(stack, dag_id, run_ids[0], task_id, 0)
-        # held until the deferring process's exit reached the scheduler, seen through /proc (the
-        # triggerer shares the workers' host): not the fixed bound for an unseen process
-        assert "the task resumes once the process that deferred it (pid" in log, log[-3000:]
+        # held until the scheduler had read the deferring process's exit, seen through /proc in
+        # its LocalExecutor worker (the triggerer shares the workers' host): not the fixed bound
+        assert "the task resumes once the scheduler has read the exit of the process that" in log, log[-3000:]
         assert "cannot see" not in log, log[-3000:]
 
 

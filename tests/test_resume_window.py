@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import multiprocessing
+import os
 import subprocess
 import sys
 import time
 
 import pytest
 
+from kinetic_airflow.local_executor_watch import LocalExecutorWorker
 from kinetic_airflow.resume_window import DeferringProcess, ProcessState, ResumeWindow
 from kinetic_airflow.triggers import KineticJobTrigger
 
@@ -140,3 +144,111 @@ def test_older_trigger_kwargs_still_build_a_trigger() -> None:
     assert me is not None
     _, kwargs = KineticJobTrigger(**old_kwargs, deferred_by=me.to_dict()).serialize()
     assert DeferringProcess.from_dict(kwargs["deferred_by"]) == me
+
+
+# Under LocalExecutor: the scheduler's read of the exit event itself ----------------------------
+def _local_executor_worker(results, control, identities) -> None:
+    """A LocalExecutor worker in miniature, shaped as local_executor._run_worker is: titled for its
+    workload, it runs the task process as its child, reaps it, posts the end event on the
+    result queue when told to, and only then retitles itself idle."""
+    from setproctitle import setproctitle
+
+    setproctitle("airflow worker -- LocalExecutor: kn_dag/task/run/1")
+    pid = os.fork()
+    if pid == 0:  # the task process: names itself as the operator does, then "defers" (exits)
+        identities.put(DeferringProcess.this_process())
+        os._exit(0)
+    os.waitpid(pid, 0)  # the supervisor reaps it
+    control.get()  # "supervise() returns"
+    results.put(("key", "success"))
+    setproctitle("airflow worker -- LocalExecutor: <idle>")
+    control.get()  # stay alive until the test is done
+
+
+def test_under_local_executor_the_hold_ends_when_the_scheduler_has_read_the_event() -> None:
+    context = multiprocessing.get_context("fork")
+    results, control, identities = context.SimpleQueue(), context.SimpleQueue(), context.SimpleQueue()
+    worker = context.Process(target=_local_executor_worker, args=(results, control, identities))
+    worker.start()
+    try:
+        identity = identities.get()
+        assert identity.worker is not None and identity.worker.pid == worker.pid
+        kwargs = identity.to_dict()
+        assert "LocalExecutor" not in json.dumps(kwargs)  # the title travels only as a digest
+        identity = DeferringProcess.from_dict(kwargs)
+        assert identity is not None and identity.worker is not None
+        window = ResumeWindow(identity, not_before=time.time() + 60, margin=0.0)
+        assert "once the scheduler has read the exit" in window.describe()
+        lines: list[str] = []
+        events: dict[str, float] = {}
+
+        async def executor_and_scheduler() -> None:
+            await asyncio.sleep(0.8)  # the task process is reaped; its event is not yet posted
+            assert not identity.worker.posted()
+            control.put("post")
+            while not identity.worker.posted():
+                await asyncio.sleep(0.02)
+            events["posted"] = time.monotonic()
+            await asyncio.sleep(0.8)  # posted, not yet read: still held
+            assert identity.worker.unread_events() > 0
+            events["read"] = time.monotonic()
+            assert results.get() == ("key", "success")
+
+        async def scenario() -> float:
+            side = asyncio.create_task(executor_and_scheduler())
+            await window.wait(lines.append, "j1")
+            released = time.monotonic()
+            await side
+            return released
+
+        released = asyncio.run(scenario())
+        assert released >= events["read"] > events["posted"]
+        assert released < events["read"] + 2  # the read ends the hold, not the fixed bound (60 s)
+        assert any("once the scheduler has read the exit" in line for line in lines), lines
+        assert any("the scheduler has read the exit" in line for line in lines[1:]), lines
+    finally:
+        control.put("done")
+        worker.join(10)
+
+
+def test_a_local_executor_worker_whose_queues_cannot_be_found_falls_back_to_the_margin() -> None:
+    """Where the worker's queues are not found among its descriptors (another user's process, a
+    hardened /proc, an executor of another shape), the reaping and the margin stand in for the
+    read."""
+    task, identity = _child(0.1)
+    task.wait()
+    worker, worker_identity = _child(30)  # alive, holds no pipe both ways, retitled (digest differs)
+    try:
+        seen = LocalExecutorWorker(pid=worker.pid, start_ticks=worker_identity.start_ticks, title_digest="x")
+        assert seen.posted() and seen.unread_events() is None
+        started = time.monotonic()
+        lines: list[str] = []
+        window = ResumeWindow(
+            dataclasses.replace(identity, worker=seen), not_before=time.time() + 60, margin=0.5
+        )
+        asyncio.run(window.wait(lines.append, "j"))
+        assert 0.5 <= time.monotonic() - started < 10, lines
+        assert any(
+            "once the exit of the process that deferred it has reached the scheduler" in x for x in lines
+        )
+    finally:
+        worker.kill()
+        worker.wait()
+
+
+def test_a_worker_that_never_posts_is_waited_for_only_until_the_fixed_bound() -> None:
+    context = multiprocessing.get_context("fork")
+    results, control, identities = context.SimpleQueue(), context.SimpleQueue(), context.SimpleQueue()
+    worker = context.Process(target=_local_executor_worker, args=(results, control, identities))
+    worker.start()
+    try:
+        identity = identities.get()
+        lines: list[str] = []
+        started = time.time()
+        asyncio.run(ResumeWindow(identity, not_before=started + 1.5, margin=0.0).wait(lines.append, "j"))
+        assert time.time() >= started + 1.5
+        assert any("by the fixed bound" in line for line in lines), lines
+    finally:
+        control.put("post")
+        control.put("done")
+        worker.join(10)
