@@ -5,8 +5,9 @@ PostgreSQL, with the GKE backend pointed at the cluster emulator, twice over the
 
 * ``unguarded``: ``wait_before_defer=0`` and ``min_deferral_seconds=0`` — every task defers at
   once and resumes the moment its job ends, as kinetic-airflow did before it dealt with the race;
-* ``guarded``: kinetic's defaults: a finished job's event is held until the process that deferred
-  the task has been reaped, plus ``resume_margin_seconds`` (``kinetic_airflow.resume_window``).
+* ``guarded``: kinetic's defaults: a finished job's event is held until the scheduler has read
+  the exit event of the process that deferred the task, seen through that process's
+  LocalExecutor worker (``kinetic_airflow.resume_window``, ``local_executor_watch``).
 
 For each backend and job length it triggers ``--runs`` DAG runs of ``--tasks`` mapped kinetic
 tasks whose jobs sleep that long, and counts failed task instances and the scheduler's
