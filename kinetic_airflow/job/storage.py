@@ -339,8 +339,13 @@ class GCSStorage(Storage):
             raise self._translate(uri, exc) from exc
 
     def read_at_most(self, uri: str, limit: int) -> bytes | None:
+        # Start-up cost: the Google clients load only when gs:// or GCP credentials are used.
+        from google.api_core import exceptions as gexc
+
         try:  # one ranged request (the end is inclusive): a larger object shows one byte over
             data = self._blob(uri).download_as_bytes(start=0, end=limit)
+        except gexc.RequestRangeNotSatisfiable:
+            return b""  # 416: no byte 0 to start from, an empty object (a missing one is a 404)
         except Exception as exc:
             raise self._translate(uri, exc) from exc
         return None if len(data) > limit else data
