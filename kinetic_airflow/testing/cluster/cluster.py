@@ -30,6 +30,7 @@ from .nodes import NodePool, default_node_pools, make_nodes, node_object
 from .resources import (
     EVENTS,
     JOBS,
+    JOBSETS,
     LWS,
     NAMESPACES,
     NODES,
@@ -44,6 +45,7 @@ from .validation import (
     InvalidError,
     check_immutable,
     default_job,
+    default_jobset,
     default_lws,
     default_pod,
     validate_object,
@@ -56,8 +58,8 @@ DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease"
 DEFAULT_SERVICE_ACCOUNTS = ("default/kinetic",)
 
 # Resources whose main endpoint ignores status changes (status is a subresource).
-_STATUS_SUBRESOURCE = {PODS, JOBS, LWS, NAMESPACES, NODES, SERVICES}
-_GENERATION = {PODS, JOBS, LWS, SERVICES}
+_STATUS_SUBRESOURCE = {PODS, JOBS, LWS, JOBSETS, NAMESPACES, NODES, SERVICES}
+_GENERATION = {PODS, JOBS, LWS, JOBSETS, SERVICES}
 _SERVER_FIELDS = (
     "uid",
     "resourceVersion",
@@ -319,6 +321,9 @@ class Cluster:
         elif rt is LWS:
             default_lws(obj)
             obj["status"] = {}
+        elif rt is JOBSETS:
+            default_jobset(obj)
+            obj["status"] = {}
         elif rt is NAMESPACES:
             md.setdefault("labels", {})["kubernetes.io/metadata.name"] = name
             obj["spec"] = {"finalizers": ["kubernetes"]}
@@ -393,7 +398,7 @@ class Cluster:
                     result["status"] = copy.deepcopy(current["status"])
                 else:
                     result.pop("status", None)
-            if rt in (PODS, JOBS, LWS):
+            if rt in (PODS, JOBS, LWS, JOBSETS):
                 try:
                     validate_object(rt, result, strict=strict)
                 except InvalidError as exc:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import errors
 from ._util import fmt_time, parse_time, utcnow, wait_event
+from .jobset import JobSetController
 from .resources import JOBS, LWS, PODS, SERVICES, STATEFULSETS
 
 if TYPE_CHECKING:
@@ -1053,6 +1054,7 @@ class ControllerManager:
         self.cluster = cluster
         self.jobs = JobController(cluster, job_backoff)
         self.lws = LeaderWorkerSetController(cluster)
+        self.jobsets = JobSetController(cluster)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -1083,6 +1085,7 @@ class ControllerManager:
         """One pass over every controller."""
         self.jobs.reconcile_all()
         self.lws.reconcile_all()
+        self.jobsets.reconcile_all()
         self.cluster.gc_pass()
 
     async def _run(self) -> None:

@@ -83,6 +83,20 @@ LWS = ResourceType(
     ("status",),
     builtin=False,
 )
+# kubernetes-sigs/jobset ``config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml`` (at 08dfbdf):
+# group jobset.x-k8s.io, served version v1alpha2, no short names; the emulator's JobSet
+# controller is jobset.py.
+JOBSETS = ResourceType(
+    "jobset.x-k8s.io",
+    "v1alpha2",
+    "jobsets",
+    "JobSet",
+    True,
+    "jobset",
+    (),
+    ("status",),
+    builtin=False,
+)
 # Create-only and never stored: the API server answers it from the caller's RBAC (access.py).
 SELFSUBJECTACCESSREVIEWS = ResourceType(
     "authorization.k8s.io",
@@ -107,6 +121,7 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
     JOBS,
     STATEFULSETS,
     LWS,
+    JOBSETS,
     SELFSUBJECTACCESSREVIEWS,
 )
 

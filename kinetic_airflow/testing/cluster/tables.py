@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._util import human_duration, parse_time, utcnow
-from .resources import EVENTS, JOBS, LWS, NAMESPACES, NODES, PODS, ResourceType
+from .resources import EVENTS, JOBS, JOBSETS, LWS, NAMESPACES, NODES, PODS, ResourceType
 
 
 def _col(
@@ -131,6 +131,25 @@ def _lws_row(lws: dict[str, Any]) -> list[Any]:
     ]
 
 
+def _jobset_row(jobset: dict[str, Any]) -> list[Any]:
+    """The CRD's additionalPrinterColumns (TerminalState, Restarts, Completed, Suspended, Age). An
+    unset path is a null cell, as apiextensions' table convertor (``tableconvertor.go``) leaves
+    it; kubectl prints it blank."""
+    status = jobset.get("status") or {}
+    completed = next(
+        (c.get("status") for c in status.get("conditions") or [] if c.get("type") == "Completed"), None
+    )
+    suspend = (jobset.get("spec") or {}).get("suspend")
+    return [
+        jobset["metadata"]["name"],
+        status.get("terminalState"),
+        str(status["restarts"]) if "restarts" in status else None,
+        completed,
+        None if suspend is None else str(suspend).lower(),
+        _age(jobset),
+    ]
+
+
 def _node_row(node: dict[str, Any]) -> list[Any]:
     ready = any(
         c.get("type") == "Ready" and c.get("status") == "True"
@@ -196,6 +215,17 @@ _TABLES: dict[ResourceType, tuple[list[dict[str, Any]], Callable[[dict[str, Any]
             _col("Age", "date"),
         ],
         _lws_row,
+    ),
+    JOBSETS: (
+        [
+            _col("Name", fmt="name"),
+            _col("TerminalState"),
+            _col("Restarts"),
+            _col("Completed"),
+            _col("Suspended"),
+            _col("Age", "date"),
+        ],
+        _jobset_row,
     ),
     NODES: (
         [_col("Name", fmt="name"), _col("Status"), _col("Roles"), _col("Age"), _col("Version")],
