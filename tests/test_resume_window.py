@@ -5,6 +5,7 @@ margin; where that process cannot be seen, for the fixed bound."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import multiprocessing
@@ -12,6 +13,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -165,13 +168,23 @@ def _local_executor_worker(results, control, identities) -> None:
     control.get()  # stay alive until the test is done
 
 
-def test_under_local_executor_the_hold_ends_when_the_scheduler_has_read_the_event() -> None:
+@contextlib.contextmanager
+def _miniature_local_executor() -> Iterator[tuple[multiprocessing.Process, Any, Any, DeferringProcess]]:
+    """The worker, its result queue, its control queue and the identity its task process sent."""
     context = multiprocessing.get_context("fork")
     results, control, identities = context.SimpleQueue(), context.SimpleQueue(), context.SimpleQueue()
     worker = context.Process(target=_local_executor_worker, args=(results, control, identities))
     worker.start()
     try:
-        identity = identities.get()
+        yield worker, results, control, identities.get()
+    finally:
+        control.put("post")  # harmless when it has posted already: it is waiting for "done"
+        control.put("done")
+        worker.join(10)
+
+
+def test_under_local_executor_the_hold_ends_when_the_scheduler_has_read_the_event() -> None:
+    with _miniature_local_executor() as (worker, results, control, identity):
         assert identity.worker is not None and identity.worker.pid == worker.pid
         kwargs = identity.to_dict()
         assert "LocalExecutor" not in json.dumps(kwargs)  # the title travels only as a digest
@@ -206,9 +219,6 @@ def test_under_local_executor_the_hold_ends_when_the_scheduler_has_read_the_even
         assert released < events["read"] + 2  # the read ends the hold, not the fixed bound (60 s)
         assert any("once the scheduler has read the exit" in line for line in lines), lines
         assert any("the scheduler has read the exit" in line for line in lines[1:]), lines
-    finally:
-        control.put("done")
-        worker.join(10)
 
 
 def test_a_local_executor_worker_whose_queues_cannot_be_found_falls_back_to_the_margin() -> None:
@@ -237,18 +247,9 @@ def test_a_local_executor_worker_whose_queues_cannot_be_found_falls_back_to_the_
 
 
 def test_a_worker_that_never_posts_is_waited_for_only_until_the_fixed_bound() -> None:
-    context = multiprocessing.get_context("fork")
-    results, control, identities = context.SimpleQueue(), context.SimpleQueue(), context.SimpleQueue()
-    worker = context.Process(target=_local_executor_worker, args=(results, control, identities))
-    worker.start()
-    try:
-        identity = identities.get()
+    with _miniature_local_executor() as (_worker, _results, _control, identity):
         lines: list[str] = []
         started = time.time()
         asyncio.run(ResumeWindow(identity, not_before=started + 1.5, margin=0.0).wait(lines.append, "j"))
         assert time.time() >= started + 1.5
         assert any("by the fixed bound" in line for line in lines), lines
-    finally:
-        control.put("post")
-        control.put("done")
-        worker.join(10)

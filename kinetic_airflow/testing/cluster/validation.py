@@ -424,6 +424,16 @@ def _dns1035(value: str, too_long: str) -> str | None:
     return None
 
 
+def _generated_name_causes(path: str, generated: str, shown: str, kind: str) -> list[Cause]:
+    """The webhook's cause for a generated name that is not a DNS-1035 label (it shows the
+    longest Job name in both cases)."""
+    problem = _dns1035(
+        generated,
+        f"JobSet name is too long, {kind} names generated for this JobSet will exceed 63 characters",
+    )
+    return [_cause(f"{path}.name", f"Invalid value: {shown!r}: {problem}")] if problem else []
+
+
 def check_jobset(jobset: dict[str, Any]) -> list[Cause]:
     """Semantic checks for a (defaulted) JobSet, as its webhook makes them.
 
@@ -439,22 +449,12 @@ def check_jobset(jobset: dict[str, Any]) -> list[Cause]:
         path = f"spec.replicatedJobs[{i}]"
         job_spec = (rjob.get("template") or {}).get("spec") or {}
         longest_job = f"{name}-{rjob.get('name', '')}-{int(rjob.get('replicas', 1)) - 1}"
-        problem = _dns1035(
-            longest_job,
-            "JobSet name is too long, job names generated for this JobSet will exceed 63 characters",
-        )
-        if problem:
-            causes.append(_cause(f"{path}.name", f"Invalid value: {longest_job!r}: {problem}"))
+        causes += _generated_name_causes(path, longest_job, longest_job, "job")
         completions = job_spec.get("completions")
         # the mutating webhook runs first and defaults an unset completionMode to Indexed
         if job_spec.get("completionMode", "Indexed") == "Indexed" and completions is not None:
             longest_pod = f"{longest_job}-{int(completions) - 1}-abcde"
-            problem = _dns1035(
-                longest_pod,
-                "JobSet name is too long, pod names generated for this JobSet will exceed 63 characters",
-            )
-            if problem:
-                causes.append(_cause(f"{path}.name", f"Invalid value: {longest_job!r}: {problem}"))
+            causes += _generated_name_causes(path, longest_pod, longest_job, "pod")
         pod = job_spec.get("template") or {}
         causes += _check_labels(
             (pod.get("metadata") or {}).get("labels"), f"{path}.template.spec.template.metadata.labels"
