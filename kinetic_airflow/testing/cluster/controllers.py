@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from . import errors
 from ._util import fmt_time, parse_time, utcnow, wait_event
 from .jobset import JobSetController
+from .objects import condition_true, controller_uid, find_condition, set_condition
 from .resources import JOBS, LWS, PODS, SERVICES, STATEFULSETS
 
 if TYPE_CHECKING:
@@ -53,34 +54,8 @@ MSG_BACKOFF = "Job has reached the specified backoff limit"
 MSG_DEADLINE = "Job was active longer than specified deadline"
 
 
-def _cond(conditions: list[dict[str, Any]], ctype: str) -> dict[str, Any] | None:
-    return next((c for c in conditions if c.get("type") == ctype), None)
-
-
-def _cond_true(conditions: list[dict[str, Any]], ctype: str) -> bool:
-    cond = _cond(conditions, ctype)
-    return cond is not None and cond.get("status") == "True"
-
-
-def _set_cond(
-    conditions: list[dict[str, Any]], ctype: str, status: str, reason: str, message: str, probe: bool = True
-) -> None:
-    now = fmt_time()
-    cond = _cond(conditions, ctype)
-    if cond is None:
-        cond = {"type": ctype}
-        conditions.append(cond)
-    if cond.get("status") != status:
-        cond["lastTransitionTime"] = now
-    cond["status"] = status
-    cond["reason"] = reason
-    cond["message"] = message
-    if probe:
-        cond["lastProbeTime"] = now
-
-
 def _pod_ready(pod: dict[str, Any]) -> bool:
-    return _cond_true((pod.get("status") or {}).get("conditions") or [], "Ready")
+    return condition_true((pod.get("status") or {}).get("conditions") or [], "Ready")
 
 
 def _requests_tpus(container: dict[str, Any]) -> bool:
@@ -95,13 +70,6 @@ def _tpu_containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Containers, then init containers, that request ``google.com/tpu`` (LWS's order)."""
     containers = list(spec.get("containers") or []) + list(spec.get("initContainers") or [])
     return [c for c in containers if _requests_tpus(c)]
-
-
-def _controller_uid(obj: dict[str, Any]) -> str | None:
-    for ref in obj["metadata"].get("ownerReferences") or []:
-        if ref.get("controller"):
-            return ref.get("uid")
-    return None
 
 
 def compress_indexes(indexes: set[int]) -> str:
@@ -142,7 +110,7 @@ def _reconcile_owners(
     """Reconcile each object of ``resource`` with the pods it owns; forget deleted objects."""
     pods_by_owner: dict[str, list[dict[str, Any]]] = {}
     for pod in cluster.store.list(PODS):
-        owner = _controller_uid(pod)
+        owner = controller_uid(pod)
         if owner:
             pods_by_owner.setdefault(owner, []).append(pod)
     live = set()
@@ -294,7 +262,7 @@ class JobController:
         tr = self.tracking.setdefault(uid, JobTracking())
         if md.get("deletionTimestamp"):
             return
-        if _cond_true(conditions, "Complete") or _cond_true(conditions, "Failed"):
+        if condition_true(conditions, "Complete") or condition_true(conditions, "Failed"):
             self._ttl(job, tr)
             return
 
@@ -329,8 +297,8 @@ class JobController:
         succeeded = sum(1 for v in tr.counted.values() if v == "succeeded")
         failed = sum(1 for v in tr.counted.values() if v == "failed")
 
-        failure_target = _cond_true(conditions, "FailureTarget")
-        success_target = _cond_true(conditions, "SuccessCriteriaMet")
+        failure_target = condition_true(conditions, "FailureTarget")
+        success_target = condition_true(conditions, "SuccessCriteriaMet")
         start_time = status.get("startTime")
 
         if not failure_target and not success_target and not spec.get("suspend"):
@@ -344,11 +312,11 @@ class JobController:
                 if elapsed >= float(spec["activeDeadlineSeconds"]):
                     reason, message = "DeadlineExceeded", MSG_DEADLINE
             if reason is not None:
-                _set_cond(conditions, "FailureTarget", "True", reason, message or "")
+                set_condition(conditions, "FailureTarget", "True", reason, message or "")
                 failure_target = True
                 self._event(job, "Warning", reason, message or "")
             elif self._success(spec, succeeded, active, tr, indexed, completions):
-                _set_cond(conditions, "SuccessCriteriaMet", "True", "CompletionsReached", MSG_COMPLETE)
+                set_condition(conditions, "SuccessCriteriaMet", "True", "CompletionsReached", MSG_COMPLETE)
                 success_target = True
 
         if failure_target or success_target:
@@ -358,9 +326,12 @@ class JobController:
                 p for p in pods if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
             ]
             if not still_running:
-                target = _cond(conditions, "FailureTarget" if failure_target else "SuccessCriteriaMet") or {}
+                target = (
+                    find_condition(conditions, "FailureTarget" if failure_target else "SuccessCriteriaMet")
+                    or {}
+                )
                 final = "Failed" if failure_target else "Complete"
-                _set_cond(conditions, final, "True", target.get("reason", ""), target.get("message", ""))
+                set_condition(conditions, final, "True", target.get("reason", ""), target.get("message", ""))
                 if final == "Complete":
                     status["completionTime"] = fmt_time()
                     self._event(job, "Normal", "Completed", "Job completed")
@@ -370,13 +341,13 @@ class JobController:
             for pod in active:
                 self._delete_pod(job, pod, tr)
             active = []
-            if not _cond_true(conditions, "Suspended"):
-                _set_cond(conditions, "Suspended", "True", "JobSuspended", "Job suspended")
+            if not condition_true(conditions, "Suspended"):
+                set_condition(conditions, "Suspended", "True", "JobSuspended", "Job suspended")
                 self._event(job, "Normal", "Suspended", "Job suspended")
             status.pop("startTime", None)
         else:
-            if _cond_true(conditions, "Suspended"):
-                _set_cond(conditions, "Suspended", "False", "JobResumed", "Job resumed")
+            if condition_true(conditions, "Suspended"):
+                set_condition(conditions, "Suspended", "False", "JobResumed", "Job resumed")
                 self._event(job, "Normal", "Resumed", "Job resumed")
             if not status.get("startTime"):
                 status["startTime"] = fmt_time()
@@ -521,7 +492,7 @@ class JobController:
             return
         if tr.finished_at is None:
             conditions = (job.get("status") or {}).get("conditions") or []
-            final = _cond(conditions, "Complete") or _cond(conditions, "Failed") or {}
+            final = find_condition(conditions, "Complete") or find_condition(conditions, "Failed") or {}
             when = final.get("lastTransitionTime")
             elapsed = (utcnow() - parse_time(when)).total_seconds() if when else 0.0
             tr.finished_at = time.monotonic() - elapsed
@@ -563,7 +534,7 @@ class LeaderWorkerSetController:
         store = self.cluster.store
         owned: dict[str, list[dict[str, Any]]] = {}
         for obj in list(store.list(PODS)) + list(store.list(STATEFULSETS)):
-            owner = _controller_uid(obj)
+            owner = controller_uid(obj)
             if owner:
                 owned.setdefault(owner, []).append(obj)
         live = set()
@@ -607,7 +578,7 @@ class LeaderWorkerSetController:
         existing = self.cluster.store.get(STATEFULSETS, ns, name)
         owner_uid = owner["metadata"]["uid"]
         if existing is not None:
-            return existing if _controller_uid(existing) == owner_uid else None
+            return existing if controller_uid(existing) == owner_uid else None
         sts = {
             "apiVersion": "apps/v1",
             "kind": "StatefulSet",
@@ -1004,22 +975,24 @@ class LeaderWorkerSetController:
         conditions: list[dict[str, Any]] = status.setdefault("conditions", [])
         available = ready == replicas
         if available:
-            changed = not _cond_true(conditions, "Available")
-            _set_cond(
+            changed = not condition_true(conditions, "Available")
+            set_condition(
                 conditions, "Available", "True", "AllGroupsReady", "All replicas are ready", probe=False
             )
-            if _cond(conditions, "Progressing") is not None:
-                _set_cond(
+            if find_condition(conditions, "Progressing") is not None:
+                set_condition(
                     conditions, "Progressing", "False", "GroupsProgressing", "Replicas are progressing", False
                 )
             reason, message = "AllGroupsReady", "All replicas are ready"
         else:
-            changed = not _cond_true(conditions, "Progressing")
-            _set_cond(
+            changed = not condition_true(conditions, "Progressing")
+            set_condition(
                 conditions, "Progressing", "True", "GroupsProgressing", "Replicas are progressing", False
             )
-            if _cond(conditions, "Available") is not None:
-                _set_cond(conditions, "Available", "False", "AllGroupsReady", "All replicas are ready", False)
+            if find_condition(conditions, "Available") is not None:
+                set_condition(
+                    conditions, "Available", "False", "AllGroupsReady", "All replicas are ready", False
+                )
             reason, message = "GroupsProgressing", "Replicas are progressing"
         for cond in conditions:
             cond["observedGeneration"] = md.get("generation", 1)

@@ -18,7 +18,7 @@ import re
 from typing import Any
 
 from . import errors
-from ._util import fmt_time
+from .objects import condition_true, controller_uid, find_condition, set_condition
 from .resources import JOBS, JOBSETS, SERVICES
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ class JobSetController:
         store = self.cluster.store
         owned: dict[str, list[dict[str, Any]]] = {}
         for job in store.list(JOBS):
-            owner = _controller_uid(job)
+            owner = controller_uid(job)
             if owner:
                 owned.setdefault(owner, []).append(job)
         for jobset in store.list(JOBSETS):
@@ -88,12 +88,19 @@ class JobSetController:
             return
         self._delete_jobs(children.previous)
         if not spec.get("suspend") and _all_jobs_ready(spec, status["replicatedJobsStatus"]):
-            if _condition(conditions, RESTARTING) is not None:
-                _set_condition(conditions, RESTARTING, "False", "JobsReady", "all jobs are ready")
+            if find_condition(conditions, RESTARTING) is not None:
+                set_condition(conditions, RESTARTING, "False", "JobsReady", "all jobs are ready", probe=False)
         if children.failed:
             _apply_failure_policy(spec, status, conditions, children.failed)
         elif children.successful and _succeeded(spec, children.successful):
-            _set_condition(conditions, COMPLETED, "True", "AllJobsCompleted", "jobset completed successfully")
+            set_condition(
+                conditions,
+                COMPLETED,
+                "True",
+                "AllJobsCompleted",
+                "jobset completed successfully",
+                probe=False,
+            )
             status["terminalState"] = COMPLETED
         if not _finished(conditions) and int(status.get("restarts") or 0) == restarts:
             if (spec.get("network") or {}).get("enableDNSHostnames", True):
@@ -140,9 +147,9 @@ class JobSetController:
 
             self.cluster.store.mutate(JOBS, md["namespace"], md["name"], write)
         if suspend:
-            _set_condition(conditions, SUSPENDED, "True", "SuspendedJobs", "jobset is suspended")
-        elif _condition(conditions, SUSPENDED) is not None:
-            _set_condition(conditions, SUSPENDED, "False", "ResumeJobs", "jobset is resumed")
+            set_condition(conditions, SUSPENDED, "True", "SuspendedJobs", "jobset is suspended", probe=False)
+        elif find_condition(conditions, SUSPENDED) is not None:
+            set_condition(conditions, SUSPENDED, "False", "ResumeJobs", "jobset is resumed", probe=False)
 
     def _ensure_service(self, jobset: dict[str, Any]) -> None:
         """``createHeadlessSvcIfNecessary``: named after the subdomain, selecting the JobSet's pods."""
@@ -337,10 +344,8 @@ class _ChildJobs:
 
 def _job_finished(job: dict[str, Any]) -> str | None:
     """``JobFinished``: the Job's Complete or Failed condition, if true."""
-    for cond in (job.get("status") or {}).get("conditions") or []:
-        if cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True":
-            return cond["type"]
-    return None
+    conditions = (job.get("status") or {}).get("conditions") or []
+    return next((t for t in ("Complete", "Failed") if condition_true(conditions, t)), None)
 
 
 def _replicated_job_statuses(spec: dict[str, Any], children: _ChildJobs) -> list[dict[str, Any]]:
@@ -448,7 +453,7 @@ def _apply_failure_policy(
     reason = f"FailurePolicy_{rule['name']}" if rule else "DefaultFailurePolicy"
     verb = "RestartJobSet" if counts else "RestartJobSetAndIgnoreMaxRestarts"
     message = f"applying {verb} failure policy action (first failed job: {job['metadata']['name']})"
-    _set_condition(conditions, RESTARTING, "True", reason, message)
+    set_condition(conditions, RESTARTING, "True", reason, message, probe=False)
 
 
 def _rule_applies(rule: dict[str, Any], job: dict[str, Any]) -> bool:
@@ -465,10 +470,8 @@ def _rule_applies(rule: dict[str, Any], job: dict[str, Any]) -> bool:
 
 
 def _failure_condition(job: dict[str, Any]) -> dict[str, Any] | None:
-    for cond in (job.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "Failed" and cond.get("status") == "True":
-            return cond
-    return None
+    conditions = (job.get("status") or {}).get("conditions") or []
+    return find_condition(conditions, "Failed") if condition_true(conditions, "Failed") else None
 
 
 def _first_failed(jobs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -479,11 +482,10 @@ def _fail(
     status: dict[str, Any], conditions: list[dict[str, Any]], reason: str, message: str, job: dict[str, Any]
 ) -> None:
     """``setJobSetFailedCondition``: Failed true, Restarting false, terminal state Failed."""
-    _set_condition(
-        conditions, FAILED, "True", reason, f"{message} (first failed job: {job['metadata']['name']})"
-    )
-    if _condition(conditions, RESTARTING) is not None:
-        _set_condition(conditions, RESTARTING, "False", "JobSetFailed", "jobset failed")
+    failure = f"{message} (first failed job: {job['metadata']['name']})"
+    set_condition(conditions, FAILED, "True", reason, failure, probe=False)
+    if find_condition(conditions, RESTARTING) is not None:
+        set_condition(conditions, RESTARTING, "False", "JobSetFailed", "jobset failed", probe=False)
     status["terminalState"] = FAILED
 
 
@@ -496,23 +498,6 @@ def _finished(conditions: list[dict[str, Any]]) -> bool:
     return any(c.get("type") in (COMPLETED, FAILED) and c.get("status") == "True" for c in conditions)
 
 
-def _condition(conditions: list[dict[str, Any]], ctype: str) -> dict[str, Any] | None:
-    return next((c for c in conditions if c.get("type") == ctype), None)
-
-
-def _set_condition(
-    conditions: list[dict[str, Any]], ctype: str, status: str, reason: str, message: str
-) -> None:
-    """metav1.Condition (no lastProbeTime): the transition time moves only with the status."""
-    cond = _condition(conditions, ctype)
-    if cond is None:
-        cond = {"type": ctype}
-        conditions.append(cond)
-    if cond.get("status") != status:
-        cond["lastTransitionTime"] = fmt_time()
-    cond.update(status=status, reason=reason, message=message)
-
-
 def _owner(jobset: dict[str, Any]) -> dict[str, Any]:
     md = jobset["metadata"]
     return {
@@ -523,10 +508,3 @@ def _owner(jobset: dict[str, Any]) -> dict[str, Any]:
         "controller": True,
         "blockOwnerDeletion": True,
     }
-
-
-def _controller_uid(obj: dict[str, Any]) -> str | None:
-    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
-        if ref.get("controller") and ref.get("kind") == "JobSet":
-            return ref.get("uid")
-    return None
