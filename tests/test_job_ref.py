@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 
 import pytest
 
@@ -76,6 +77,30 @@ def test_an_old_minimal_reference_keeps_its_few_keys() -> None:
     assert ref.to_dict() == OLD_MINIMAL  # absent stays absent: nothing is written as null
 
 
+def test_an_older_trigger_row_still_resumes() -> None:
+    from kinetic_airflow.triggers import KineticJobTrigger
+
+    trigger = KineticJobTrigger(job=dict(OLD_GKE), poll_interval=1.0)
+    assert trigger.job == JobRef.from_dict(OLD_GKE)
+    _, kwargs = trigger.serialize()
+    assert kwargs["job"] == OLD_GKE
+    assert KineticJobTrigger(**kwargs).job == trigger.job
+
+
+def test_the_operator_writes_the_same_keys_as_before(tmp_path, monkeypatch) -> None:
+    from kinetic_airflow import KineticRunOperator
+
+    monkeypatch.delenv("KINETIC_LOCAL_PYTHON", raising=False)
+    op = KineticRunOperator(task_id="train", python_callable=print, backend="local")
+    ref = op._job_ref(IDENTITY, "local", f"file://{tmp_path}")
+    encoded = ref.to_dict()
+    assert set(encoded) == {
+        "backend", "job_id", "job_uri", "base_uri", "identity", "local_dir", "python", "accelerator",
+    }  # fmt: skip
+    assert encoded["identity"] == IDENTITY.to_dict() and encoded["python"] == sys.executable
+    assert JobRef.from_dict(encoded) == ref
+
+
 def test_the_cluster_fields_are_written_together_null_included() -> None:
     """An older cluster reference without a field re-encodes with it as null (or its default),
     which every reader takes as absent; nothing else about it changes."""
@@ -89,6 +114,16 @@ def test_unknown_keys_are_kept_and_written_back() -> None:
     ref = JobRef.from_dict(newer)
     assert ref.extra == {"priority_class": "high", "labels": {"team": "ml"}}
     assert ref.to_dict() == newer
+
+
+def test_an_event_brief_reference_decodes() -> None:
+    from kinetic_airflow.watch import event_job
+
+    brief = event_job(JobRef.from_dict(OLD_GKE))
+    assert set(brief) == {"job_id", "backend", "job_uri", "base_uri", "identity", "accelerator", "hosts",
+                          "submitted_at"}  # fmt: skip
+    ref = JobRef.from_dict(brief)
+    assert ref.k8s is None and ref.hosts == 2 and ref.to_dict() == brief
 
 
 def test_the_reference_is_frozen_and_its_encoding_a_copy() -> None:
