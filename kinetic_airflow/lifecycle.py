@@ -248,10 +248,11 @@ def save_record(
     return record
 
 
-def job_integrity(record: dict[str, Any] | None, job: JobRef) -> dict[str, Any]:
-    """``{"job_id", "key", "payload_sha256"}`` of ``job`` from its record; {} when the record has none."""
+def job_integrity(record: dict[str, Any] | None, job_id: str) -> dict[str, Any]:
+    """``{"job_id", "key", "payload_sha256"}`` of job ``job_id`` from its record; {} when the record
+    has none (the CLI knows only a job's id, from storage)."""
     found = (record or {}).get("integrity")
-    if isinstance(found, dict) and found.get("job_id") == job.job_id:
+    if isinstance(found, dict) and found.get("job_id") == job_id:
         return found
     return {}
 

@@ -532,7 +532,7 @@ class KineticRunOperator(BaseOperator):
         """
         # The job's key (kinetic_airflow.integrity): made here, kept in the record (metadata DB) and
         # handed to the job out of band; a resumed submit of the same job keeps the key it recorded.
-        integrity = lifecycle.job_integrity(previous, ref) or {"job_id": ref.job_id, "key": new_key()}
+        integrity = lifecycle.job_integrity(previous, ref.job_id) or {"job_id": ref.job_id, "key": new_key()}
         self._integrity = integrity
         guard.step = "recording the job"
         record = self._record(context, Phase.RECORDED, ref, deadline, previous, integrity=integrity)
@@ -580,9 +580,9 @@ class KineticRunOperator(BaseOperator):
 
     def _integrity_of(self, record: dict[str, Any] | None, ref: JobRef) -> dict[str, Any]:
         """The job's key and payload digest: from its record, or (no state store) this instance's memory."""
-        found = lifecycle.job_integrity(record, ref)
+        found = lifecycle.job_integrity(record, ref.job_id)
         if not found:
-            found = lifecycle.job_integrity({"integrity": getattr(self, "_integrity", None)}, ref)
+            found = lifecycle.job_integrity({"integrity": getattr(self, "_integrity", None)}, ref.job_id)
         return found
 
     def _ship_payload(
