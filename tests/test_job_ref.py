@@ -167,3 +167,23 @@ def test_a_local_reference_used_as_a_cluster_one_says_so() -> None:
     with pytest.raises(JobRefError, match="field 'identity' is missing"):
         _ = JobRef.from_dict(OLD_MINIMAL).job_identity
     assert K8sFields().namespace == "default"
+
+
+def test_a_damaged_job_json_is_listed_from_the_manifest(tmp_path, caplog) -> None:
+    """The jobs CLI and retention read every job's job.json: one damaged reference must not stop
+    the listing; that job is shown as a job without job.json (from its manifest)."""
+    from kinetic_airflow.job.storage import FileStorage
+    from kinetic_airflow.jobstore import load_job, record_uri
+
+    job_uri = f"file://{tmp_path}/jobs/{IDENTITY.job_id}"
+    storage = FileStorage()
+    storage.write_text(record_uri(job_uri), json.dumps({"version": 1, "job": {**OLD_GKE, "hosts": "two"}}))
+    storage.write_text(
+        f"{job_uri}/manifest.json", json.dumps({"identity": IDENTITY.to_dict(), "backend": "gke"})
+    )
+    info = load_job(storage, job_uri)
+    assert info.ref is None and "field 'hosts' must be a whole number" in caplog.text
+    assert info.identity == IDENTITY and info.backend == "gke" and info.accelerator == "?"
+    storage.write_text(record_uri(job_uri), json.dumps({"version": 1, "job": OLD_GKE}))
+    info = load_job(storage, job_uri)
+    assert info.ref == JobRef.from_dict(OLD_GKE) and info.accelerator == "tpu-v5e-8"
