@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kinetic_airflow.job.layout import RECORD_NAME, JobIdentity, JobLayout
+from kinetic_airflow.job.ref import JobRef, JobRefError
 from kinetic_airflow.job.storage import FileStorage, Storage, join_uri, uri_to_local_path
 from kinetic_airflow.job.tracebacks import user_summary
 
@@ -93,22 +94,37 @@ class JobInfo:
     backend_message: str = ""
 
     @property
-    def ref(self) -> dict[str, Any] | None:
-        return (self.record or {}).get("job")
+    def ref(self) -> JobRef | None:
+        """The job's reference from ``job.json``; None without one, or with one that cannot be
+        read (the job is then listed from its manifest, as a job from before ``job.json``)."""
+        data = (self.record or {}).get("job")
+        if data is None:
+            return None
+        try:
+            return JobRef.from_dict(data)
+        except JobRefError as exc:
+            log.warning("ignoring the job record of %s: %s", self.job_uri, exc)
+            return None
 
     @property
     def identity(self) -> JobIdentity | None:
-        data = (self.ref or {}).get("identity") or (self.manifest or {}).get("identity")
+        ref = self.ref
+        if ref is not None and ref.identity is not None:
+            return ref.identity
+        data = (self.manifest or {}).get("identity")
         return JobIdentity.from_dict(data) if data else None
 
     @property
     def backend(self) -> str:
-        return (self.ref or {}).get("backend") or (self.manifest or {}).get("backend") or "?"
+        ref = self.ref
+        return (ref.backend if ref else None) or (self.manifest or {}).get("backend") or "?"
 
     @property
     def accelerator(self) -> str:
-        ref = self.ref or {}
-        return ref.get("accelerator") or ("cpu" if ref.get("backend") == "local" else "?")
+        ref = self.ref
+        if ref is None:
+            return "?"
+        return ref.accelerator or ("cpu" if ref.backend == "local" else "?")
 
     @property
     def created(self) -> float | None:

@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kinetic_airflow.job.layout import STATE_KEY, JobLayout
+from kinetic_airflow.job.ref import JobRef
 
 __all__ = [
     "Action",
@@ -73,9 +74,11 @@ __all__ = [
     "cancelled_marker",
     "decide",
     "decode_record",
+    "history_entry",
     "job_history",
     "job_integrity",
     "load_record",
+    "record_job",
     "recorded_jobs",
     "save_record",
     "until_watched",
@@ -138,8 +141,8 @@ class TryInfo:
 class Decision:
     action: Action
     reason: str
-    job: dict[str, Any] | None = None  # the recorded job to act on (SUBMIT/SHIP/WATCH/COLLECT)
-    replaces: dict[str, Any] | None = None  # NEW_JOB: an earlier job to stop first
+    job: JobRef | None = None  # the recorded job to act on (SUBMIT/SHIP/WATCH/COLLECT)
+    replaces: JobRef | None = None  # NEW_JOB: an earlier job to stop first
     observe: bool = False  # WATCH of an earlier try's job: only if it can still deliver (after_observing)
 
 
@@ -166,6 +169,11 @@ def decode_record(value: Any) -> dict[str, Any] | None:
                 f"the kinetic job record ({STATE_KEY!r} in task_state_store) is not JSON: {value[:200]!r}"
             ) from None
     return value if isinstance(value, dict) and isinstance(value.get("job"), dict) else None
+
+
+def record_job(record: dict[str, Any]) -> JobRef:
+    """The job a (decoded) record names: the record keeps the reference's JSON form."""
+    return JobRef.from_dict(record["job"])
 
 
 def load_record(store: Any) -> dict[str, Any] | None:
@@ -200,7 +208,7 @@ def save_record(
     store: Any,
     phase: Phase,
     *,
-    job: dict[str, Any],
+    job: JobRef,
     now: TryInfo,
     deadline: float | None,
     previous: dict[str, Any] | None = None,
@@ -214,7 +222,7 @@ def save_record(
     record = {
         "version": RECORD_VERSION,
         "phase": phase.value,
-        "job": job,
+        "job": job.to_dict(),
         "try_number": now.try_number,
         "ti_id": now.ti_id,
         "max_tries": now.max_tries,
@@ -227,12 +235,12 @@ def save_record(
     earlier = previous if previous is not None else load_record(store)
     if "integrity" not in record:  # the job's key (and payload digest) stay with its record
         carried = (earlier or {}).get("integrity")
-        if isinstance(carried, dict) and carried.get("job_id") == job["job_id"]:
+        if isinstance(carried, dict) and carried.get("job_id") == job.job_id:
             record["integrity"] = carried
     record["jobs"] = job_history(earlier, job, phase, extra)
     if store is None:
         return record
-    before = _phase(previous) if previous and previous.get("job", {}).get("job_id") == job["job_id"] else None
+    before = _phase(previous) if previous and record_job(previous).job_id == job.job_id else None
     if phase not in _ALLOWED[before]:
         was = before.value if before else "no record"
         raise RuntimeError(f"kinetic job record: {was} -> {phase.value} is not a lifecycle transition")
@@ -240,32 +248,24 @@ def save_record(
     return record
 
 
-def job_integrity(record: dict[str, Any] | None, job: dict[str, Any]) -> dict[str, Any]:
-    """``{"job_id", "key", "payload_sha256"}`` of ``job`` from its record; {} when the record has none."""
+def job_integrity(record: dict[str, Any] | None, job_id: str) -> dict[str, Any]:
+    """``{"job_id", "key", "payload_sha256"}`` of job ``job_id`` from its record; {} when the record
+    has none (the CLI knows only a job's id, from storage)."""
     found = (record or {}).get("integrity")
-    if isinstance(found, dict) and found.get("job_id") == job.get("job_id"):
+    if isinstance(found, dict) and found.get("job_id") == job_id:
         return found
     return {}
 
 
 def job_history(
-    earlier: dict[str, Any] | None, job: dict[str, Any], phase: Phase, extra: dict[str, Any]
+    earlier: dict[str, Any] | None, job: JobRef, phase: Phase, extra: dict[str, Any]
 ) -> list[dict[str, Any]]:
     """Every job this task instance ran (all tries and attempts, newest last), for the Kinetic
     view: the record itself names only the current one, and the store survives clears."""
     jobs = [dict(j) for j in ((earlier or {}).get("jobs") or []) if isinstance(j, dict)]
-    entry = next((j for j in jobs if j.get("job_id") == job["job_id"]), None)
+    entry = next((j for j in jobs if j.get("job_id") == job.job_id), None)
     if entry is None:
-        identity = job.get("identity") or {}
-        entry = {
-            "job_id": job["job_id"],
-            "job_uri": job.get("job_uri"),
-            "backend": job.get("backend"),
-            "accelerator": job.get("accelerator") or "cpu",
-            "try_number": identity.get("try_number"),
-            "attempt": identity.get("attempt"),
-            "submitted_at": job.get("submitted_at"),
-        }
+        entry = history_entry(job)
         jobs.append(entry)
     entry["phase"] = phase.value
     for key in ("outcome", "usage", "cancelled"):
@@ -274,11 +274,25 @@ def job_history(
     return jobs[-_HISTORY_LIMIT:]
 
 
+def history_entry(job: JobRef) -> dict[str, Any]:
+    """What the history keeps of a job (the Kinetic view and the metrics read these few fields)."""
+    identity = job.identity
+    return {
+        "job_id": job.job_id,
+        "job_uri": job.job_uri,
+        "backend": job.backend,
+        "accelerator": job.accelerator or "cpu",
+        "try_number": identity.try_number if identity else None,
+        "attempt": identity.attempt if identity else None,
+        "submitted_at": job.submitted_at,
+    }
+
+
 def recorded_jobs(record: dict[str, Any]) -> list[dict[str, Any]]:
     """The jobs of a record, its current one last with the record's phase and outcome (records
     written before the history existed name only the current job)."""
     extra = {key: record[key] for key in ("outcome", "usage", "cancelled") if key in record}
-    return job_history(record, record["job"], _phase(record), extra)
+    return job_history(record, record_job(record), _phase(record), extra)
 
 
 def _phase(record: dict[str, Any]) -> Phase:
@@ -291,15 +305,15 @@ def _phase(record: dict[str, Any]) -> Phase:
 
 
 # Cancellation --------------------------------------------------------------------------------
-def cancelled_marker(job: dict[str, Any]) -> str:
-    return JobLayout(job["job_uri"]).status("cancelled")
+def cancelled_marker(job: JobRef) -> str:
+    return JobLayout(job.job_uri).status("cancelled")
 
 
 def _marker(by: str, reason: str) -> str:
     return json.dumps({"by": by, "reason": reason, "time": time.time()})
 
 
-def cancel_job(job: dict[str, Any], storage: Any, backend: Any, *, by: str, reason: str) -> None:
+def cancel_job(job: JobRef, storage: Any, backend: Any, *, by: str, reason: str) -> None:
     """Mark the job cancelled in its storage, then stop it. Safe to call twice or on an ended job.
 
     The marker goes first: whoever looks next (a new try, the watcher) must see that the job
@@ -309,11 +323,11 @@ def cancel_job(job: dict[str, Any], storage: Any, backend: Any, *, by: str, reas
     try:
         storage.write_text(cancelled_marker(job), _marker(by, reason))
     except Exception as exc:  # stopping the job matters more than the marker
-        log.warning("could not write the cancelled marker of job %s: %s", job.get("job_id"), exc)
+        log.warning("could not write the cancelled marker of job %s: %s", job.job_id, exc)
     backend.cancel(job)
 
 
-async def acancel_job(job: dict[str, Any], storage: Any, backend: Any, *, by: str, reason: str) -> None:
+async def acancel_job(job: JobRef, storage: Any, backend: Any, *, by: str, reason: str) -> None:
     """``cancel_job`` for the triggerer's event loop (both storages and backends block)."""
     await asyncio.to_thread(cancel_job, job, storage, backend, by=by, reason=reason)
 
@@ -326,9 +340,13 @@ ON_KILL_REASON = "the task was killed (timeout, SIGTERM, a user)"
 
 class UnwatchedJobGuard:
     """What ``until_watched`` knows: the job, the step the worker is at (for the reason), and
-    which exceptions Airflow follows with the operator's ``on_kill`` (which stops the job)."""
+    which exceptions Airflow follows with the operator's ``on_kill`` (which stops the job).
 
-    def __init__(self, job: dict[str, Any]) -> None:
+    ``job`` is the reference as the worker holds it now: the reference is frozen, so a worker
+    that stamps it (``submitted_at`` when it submits) hands the guard the stamped copy, which is
+    the one a cancelled record must name."""
+
+    def __init__(self, job: JobRef) -> None:
         self.job = job
         self.step = "creating the job"
         self.on_kill_follows: tuple[type[BaseException], ...] = ()
@@ -341,7 +359,7 @@ def _error_text(exc: BaseException) -> str:
 
 @contextlib.contextmanager
 def until_watched(
-    job: dict[str, Any],
+    job: JobRef,
     *,
     store: Any,
     now: TryInfo,
@@ -375,33 +393,33 @@ def until_watched(
             # which stops the job (a task killed while it waits in the worker); record that.
             by, reason = ON_KILL_BY, ON_KILL_REASON
         else:
-            log.error("kinetic job %s: %s; cancelling the job", job.get("job_id"), reason)
+            log.error("kinetic job %s: %s; cancelling the job", guard.job.job_id, reason)
             try:
-                cancel(job, by=by, reason=reason)
+                cancel(guard.job, by=by, reason=reason)
             except Exception as cancel_exc:
                 log.error(
                     "could not cancel kinetic job %s (%s): it may still be running. Stop it with "
                     "`kinetic-airflow jobs cancel %s`.",
-                    job.get("job_id"),
+                    guard.job.job_id,
                     _error_text(cancel_exc),
-                    job.get("job_id"),
+                    guard.job.job_id,
                 )
         try:
-            _record_cancelled(store, job, now, deadline, by=by, reason=reason)
+            _record_cancelled(store, guard.job, now, deadline, by=by, reason=reason)
         except Exception as record_exc:
-            log.error("could not record kinetic job %s as cancelled: %s", job.get("job_id"), record_exc)
+            log.error("could not record kinetic job %s as cancelled: %s", guard.job.job_id, record_exc)
         raise
 
 
 def _record_cancelled(
-    store: Any, job: dict[str, Any], now: TryInfo, deadline: float | None, *, by: str, reason: str
+    store: Any, job: JobRef, now: TryInfo, deadline: float | None, *, by: str, reason: str
 ) -> None:
     """Move this job's record to cancelled, from whatever phase the store holds now (the step
     that failed may have been a record write). Another job's record is left alone."""
     if store is None:
         return
     record = load_record(store)
-    if record is None or record["job"].get("job_id") != job["job_id"]:
+    if record is None or record_job(record).job_id != job.job_id:
         return
     if _phase(record) in (Phase.DELIVERED, Phase.CANCELLED):
         return
@@ -425,7 +443,7 @@ def decide(record: dict[str, Any] | None, now: TryInfo) -> Decision:
     """
     if record is None:
         return Decision(Action.NEW_JOB, "first job of this task instance")
-    job = record["job"]
+    job = record_job(record)
     phase = _phase(record)
     recorded_try = int(record.get("try_number") or 0)
     recorded_id = record.get("ti_id") or ""
@@ -447,7 +465,7 @@ def decide(record: dict[str, Any] | None, now: TryInfo) -> Decision:
             f"the recorded job belongs to another run of this task instance (try {recorded_try})",
         )
 
-    earlier = f"try {recorded_try}'s job {job['job_id']}"
+    earlier = f"try {recorded_try}'s job {job.job_id}"
     recorded_max = record.get("max_tries")
     if recorded_max is not None and now.max_tries is not None and int(recorded_max) != now.max_tries:
         return Decision(
@@ -488,18 +506,19 @@ def after_observing(decision: Decision, *, finished_ok: bool, live: bool, cancel
     A job of this very try is always watched (the watcher reports how it ended); an
     earlier try's job is reused only while it can still give this try its result.
     """
-    job = decision.job or {}
+    job = decision.job
+    job_id = job.job_id if job is not None else None
     if not decision.observe:
         return decision
     if cancelled:
-        return Decision(Action.NEW_JOB, f"the earlier job {job.get('job_id')} was cancelled")
+        return Decision(Action.NEW_JOB, f"the earlier job {job_id} was cancelled")
     if finished_ok:
         return Decision(
             Action.COLLECT,
-            f"the earlier job {job.get('job_id')} already finished successfully; returning its result "
+            f"the earlier job {job_id} already finished successfully; returning its result "
             "instead of running it again (this try exists because of an infrastructure failure)",
             job,
         )
     if live:
         return decision
-    return Decision(Action.NEW_JOB, f"the earlier job {job.get('job_id')} failed or is gone")
+    return Decision(Action.NEW_JOB, f"the earlier job {job_id} failed or is gone")

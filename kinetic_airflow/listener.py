@@ -20,32 +20,33 @@ from airflow.listeners import hookimpl
 
 from kinetic_airflow.backends.registry import get_backend
 from kinetic_airflow.connections import storage_for
-from kinetic_airflow.lifecycle import cancel_job, read_record_from_db
+from kinetic_airflow.job.ref import JobRef
+from kinetic_airflow.lifecycle import cancel_job, read_record_from_db, record_job
 
 log = logging.getLogger(__name__)
 
 _MANUAL = "manually set"
 
 
-def _recorded_job(task_instance: Any) -> dict[str, Any] | None:
+def _recorded_job(task_instance: Any) -> JobRef | None:
     record = read_record_from_db(
         task_instance.dag_id, task_instance.run_id, task_instance.task_id, task_instance.map_index
     )
-    return record["job"] if record else None
+    return record_job(record) if record else None
 
 
-def _cancel(job: dict[str, Any]) -> None:
+def _cancel(job: JobRef) -> None:
     try:
         cancel_job(
             job,
-            storage_for(job["job_uri"], job.get("gcp_conn_id")),
-            get_backend(job["backend"]),
+            storage_for(job.job_uri, job.gcp_conn_id),
+            get_backend(job.backend),
             by="listener",
             reason="its task instance was marked failed or success by a user",
         )
-        log.info("cancelled kinetic job %s: its task instance was marked by a user", job["job_id"])
+        log.info("cancelled kinetic job %s: its task instance was marked by a user", job.job_id)
     except Exception:
-        log.exception("could not cancel kinetic job %s", job.get("job_id"))
+        log.exception("could not cancel kinetic job %s", job.job_id)
 
 
 def stop_job_of(task_instance: Any) -> None:

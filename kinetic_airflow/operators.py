@@ -47,9 +47,20 @@ from kinetic_airflow.context_args import check_context_parameters
 from kinetic_airflow.job.inputs import Data, data_in
 from kinetic_airflow.job.integrity import IntegrityError, new_key
 from kinetic_airflow.job.layout import JobIdentity, JobLayout
+from kinetic_airflow.job.ref import K8sFields
 from kinetic_airflow.job.requirements import resolve_requirements
 from kinetic_airflow.job.storage import Storage, uri_to_local_path
-from kinetic_airflow.lifecycle import Action, Phase, TryInfo, decide, load_record, recorded_jobs, save_record
+from kinetic_airflow.lifecycle import (
+    Action,
+    Phase,
+    TryInfo,
+    decide,
+    history_entry,
+    load_record,
+    record_job,
+    recorded_jobs,
+    save_record,
+)
 from kinetic_airflow.links import (
     LINKS_XCOM_KEY,
     KineticJobConsoleLink,
@@ -299,28 +310,27 @@ class KineticRunOperator(BaseOperator):
             local_dir = uri_to_local_path(layout.job_uri)
         else:
             local_dir = os.path.join(local_state_root(), identity.job_id)
-        ref: JobRef = {
-            "backend": backend,
-            "job_id": identity.job_id,
-            "job_uri": layout.job_uri,
-            "base_uri": base_uri,
-            "identity": identity.to_dict(),
-            "local_dir": local_dir,
-            "python": resolve_setting("local_python") or sys.executable,
+        ref = JobRef(
+            backend=backend,
+            job_id=identity.job_id,
+            job_uri=layout.job_uri,
+            base_uri=base_uri,
+            identity=identity,
+            local_dir=local_dir,
+            python=resolve_setting("local_python") or sys.executable,
             # what the job's chips are counted from (usage), on the local backend too
-            "accelerator": parse_accelerator(self.accelerator, spot=self.spot or None).text,
-        }
+            accelerator=parse_accelerator(self.accelerator, spot=self.spot or None).text,
+        )
         if backend != "local":
-            ref.update(self._cluster_fields())
+            ref = self._on_cluster(ref)
         lines, source = resolve_requirements(self.requirements, self._code_search_dirs())
         if lines:
-            ref["requirements"] = lines
-            ref["requirements_source"] = source
+            ref = ref.replace(requirements=lines, requirements_source=source)
         fuse = sorted(
             {d.source for d in data_in(self.op_args, self.op_kwargs, self.volumes) if d.fuse and d.is_remote}
         )
         if fuse and backend != "local":
-            ref["fuse_data"] = fuse
+            ref = ref.replace(fuse_data=fuse)
         return ref
 
     def _dag_file(self) -> str | None:
@@ -338,8 +348,8 @@ class KineticRunOperator(BaseOperator):
         dag_file = self._dag_file()
         return [d for d in (dag_file and os.path.dirname(dag_file), _airflow_dags_folder()) if d]
 
-    def _cluster_fields(self) -> dict[str, Any]:
-        """What a cluster backend needs; all of it public (ids, names, endpoint, CA)."""
+    def _on_cluster(self, ref: JobRef) -> JobRef:
+        """``ref`` with what a cluster backend needs; all of it public (ids, names, endpoint, CA)."""
         spec = parse_accelerator(self.accelerator, spot=self.spot or None)
         check_backend_fits(self._backend_name(), spec)
         cluster = resolve_gke_cluster(
@@ -361,22 +371,24 @@ class KineticRunOperator(BaseOperator):
             resolve_setting("cluster", self.cluster),
         )
         check_image_python(image)
-        return {
-            "cluster": cluster,
-            "namespace": resolve_setting("namespace", self.namespace),
-            "accelerator": spec.text,
-            "node_selectors": spec.node_selectors,
-            "image": image,
-            "runner_python": resolve_setting("runner_python"),
-            "service_account": resolve_setting("service_account") or None,
-            "active_deadline_seconds": deadline,
-            "container_env": self.container_env,
-            "pod_override": combined_override(resolve_setting("pod_override"), self.pod_override),
-            "hosts": spec.hosts,
-            "chips_per_host": spec.chips_per_host if spec.kind == "tpu" else None,
-            "startup_timeout": float(resolve_setting("startup_timeout", self.startup_timeout)),
-            "heartbeat_timeout": float(resolve_setting("heartbeat_timeout")),
-        }
+        return ref.replace(
+            accelerator=spec.text,
+            hosts=spec.hosts,
+            startup_timeout=float(resolve_setting("startup_timeout", self.startup_timeout)),
+            heartbeat_timeout=float(resolve_setting("heartbeat_timeout")),
+            k8s=K8sFields(
+                cluster=cluster,
+                namespace=resolve_setting("namespace", self.namespace),
+                node_selectors=spec.node_selectors,
+                image=image,
+                runner_python=resolve_setting("runner_python"),
+                service_account=resolve_setting("service_account") or None,
+                active_deadline_seconds=deadline,
+                container_env=self.container_env,
+                pod_override=combined_override(resolve_setting("pod_override"), self.pod_override),
+                chips_per_host=spec.chips_per_host if spec.kind == "tpu" else None,
+            ),
+        )
 
     # Execute -----------------------------------------------------------------------------------
     def execute(self, context: Context) -> Any:
@@ -449,11 +461,20 @@ class KineticRunOperator(BaseOperator):
         ) as guard:
             settings = settings or self._wait_settings()
             if action in (Action.NEW_JOB, Action.SUBMIT):
+                ref = guard.job = self._stamped(ref)
                 previous = self._submit(context, ref, deadline, previous, guard)
             elif action is Action.SHIP:
                 previous = self._ship(context, ref, deadline, previous, guard)
             event = self._wait(context, ref, deadline, previous, settings, guard)
         return self.execute_complete(context, event)
+
+    def _stamped(self, ref: JobRef) -> JobRef:
+        """The reference as submitted: when (kept from a resumed submit) and the GCP connection."""
+        if ref.submitted_at is None:
+            ref = ref.replace(submitted_at=time.time())
+        if self._gcp_conn_id():
+            ref = ref.replace(gcp_conn_id=self._gcp_conn_id())
+        return ref
 
     def _cancel_unwatched(self, ref: JobRef, *, by: str, reason: str) -> None:
         self._active_job = None  # stopped here: on_kill need not stop it again
@@ -461,11 +482,11 @@ class KineticRunOperator(BaseOperator):
 
     def _observe(self, ref: JobRef) -> tuple[dict[str, Any] | None, BackendStatus, bool]:
         """(result summary, backend status, cancelled on purpose) of a job."""
-        storage = self._storage(ref["job_uri"])
-        text = storage.read_text_or_none(JobLayout(ref["job_uri"]).result_summary())
+        storage = self._storage(ref.job_uri)
+        text = storage.read_text_or_none(JobLayout(ref.job_uri).result_summary())
         summary = json.loads(text) if text else None
         cancelled = storage.read_text_or_none(lifecycle.cancelled_marker(ref)) is not None
-        return summary, get_backend(ref["backend"]).status(ref), cancelled
+        return summary, get_backend(ref.backend).status(ref), cancelled
 
     def _collect(self, context: Context, ref: JobRef) -> Any:
         """Report how an ended job ended (its result or its failure), running nothing."""
@@ -473,9 +494,7 @@ class KineticRunOperator(BaseOperator):
         return self.execute_complete(context, event)
 
     def _cancel(self, ref: JobRef, *, by: str, reason: str) -> None:
-        lifecycle.cancel_job(
-            ref, self._storage(ref["job_uri"]), get_backend(ref["backend"]), by=by, reason=reason
-        )
+        lifecycle.cancel_job(ref, self._storage(ref.job_uri), get_backend(ref.backend), by=by, reason=reason)
 
     def on_kill(self) -> None:
         """The task was killed (timeout, SIGTERM, a user's clear or mark) while it waited in the worker.
@@ -484,7 +503,7 @@ class KineticRunOperator(BaseOperator):
         """
         ref = getattr(self, "_active_job", None)
         if ref is not None:
-            log.warning("task killed while its kinetic job %s runs: stopping the job", ref["job_id"])
+            log.warning("task killed while its kinetic job %s runs: stopping the job", ref.job_id)
             self._cancel(ref, by=lifecycle.ON_KILL_BY, reason=lifecycle.ON_KILL_REASON)
 
     @staticmethod
@@ -511,20 +530,17 @@ class KineticRunOperator(BaseOperator):
         crash anywhere leaves a record that says exactly what is left to do; an error stops the
         job (``guard``, see ``_run_job``).
         """
-        ref.setdefault("submitted_at", time.time())
-        if self._gcp_conn_id():
-            ref["gcp_conn_id"] = self._gcp_conn_id()
         # The job's key (kinetic_airflow.integrity): made here, kept in the record (metadata DB) and
         # handed to the job out of band; a resumed submit of the same job keeps the key it recorded.
-        integrity = lifecycle.job_integrity(previous, ref) or {"job_id": ref["job_id"], "key": new_key()}
+        integrity = lifecycle.job_integrity(previous, ref.job_id) or {"job_id": ref.job_id, "key": new_key()}
         self._integrity = integrity
         guard.step = "recording the job"
         record = self._record(context, Phase.RECORDED, ref, deadline, previous, integrity=integrity)
         # job.json (the jobs CLI, retention) and, in a kinetic bucket, kinetic's handle.json
         guard.step = "publishing the job's description"
-        publish_job(self._storage(ref["job_uri"]), ref, callable_name(self.python_callable))
+        publish_job(self._storage(ref.job_uri), ref, callable_name(self.python_callable))
         guard.step = "creating the job"
-        get_backend(ref["backend"]).submit(ref, job_key=integrity["key"])
+        get_backend(ref.backend).submit(ref, job_key=integrity["key"])
         guard.step = "recording the job as created"
         record = self._record(context, Phase.CREATED, ref, deadline, record)
         return self._ship(context, ref, deadline, record, guard)
@@ -538,11 +554,11 @@ class KineticRunOperator(BaseOperator):
         guard: lifecycle.UnwatchedJobGuard,
     ) -> dict[str, Any]:
         """Upload the payload of a created job (an error stops the job: ``guard``)."""
-        identity = JobIdentity.from_dict(ref["identity"])
+        identity = ref.job_identity
         integrity = self._integrity_of(previous, ref)
         if not integrity.get("key"):
             raise KineticJobError(
-                f"job {ref['job_id']} was created without a job key (by a kinetic-airflow that did not "
+                f"job {ref.job_id} was created without a job key (by a kinetic-airflow that did not "
                 "verify payloads), so its runner would refuse any payload: clear the task to run a new job"
             )
         guard.step = "shipping the payload"
@@ -553,20 +569,20 @@ class KineticRunOperator(BaseOperator):
         record = self._record(context, Phase.SHIPPED, ref, deadline, previous, integrity=integrity)
         log.info(
             "submitted kinetic job %s (%s, %s, %d-byte payload); files at %s; KINETIC_OUTPUT_DIR=%s",
-            ref["job_id"],
-            ref["backend"],
+            ref.job_id,
+            ref.backend,
             self.accelerator,
             payload_bytes,
-            ref["job_uri"],
+            ref.job_uri,
             output_dir,
         )
         return record
 
     def _integrity_of(self, record: dict[str, Any] | None, ref: JobRef) -> dict[str, Any]:
         """The job's key and payload digest: from its record, or (no state store) this instance's memory."""
-        found = lifecycle.job_integrity(record, ref)
+        found = lifecycle.job_integrity(record, ref.job_id)
         if not found:
-            found = lifecycle.job_integrity({"integrity": getattr(self, "_integrity", None)}, ref)
+            found = lifecycle.job_integrity({"integrity": getattr(self, "_integrity", None)}, ref.job_id)
         return found
 
     def _ship_payload(
@@ -574,7 +590,7 @@ class KineticRunOperator(BaseOperator):
     ) -> tuple[int, str, str]:
         dag = context.get("dag")
         return ship_payload(
-            self._storage(ref["job_uri"]),
+            self._storage(ref.job_uri),
             ref,
             identity,
             python_callable=self.python_callable,
@@ -593,8 +609,8 @@ class KineticRunOperator(BaseOperator):
     def _watcher(self, ref: JobRef, deadline: float | None, settings: WaitSettings) -> JobWatcher:
         return JobWatcher(
             ref,
-            self._storage(ref["job_uri"]),
-            get_backend(ref["backend"]),
+            self._storage(ref.job_uri),
+            get_backend(ref.backend),
             poll_interval=settings.poll_interval,
             deadline=deadline,
             log_max_lines=settings.log_max_lines,
@@ -623,15 +639,15 @@ class KineticRunOperator(BaseOperator):
 
     def _push_links(self, context: Context, ref: JobRef) -> None:
         """GKE console and Cloud Logging URLs, for a job on GKE only (``kinetic_airflow.links``)."""
-        cluster = ref.get("cluster")
+        cluster = ref.k8s.cluster if ref.k8s is not None else None
         if not cluster or not is_gke_cluster(cluster):
             return
         links = job_links(
             project=cluster.get("project"),
             location=cluster.get("location") or "",
             cluster=cluster.get("name") or "",
-            namespace=ref["namespace"],
-            job_name=get_backend(ref["backend"]).object_name(ref),
+            namespace=ref.on_cluster().namespace,
+            job_name=get_backend(ref.backend).object_name(ref),
         )
         context["ti"].xcom_push(key=LINKS_XCOM_KEY, value=links)
 
@@ -673,7 +689,7 @@ class KineticRunOperator(BaseOperator):
             timeout = timedelta(seconds=max(0.0, deadline - time.time())) + _DEFERRAL_TIMEOUT_MARGIN
         guard.step = "building the trigger"
         trigger = KineticJobTrigger(
-            job=ref,
+            job=ref.to_dict(),
             poll_interval=settings.poll_interval,
             deadline=deadline,
             gcp_conn_id=self._gcp_conn_id(),
@@ -693,13 +709,13 @@ class KineticRunOperator(BaseOperator):
             raise KineticJobError(f"the trigger returned no usable event: {event!r}")
         self._active_job = None
         record = lifecycle.load_record(context.get("task_state_store"))
-        if record is not None and record["job"].get("job_id") == event["job"].get("job_id"):
-            event["job"] = record["job"]  # the full reference: an event names its job briefly
-        ref: JobRef = event["job"]
+        ref = JobRef.from_dict(event["job"])
+        if record is not None and record_job(record).job_id == ref.job_id:
+            ref = record_job(record)  # the full reference: an event names its job briefly
         key = self._integrity_of(record, ref).get("key")
         status = event.get("status")
         if status == "preempted":
-            return self._resubmit_after_preemption(context, event, record)
+            return self._resubmit_after_preemption(context, event, record, ref)
         if status != "success":
             # Recorded (and its usage line logged) first: the job's traceback, which
             # _raise_failure logs, is then the last thing above the task's error.
@@ -718,22 +734,22 @@ class KineticRunOperator(BaseOperator):
         """What the function reported (``kinetic_airflow.report``): XCom ``kinetic_metrics``, gauges
         and the outlets' Asset-event extra (``kinetic_airflow.reported_metrics``)."""
         try:
-            try_number = JobIdentity.from_dict(ref["identity"]).try_number
+            try_number = ref.job_identity.try_number
             jobs = [j for j in (recorded_jobs(record) if record else []) if j.get("try_number") == try_number]
-            attempts = read_attempts(jobs or [ref], self._storage, summary_only=True)
+            attempts = read_attempts(jobs or [history_entry(ref)], self._storage, summary_only=True)
             tags = gauge_tags(context["ti"], ref)
             publish(context, list(getattr(self, "outlets", None) or []), attempts, tags)
         except Exception as exc:  # the job succeeded: its metrics must not fail the task
-            log.warning("could not publish the metrics of job %s: %s", ref["job_id"], exc)
+            log.warning("could not publish the metrics of job %s: %s", ref.job_id, exc)
 
     def _delivered(self, context: Context, ref: JobRef, outcome: str, record: dict[str, Any] | None) -> None:
         """Record that this job's outcome reached Airflow (unless a newer job owns the record),
         with what it cost (``kinetic_airflow.usage``)."""
-        if record is not None and record["job"]["job_id"] != ref["job_id"]:
+        if record is not None and record_job(record).job_id != ref.job_id:
             log.warning(
                 "not recording the outcome of job %s: the record now names job %s",
-                ref["job_id"],
-                record["job"]["job_id"],
+                ref.job_id,
+                record_job(record).job_id,
             )
             return
         try:
@@ -749,11 +765,11 @@ class KineticRunOperator(BaseOperator):
             )
             self._push_usage(context, record, usage)
         except Exception as exc:  # bookkeeping must never hide the job's own outcome
-            log.warning("could not record the outcome of job %s: %s", ref["job_id"], exc)
+            log.warning("could not record the outcome of job %s: %s", ref.job_id, exc)
 
     def _account(self, context: Context, ref: JobRef, outcome: str) -> dict[str, Any]:
         """One attempt's chip-hours: into usage.json, the task log and Airflow's metrics."""
-        usage = attempt_usage(self._storage(ref["job_uri"]), ref, outcome)
+        usage = attempt_usage(self._storage(ref.job_uri), ref, outcome)
         queue = usage["queue_seconds"]
         log.info(
             # run: the runner's start to its end, as its own "finished in" line counts it
@@ -784,13 +800,13 @@ class KineticRunOperator(BaseOperator):
         """The job's value as XCom, or the exception that says why there is none."""
         if event.get("status") != "success":
             self._raise_failure(ref, event, key)
-        storage = self._storage(ref["job_uri"])
-        result_uri = JobLayout(ref["job_uri"]).result()
-        identity = JobIdentity.from_dict(ref["identity"])
+        storage = self._storage(ref.job_uri)
+        result_uri = JobLayout(ref.job_uri).result()
+        identity = ref.job_identity
         summary = self._summary(storage, ref, 0, {"summary": {}, "message": ""})
         envelope, sha256 = load_verified_envelope(storage, result_uri, summary, key, 0)
         # its timings are in the job's own "finished in" line, streamed above
-        log.info("kinetic job %s succeeded on attempt %d", ref["job_id"], identity.attempt)
+        log.info("kinetic job %s succeeded on attempt %d", ref.job_id, identity.attempt)
         return to_xcom(
             envelope["value"],
             result_uri,
@@ -802,12 +818,12 @@ class KineticRunOperator(BaseOperator):
     def _raise_failure(self, ref: JobRef, event: dict[str, Any], key: str | None = None) -> NoReturn:
         """The exception that says why a job has no value."""
         status = event.get("status")
-        storage = self._storage(ref["job_uri"])
+        storage = self._storage(ref.job_uri)
         # a multi-host job's failure is reported from the failing host's own envelope
-        result_uri = JobLayout(ref["job_uri"]).result(int(event.get("host") or 0))
+        result_uri = JobLayout(ref.job_uri).result(int(event.get("host") or 0))
         # The job's log lines were streamed into this task log already: none is repeated here.
         try:
-            full_log = get_backend(ref["backend"]).full_log_hint(ref)
+            full_log = get_backend(ref.backend).full_log_hint(ref)
         except Exception:  # an event's brief reference (no job record) may not name enough
             full_log = ""
         if status == "timeout":
@@ -825,20 +841,20 @@ class KineticRunOperator(BaseOperator):
             except Exception as exc:  # user classes missing on the worker: keep the text
                 log.warning("could not load the remote exception object: %s", exc)
                 envelope = None
-            raise_remote(envelope, summary, ref["job_id"], where=event.get("where") or "", logger=self.log)
+            raise_remote(envelope, summary, ref.job_id, where=event.get("where") or "", logger=self.log)
         raise KineticJobError(describe_failure(event, full_log))
 
     def _log_other_hosts(self, storage: Storage, ref: JobRef, event: dict[str, Any]) -> None:
         """The tracebacks of the other hosts that failed, before the reported one's (the streamed
         log leaves every host's traceback out, saying it is logged here)."""
-        hosts = int(ref.get("hosts") or 1)
+        hosts = int(ref.hosts or 1)
         for host in event.get("other_failed_hosts") or []:
             summary = self._summary(storage, ref, int(host), {"summary": {}, "message": ""})
-            log_remote_traceback(summary, ref["job_id"], f"host {host} of {hosts}", self.log)
+            log_remote_traceback(summary, ref.job_id, f"host {host} of {hosts}", self.log)
 
     def _summary(self, storage: Storage, ref: JobRef, host: int, event: dict[str, Any]) -> dict[str, Any]:
         """The failing host's ``result.json``; the event's brief one if it cannot be read."""
-        uri = JobLayout(ref["job_uri"]).result_summary(host)
+        uri = JobLayout(ref.job_uri).result_summary(host)
         try:
             text = storage.read_text_or_none(uri)
             if text:
@@ -848,11 +864,10 @@ class KineticRunOperator(BaseOperator):
         return {**event["summary"], "error_message": event.get("message")}
 
     def _resubmit_after_preemption(
-        self, context: Context, event: dict[str, Any], record: dict[str, Any] | None
+        self, context: Context, event: dict[str, Any], record: dict[str, Any] | None, ref: JobRef
     ) -> Any:
         """A preempted attempt runs again as a new attempt of the same try: no Airflow retry used."""
-        ref: JobRef = event["job"]
-        identity = JobIdentity.from_dict(ref["identity"])
+        identity = ref.job_identity
         limit = int(resolve_setting("preemption_retries", self.preemption_retries))
         if identity.attempt > limit:
             self._delivered(context, ref, "failed", record)
@@ -862,20 +877,20 @@ class KineticRunOperator(BaseOperator):
             )
         deadline = (record or {}).get("deadline")
         usage = self._account(context, ref, "preempted")
-        if record is not None and record["job"]["job_id"] == ref["job_id"]:
+        if record is not None and record_job(record).job_id == ref.job_id:
             record = self._record(
                 context, Phase.WAITING, ref, deadline, record, outcome="preempted", usage=usage
             )
-        new_ref = self._job_ref(identity.next_attempt(), ref["backend"], ref["base_uri"])
+        new_ref = self._job_ref(identity.next_attempt(), ref.backend, ref.base_uri)
         log.warning(
             "[kinetic] preempted -> attempt %d: job %s was preempted (%s); resubmitting "
             "(up to %d more) as %s. "
             "KINETIC_OUTPUT_DIR is unchanged, so checkpoints carry over; no Airflow retry is used.",
             identity.attempt + 1,
-            ref["job_id"],
+            ref.job_id,
             event.get("message"),
             limit - identity.attempt,
-            new_ref["job_id"],
+            new_ref.job_id,
         )
         return self._run_job(context, new_ref, deadline, record, Action.NEW_JOB)
 

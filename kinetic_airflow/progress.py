@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kinetic_airflow.backends.base import BackendStatus, JobState
+from kinetic_airflow.job.ref import JobRef, K8sFields
 
 __all__ = ["PROGRESS_NAME", "Progress", "ProgressTracker", "progress_of"]
 
@@ -52,21 +53,21 @@ class Progress:
         return (self.state, self.text)
 
 
-def _selectors(job: dict[str, Any]) -> str:
-    text = json.dumps(job.get("node_selectors") or {}, sort_keys=True)
-    if job.get("chips_per_host"):
-        text += f" with {job['chips_per_host']} google.com/tpu chips per host"
+def _selectors(k8s: K8sFields) -> str:
+    text = json.dumps(k8s.node_selectors or {}, sort_keys=True)
+    if k8s.chips_per_host:
+        text += f" with {k8s.chips_per_host} google.com/tpu chips per host"
     return text
 
 
-def progress_of(status: BackendStatus, job: dict[str, Any]) -> Progress | None:
+def progress_of(status: BackendStatus, job: JobRef) -> Progress | None:
     """The state a backend status puts a live job in; None for an end (the watcher says it)."""
     details = status.details or {}
     if status.state is JobState.RUNNING:
-        if job.get("backend") == "local":
+        if job.backend == "local":
             return Progress("running", "running as a local process")
         nodes = details.get("nodes") or ([details["node"]] if details.get("node") else [])
-        hosts = int(job.get("hosts") or 1)
+        hosts = int(job.hosts or 1)
         if hosts > 1:
             on = f" on {', '.join(nodes)}" if nodes else ""
             return Progress("running", f"running on all {hosts} hosts{on}", ",".join(nodes))
@@ -88,8 +89,8 @@ def progress_of(status: BackendStatus, job: dict[str, Any]) -> Progress | None:
     if status.reason in ("Unschedulable", "SchedulingGated"):
         why = f": {status.message}" if status.message else ""
         wanted = "a node with room for it"
-        if job.get("node_selectors"):
-            wanted = f"a node matching {_selectors(job)}"
+        if job.k8s is not None and job.k8s.node_selectors:
+            wanted = f"a node matching {_selectors(job.k8s)}"
         return Progress("waiting_for_node", f"waiting for {wanted} (scale-up){why}")
     why = f": {status.message}" if status.message else ""
     return Progress("pending", f"pending ({status.reason or 'Pending'}{why})")
@@ -104,7 +105,7 @@ class ProgressTracker:
 
     def __init__(
         self,
-        job: dict[str, Any],
+        job: JobRef,
         emit: Callable[[str], None],
         write: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
@@ -134,7 +135,7 @@ class ProgressTracker:
             self.record["running_since"] = now
         self.record.update(
             {
-                "job_id": self.job.get("job_id"),
+                "job_id": self.job.job_id,
                 "state": progress.state,
                 "text": progress.text,
                 "node": progress.node or self.record.get("node", ""),
@@ -149,4 +150,4 @@ class ProgressTracker:
             try:
                 await self.write(json.dumps(self.record, sort_keys=True))
             except Exception as exc:
-                log.warning("could not record the progress of job %s: %s", self.job.get("job_id"), exc)
+                log.warning("could not record the progress of job %s: %s", self.job.job_id, exc)

@@ -23,6 +23,7 @@ from typing import Any
 
 from kinetic_airflow.job.layout import JobLayout
 from kinetic_airflow.job.metrics import best_of, read_attempt
+from kinetic_airflow.job.ref import JobRef
 
 __all__ = ["METRICS_XCOM_KEY", "combine", "publish", "read_attempts"]
 
@@ -72,8 +73,8 @@ def read_attempts(
         out.append(
             {
                 "job_id": job.get("job_id"),
-                "attempt": job.get("attempt") or (job.get("identity") or {}).get("attempt") or 1,
-                "try_number": job.get("try_number") or (job.get("identity") or {}).get("try_number"),
+                "attempt": job.get("attempt") or 1,
+                "try_number": job.get("try_number"),
                 **read,
             }
         )
@@ -106,13 +107,13 @@ def _stat_name(name: str) -> str:
     return "kinetic.metric." + (re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:100] or "_")
 
 
-def gauge_tags(ti: Any, job: dict[str, Any]) -> dict[str, str]:
+def gauge_tags(ti: Any, job: JobRef) -> dict[str, str]:
     """The gauges' tags for a task instance's job; a sweep's members are series of their own."""
     tags = {
         "dag_id": ti.dag_id,
         "task_id": ti.task_id,
-        "accelerator": job.get("accelerator") or "cpu",
-        "backend": job.get("backend") or "",
+        "accelerator": job.accelerator or "cpu",
+        "backend": job.backend or "",
     }
     map_index = getattr(ti, "map_index", -1)
     if map_index is not None and map_index >= 0:

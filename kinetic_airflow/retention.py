@@ -38,8 +38,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from kinetic_airflow.backends.gke.client import cluster_key
-from kinetic_airflow.backends.gke.cluster_objects import ClusterSnapshot
+from kinetic_airflow.backends.gke.cluster_objects import ClusterSnapshot, snapshot_key
 from kinetic_airflow.backends.registry import backend_states
 from kinetic_airflow.config import local_state_root
 from kinetic_airflow.connections import storage_for
@@ -303,12 +302,12 @@ def find_orphans(
         return []
     seen: dict[str, tuple[dict[str, Any], str]] = {}
     for cluster, namespace in clusters:
-        seen.setdefault(cluster_key(cluster) + "|" + namespace, (cluster, namespace))
+        seen.setdefault(snapshot_key(cluster, namespace), (cluster, namespace))
     for info in infos:
-        ref = info.ref or {}
-        if ref.get("cluster"):
-            seen.setdefault(cluster_key(ref["cluster"]) + "|" + ref.get("namespace", "default"),
-                            (ref["cluster"], ref.get("namespace", "default")))  # fmt: skip
+        ref = info.ref
+        k8s = ref.k8s if ref is not None else None
+        if k8s is not None and k8s.cluster:
+            seen.setdefault(snapshot_key(k8s.cluster, k8s.namespace), (k8s.cluster, k8s.namespace))
     orphans: list[Orphan] = []
     for cluster, namespace in seen.values():
         try:
@@ -381,7 +380,8 @@ def apply_plan(storage: Storage, plan: GcPlan, *, delete_orphans: bool) -> dict[
         prefix = interop_prefix(plan.base_uri, info.job_id)
         if prefix:
             _delete_prefix(storage, prefix)
-        local_dir = (info.ref or {}).get("local_dir")
+        ref = info.ref
+        local_dir = ref.local_dir if ref is not None else None
         if local_dir and os.path.realpath(local_dir).startswith(root + os.sep):
             shutil.rmtree(local_dir, ignore_errors=True)
         cursors = os.path.join(root, "log-cursors")

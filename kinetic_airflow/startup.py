@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
 
 from kinetic_airflow.backends.base import BackendStatus, JobState
+from kinetic_airflow.job.ref import JobRef, K8sFields
 
 __all__ = ["startup_failure"]
 
@@ -48,7 +48,7 @@ _REFUSAL_HINTS = {
 
 
 def startup_failure(
-    job: dict[str, Any], status: BackendStatus, startup_timeout: float | None, submitted_at: float
+    job: JobRef, status: BackendStatus, startup_timeout: float | None, submitted_at: float
 ) -> tuple[str, str, str] | None:
     """(cause, message, hint) if the job, still pending, has used up ``startup_timeout``."""
     if status.state is not JobState.PENDING or startup_timeout is None:
@@ -58,9 +58,10 @@ def startup_failure(
         return None
     within = f"within startup_timeout={startup_timeout:.0f}s"
     if status.reason == "Unschedulable":
-        selectors = json.dumps(job.get("node_selectors") or {}, sort_keys=True)
-        if job.get("chips_per_host"):
-            selectors += f" and {job['chips_per_host']} google.com/tpu chips per host"
+        k8s = job.k8s or K8sFields()
+        selectors = json.dumps(k8s.node_selectors or {}, sort_keys=True)
+        if k8s.chips_per_host:
+            selectors += f" and {k8s.chips_per_host} google.com/tpu chips per host"
         return (
             "unschedulable",
             f"the job could not be scheduled {within}: no node matches its nodeSelector {selectors} "

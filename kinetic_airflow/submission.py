@@ -39,6 +39,7 @@ from kinetic_airflow.job.integrity import manifest_text
 from kinetic_airflow.job.interop import write_handle
 from kinetic_airflow.job.layout import JobIdentity, JobLayout, output_dir_uri
 from kinetic_airflow.job.payload import register_dag_modules_by_value, write_payload
+from kinetic_airflow.job.ref import JobRef
 from kinetic_airflow.job.storage import Storage
 from kinetic_airflow.job.tracebacks import user_names
 from kinetic_airflow.options import check_rendered_options, validate_backend
@@ -205,17 +206,17 @@ def _anchor_relative_data(op: RenderedTask, folder: str) -> None:
 
 
 # Publishing -------------------------------------------------------------------------------------
-def publish_job(storage: Storage, ref: dict[str, Any], func_name: str) -> None:
+def publish_job(storage: Storage, ref: JobRef, func_name: str) -> None:
     """Worker, before the job is created: its record in job storage, and kinetic's handle.
 
     Neither may fail the task: a job without them runs the same, it is only harder to find.
     """
-    created = float(ref.get("submitted_at") or time.time())
-    record = {"version": 1, "job": ref, "callable": func_name, "created": created}
+    created = float(ref.submitted_at or time.time())
+    record = {"version": 1, "job": ref.to_dict(), "callable": func_name, "created": created}
     try:
-        storage.write_text(JobLayout(ref["job_uri"]).record, json.dumps(record, sort_keys=True, default=str))
+        storage.write_text(JobLayout(ref.job_uri).record, json.dumps(record, sort_keys=True, default=str))
     except Exception as exc:
-        log.warning("could not write the job record of %s: %s", ref["job_id"], exc)
+        log.warning("could not write the job record of %s: %s", ref.job_id, exc)
     interop = resolve_setting("kinetic_interop")
     if interop is False or str(interop).lower() in ("0", "false", "no", "off"):
         return
@@ -225,7 +226,7 @@ def publish_job(storage: Storage, ref: dict[str, Any], func_name: str) -> None:
             log.info("kinetic's own tools see this job: handle at %s", uri)
     except Exception as exc:
         log.warning(
-            "could not write kinetic's handle of %s (kinetic's CLI will skip it): %s", ref["job_id"], exc
+            "could not write kinetic's handle of %s (kinetic's CLI will skip it): %s", ref.job_id, exc
         )
 
 
@@ -244,7 +245,7 @@ def stage_args(
 
 def ship_payload(
     storage: Storage,
-    ref: dict[str, Any],
+    ref: JobRef,
     identity: JobIdentity,
     *,
     python_callable: Any,
@@ -261,16 +262,16 @@ def ship_payload(
 ) -> tuple[int, str, str]:
     """Upload a created job's payload, code and data, then its manifest; returns the payload's
     size, the job's ``KINETIC_OUTPUT_DIR`` and the payload's digest (for the job record)."""
-    layout = JobLayout(ref["job_uri"])
+    layout = JobLayout(ref.job_uri)
     roots = [dags_folder]
     if dag_file:
         roots.append(os.path.dirname(dag_file))
-    code = ship_code_bundle(storage, ref["base_uri"], *code_roots(dags_folder, dag_file))
+    code = ship_code_bundle(storage, ref.base_uri, *code_roots(dags_folder, dag_file))
     by_value = register_dag_modules_by_value(python_callable, roots)
     if by_value:
         log.info("pickling DAG-folder modules by value: %s", ", ".join(map(user_names, by_value)))
-    args, kwargs = stage_args(op_args, op_kwargs, storage, ref["base_uri"])
-    staged = {m: d.stage(storage, ref["base_uri"]) for m, d in volumes.items()}
+    args, kwargs = stage_args(op_args, op_kwargs, storage, ref.base_uri)
+    staged = {m: d.stage(storage, ref.base_uri) for m, d in volumes.items()}
     fields = write_payload(
         storage,
         layout.payload,
@@ -281,10 +282,10 @@ def ship_payload(
         volumes=staged,
         task_label=f"task {task_id!r}",
     )
-    output_dir = output_dir or output_dir_uri(ref["base_uri"], identity)
+    output_dir = output_dir or output_dir_uri(ref.base_uri, identity)
     manifest = {
         **fields,
-        "job_id": ref["job_id"],
+        "job_id": ref.job_id,
         "attempt": identity.attempt,
         "identity": identity.to_dict(),
         "output_dir": output_dir,
@@ -292,10 +293,10 @@ def ship_payload(
         "metrics_interval": resolve_setting("metrics_interval"),
         "callable": callable_name(python_callable),
         "created": time.time(),
-        "backend": ref["backend"],
-        "image": ref.get("image"),
+        "backend": ref.backend,
+        "image": ref.k8s.image if ref.k8s is not None else None,
         "code": code,
-        "requirements": ref.get("requirements") or [],
+        "requirements": ref.requirements or [],
     }
     # The manifest goes last: its presence tells the runner the payload is complete. Its HMAC
     # under the job key vouches for the payload's digest, the code archive and the requirements.

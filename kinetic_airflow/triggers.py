@@ -2,9 +2,11 @@
 
 It only observes (backend status, the runner's markers and result summary in
 storage, the job log) and yields exactly one event. Its kwargs are stored as
-plain JSON in the metadata DB and logged, so they hold the job reference,
-connection *ids* and public settings only, never a token or a key. Rebuilt from
-those kwargs after a triggerer restart, ``run`` simply observes again.
+plain JSON in the metadata DB and logged, so they hold the job reference (its
+JSON form, ``JobRef.to_dict``), connection *ids* and public settings only, never a
+token or a key. Rebuilt from those kwargs after a triggerer restart (a row an older
+version wrote included: ``JobRef.from_dict`` reads every earlier form), ``run``
+simply observes again.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from kinetic_airflow.job.ref import JobRef
 from kinetic_airflow.resume_window import DeferringProcess, ResumeWindow
 
 if TYPE_CHECKING:
@@ -37,7 +40,7 @@ class KineticJobTrigger(BaseTrigger):
         resume_margin: float = 2.0,
     ) -> None:
         super().__init__()
-        self.job = job
+        self.job = JobRef.from_dict(job)  # decoded once: the kwargs hold the JSON form
         self.poll_interval = poll_interval
         self.deadline = deadline
         self.gcp_conn_id = gcp_conn_id
@@ -51,7 +54,7 @@ class KineticJobTrigger(BaseTrigger):
         return (
             "kinetic_airflow.triggers.KineticJobTrigger",
             {
-                "job": self.job,
+                "job": self.job.to_dict(),
                 "poll_interval": self.poll_interval,
                 "deadline": self.deadline,
                 "gcp_conn_id": self.gcp_conn_id,
@@ -74,8 +77,8 @@ class KineticJobTrigger(BaseTrigger):
 
         return JobWatcher(
             self.job,
-            storage_for(self.job["job_uri"], self.gcp_conn_id),
-            get_backend(self.job["backend"]),
+            storage_for(self.job.job_uri, self.gcp_conn_id),
+            get_backend(self.job.backend),
             poll_interval=self.poll_interval,
             deadline=self.deadline,
             log_max_lines=self.log_max_lines,
@@ -90,20 +93,20 @@ class KineticJobTrigger(BaseTrigger):
         deferred_by = DeferringProcess.from_dict(self.deferred_by)
         window = ResumeWindow(deferred_by, not_before=self.not_before, margin=self.resume_margin)
         self.log.info(
-            "watching kinetic job %s at %s; %s", self.job["job_id"], self.job["job_uri"], window.describe()
+            "watching kinetic job %s at %s; %s", self.job.job_id, self.job.job_uri, window.describe()
         )
         window.start()
         try:
             watcher = await asyncio.to_thread(self._watcher)
             event = await watcher.wait()
-            await window.wait(self.log.info, self.job["job_id"])
+            await window.wait(self.log.info, self.job.job_id)
         finally:
             window.stop()
         yield TriggerEvent(event)
 
     async def on_kill(self) -> None:
         """The user marked the deferred task failed/success or cleared it: stop the job."""
-        self.log.info("task was stopped by the user; cancelling kinetic job %s", self.job["job_id"])
+        self.log.info("task was stopped by the user; cancelling kinetic job %s", self.job.job_id)
         await asyncio.to_thread(self._cancel)
 
     def _cancel(self) -> None:
@@ -114,8 +117,8 @@ class KineticJobTrigger(BaseTrigger):
 
         cancel_job(
             self.job,
-            storage_for(self.job["job_uri"], self.gcp_conn_id),
-            get_backend(self.job["backend"]),
+            storage_for(self.job.job_uri, self.gcp_conn_id),
+            get_backend(self.job.backend),
             by="trigger.on_kill",
             reason="the task was cleared or marked by a user while deferred",
         )

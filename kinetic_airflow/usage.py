@@ -30,7 +30,8 @@ from datetime import timedelta
 from typing import Any
 
 from kinetic_airflow.accelerators import parse_accelerator
-from kinetic_airflow.job.layout import USAGE_NAME, JobIdentity, JobLayout
+from kinetic_airflow.job.layout import USAGE_NAME, JobLayout
+from kinetic_airflow.job.ref import JobRef
 from kinetic_airflow.job.storage import Storage
 
 __all__ = ["USAGE_NAME", "USAGE_XCOM_KEY", "attempt_usage", "chips_of", "emit_metrics", "totals"]
@@ -40,13 +41,13 @@ log = logging.getLogger(__name__)
 USAGE_XCOM_KEY = "kinetic_usage"
 
 
-def chips_of(ref: dict[str, Any]) -> tuple[int, bool]:
+def chips_of(ref: JobRef) -> tuple[int, bool]:
     """(chips, spot) of a job's accelerator; a CPU job holds no chips, and neither does a local
     one: the local backend runs any accelerator string as a process on this machine's CPU, so
     billing its ``tpu-v6e-8t`` as 8 TPU chips would report an accelerator bill nobody paid."""
-    if ref.get("backend") == "local":
+    if ref.backend == "local":
         return 0, False
-    text = ref.get("accelerator") or "cpu"
+    text = ref.accelerator or "cpu"
     try:
         spec = parse_accelerator(text)
     except Exception:
@@ -65,12 +66,12 @@ def _marker_time(storage: Storage, layout: JobLayout, name: str) -> float | None
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def attempt_usage(storage: Storage, ref: dict[str, Any], outcome: str, *, ended: float | None = None) -> dict:
+def attempt_usage(storage: Storage, ref: JobRef, outcome: str, *, ended: float | None = None) -> dict:
     """The cost of one attempt, from its markers (the runner's start and end; the watcher's
     ``running`` time when the runner never wrote one, as after a lost node)."""
-    layout = JobLayout(ref["job_uri"])
-    identity = JobIdentity.from_dict(ref["identity"])
-    submitted = float(ref.get("submitted_at") or 0) or None
+    layout = JobLayout(ref.job_uri)
+    identity = ref.job_identity
+    submitted = float(ref.submitted_at or 0) or None
     started = _marker_time(storage, layout, "started")
     if started is None:
         progress = storage.read_text_or_none(layout.status("progress"))
@@ -81,12 +82,12 @@ def attempt_usage(storage: Storage, ref: dict[str, Any], outcome: str, *, ended:
     queue = max(0.0, started - submitted) if started and submitted else None
     run = max(0.0, finished - started) if started else 0.0
     usage = {
-        "job_id": ref["job_id"],
+        "job_id": ref.job_id,
         "try_number": identity.try_number,
         "attempt": identity.attempt,
-        "backend": ref.get("backend"),
-        "accelerator": ref.get("accelerator") or "cpu",
-        "device": "local CPU" if ref.get("backend") == "local" else ref.get("accelerator") or "cpu",
+        "backend": ref.backend,
+        "accelerator": ref.accelerator or "cpu",
+        "device": "local CPU" if ref.backend == "local" else ref.accelerator or "cpu",
         "chips": chips,
         "spot": spot,
         "submitted_at": submitted,
@@ -98,9 +99,9 @@ def attempt_usage(storage: Storage, ref: dict[str, Any], outcome: str, *, ended:
         "outcome": outcome,
     }
     try:
-        storage.write_text(JobLayout(ref["job_uri"]).usage, json.dumps(usage, sort_keys=True))
+        storage.write_text(JobLayout(ref.job_uri).usage, json.dumps(usage, sort_keys=True))
     except Exception as exc:  # a figure must never fail the task
-        log.warning("could not record the usage of job %s: %s", ref["job_id"], exc)
+        log.warning("could not record the usage of job %s: %s", ref.job_id, exc)
     return usage
 
 

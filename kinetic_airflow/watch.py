@@ -95,8 +95,9 @@ EVENT_JOB_FIELDS = (
 )
 
 
-def event_job(job: JobRef) -> JobRef:
-    return {k: job[k] for k in EVENT_JOB_FIELDS if k in job}
+def event_job(job: JobRef) -> dict[str, Any]:
+    """The brief reference an event carries (its JSON form; ``JobRef.from_dict`` reads it back)."""
+    return {k: v for k, v in job.to_dict().items() if k in EVENT_JOB_FIELDS}
 
 
 def final_progress(event: dict[str, Any]) -> Progress:
@@ -121,7 +122,7 @@ def describe_failure(event: dict[str, Any], full_log: str = "") -> str:
     The job's last log lines are not repeated here: the watcher streamed them into this same
     task log just above the error (the triggerer's part is merged into the task's log view).
     """
-    job = event.get("job") or {}
+    job = event.get("job") or {}  # the event's JSON as sent: any event is described, even a damaged one
     lines = [f"kinetic job {job.get('job_id')} ({job.get('backend')}) failed: {event.get('message')}"]
     if event.get("hint"):
         lines.append(f"Hint: {event['hint']}")
@@ -195,8 +196,8 @@ def _classify_exit(status: BackendStatus) -> tuple[str, str, str]:
 
 
 def _local_cursor_path(job: JobRef) -> Path:
-    where = hashlib.sha256(job["job_uri"].encode()).hexdigest()[:12]  # one job id, two storages
-    return Path(local_state_root()) / "log-cursors" / f"{job['job_id']}-{where}.json"
+    where = hashlib.sha256(job.job_uri.encode()).hexdigest()[:12]  # one job id, two storages
+    return Path(local_state_root()) / "log-cursors" / f"{job.job_id}-{where}.json"
 
 
 def _read_local(path: Path) -> str | None:
@@ -244,14 +245,14 @@ class JobWatcher:
             storage_retry_seconds if storage_retry_seconds is not None else DEFAULTS["storage_retry_seconds"]
         )
         self.cursor_write_failing = False
-        self.startup_timeout = job.get("startup_timeout")
+        self.startup_timeout = job.startup_timeout
         self.started = False  # seen running: startup_timeout no longer applies
-        self.heartbeat_timeout = job.get("heartbeat_timeout")
-        self.submitted_at = float(job.get("submitted_at") or time.time())
+        self.heartbeat_timeout = job.heartbeat_timeout
+        self.submitted_at = float(job.submitted_at or time.time())
         self.last_heartbeat_check = 0.0
         self.last_output = time.monotonic()  # a live log vouches for a live process
         self.not_found_since: float | None = None
-        self.layout = JobLayout(job["job_uri"])
+        self.layout = JobLayout(job.job_uri)
         self.storage = storage
         self.backend = backend
         self.poll_interval = poll_interval
@@ -270,7 +271,7 @@ class JobWatcher:
         self.lines_emitted: dict[str, int] = {}
         self.traceback_filter = StreamedTracebackFilter()
         self.held: dict[str, deque[str]] = {}
-        self.hosts = int(job.get("hosts") or 1)
+        self.hosts = int(job.hosts or 1)
         self.emit_progress = emit_progress or self.emit_log
         self.progress = ProgressTracker(job, self.emit_progress, self._write_progress)
         self.stale_told = False
@@ -286,7 +287,7 @@ class JobWatcher:
         except Exception as exc:
             if not is_storage_error(exc):
                 raise
-            log.warning("could not read the progress record of job %s: %s", self.job["job_id"], exc)
+            log.warning("could not read the progress record of job %s: %s", self.job.job_id, exc)
             return  # only costs the first progress line being said again
         with contextlib.suppress(ValueError, TypeError):
             record = json.loads(text) if text else None
@@ -383,7 +384,7 @@ class JobWatcher:
                         "could not read the %s of job %s at %s (%s: %s); retrying for up to %gs "
                         "([kinetic] storage_retry_seconds)",
                         what,
-                        self.job["job_id"],
+                        self.job.job_id,
                         uri,
                         type(exc).__name__,
                         exc,
@@ -400,7 +401,7 @@ class JobWatcher:
                 delay = min(delay * 2, _LONGEST_RETRY_SECONDS)
                 continue
             if failing_since is not None:
-                log.info("read the %s of job %s again: storage is back", what, self.job["job_id"])
+                log.info("read the %s of job %s again: storage is back", what, self.job.job_id)
             return text
 
     async def _pump_logs(self) -> None:
@@ -558,9 +559,9 @@ class JobWatcher:
             log.error(
                 "could not stop job %s after the storage outage (%s): stop it with "
                 "`kinetic-airflow jobs cancel %s`",
-                self.job["job_id"],
+                self.job.job_id,
                 cancel_exc,
-                self.job["job_id"],
+                self.job.job_id,
             )
         event = self._event(
             "failed",

@@ -68,6 +68,7 @@ def gke_job(
     from kinetic_airflow.backends.registry import get_backend
     from kinetic_airflow.connections import storage_for
     from kinetic_airflow.job.layout import JobIdentity
+    from kinetic_airflow.job.ref import JobRef
     from kinetic_airflow.operators import KineticRunOperator
 
     op = KineticRunOperator(
@@ -76,11 +77,11 @@ def gke_job(
     run_id = f"r-{uuid.uuid4().hex[:8]}"
     ref = op._job_ref(JobIdentity("d", run_id, task_id), backend, os.environ["KINETIC_BASE_URI"])
     manifest = ref_fields.pop("manifest", {})  # manifest overrides, e.g. heartbeat_seconds
-    ref.update(ref_fields)
-    storage = storage_for(ref["job_uri"])
-    layout = JobLayout(ref["job_uri"])
+    ref = JobRef.from_dict({**ref.to_dict(), **ref_fields})  # e.g. active_deadline_seconds=3
+    storage = storage_for(ref.job_uri)
+    layout = JobLayout(ref.job_uri)
     fields = write_payload(storage, layout.payload, fn, list(args), {})
-    key = key_of(ref["job_uri"])
-    storage.write_text(layout.manifest, manifest_text({**fields, "job_id": ref["job_id"], **manifest}, key))
+    key = key_of(ref.job_uri)
+    storage.write_text(layout.manifest, manifest_text({**fields, "job_id": ref.job_id, **manifest}, key))
     get_backend(backend).submit(ref, job_key=key)
     return op, ref, storage

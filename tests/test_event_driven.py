@@ -26,6 +26,7 @@ from jobkit import gke_job, key_of, make_job
 from kinetic_airflow.backends.gke.watch_cache import reset_shared_state
 from kinetic_airflow.backends.registry import get_backend
 from kinetic_airflow.job.layout import JobIdentity, JobLayout
+from kinetic_airflow.job.ref import JobRef
 from kinetic_airflow.job.storage import uri_to_local_path
 from kinetic_airflow.testing.gcs import FakeGCS
 from kinetic_airflow.watch import JobWatcher
@@ -75,7 +76,7 @@ def _quick() -> str:
 def _watcher(ref, storage, shown, progress: list[str] | None = None, **kwargs) -> JobWatcher:
     """``shown`` gets the job's log lines; its progress lines go to ``progress``."""
     progress = progress if progress is not None else []
-    backend = get_backend(ref["backend"])
+    backend = get_backend(ref.backend)
     return JobWatcher(ref, storage, backend, emit_log=shown.append, emit_progress=progress.append, **kwargs)
 
 
@@ -83,7 +84,7 @@ def test_a_running_job_costs_no_storage_request_and_its_end_one(cluster_env):
     gcs = cluster_env
     # The runner beats once at start; a long period keeps its own writes out of the window.
     _, ref, storage = gke_job("chatty", _chatty, [40, 0.25], manifest={"heartbeat_seconds": 3600})
-    ref["heartbeat_timeout"] = 300.0
+    ref = ref.replace(heartbeat_timeout=300.0)
     shown: list[str] = []
 
     async def scenario() -> tuple[dict, list, list]:
@@ -116,23 +117,25 @@ def test_an_ended_job_is_seen_without_waiting_for_a_poll(cluster_env, tmp_path, 
     else:
         base = f"file://{tmp_path}"
         make_job(base, _quick, job_id="quick")
-        ref = {
-            "backend": "local",
-            "job_id": "quick",
-            "job_uri": f"{base}/jobs/quick",
-            "local_dir": uri_to_local_path(f"{base}/jobs/quick"),
-            "python": sys.executable,
-            "identity": JobIdentity("d", "r", "quick").to_dict(),
-        }
+        ref = JobRef.from_dict(
+            {
+                "backend": "local",
+                "job_id": "quick",
+                "job_uri": f"{base}/jobs/quick",
+                "local_dir": uri_to_local_path(f"{base}/jobs/quick"),
+                "python": sys.executable,
+                "identity": JobIdentity("d", "r", "quick").to_dict(),
+            }
+        )
         from kinetic_airflow.job.storage import open_storage
 
         storage = open_storage(base)
-        get_backend("local").submit(ref, job_key=key_of(ref["job_uri"]))
+        get_backend("local").submit(ref, job_key=key_of(ref.job_uri))
     shown: list[str] = []
     event = asyncio.run(_watcher(ref, storage, shown, poll_interval=3600).wait())
     assert event["status"] == "success", event
     # the event names the outcome; the value's repr stays in result.json (events are kept small)
-    summary = json.loads(storage.read_text(JobLayout(ref["job_uri"]).result_summary()))
+    summary = json.loads(storage.read_text(JobLayout(ref.job_uri).result_summary()))
     assert summary["value_repr"] == "'quick'"
     assert event["summary"]["ok"] is True and "value_repr" not in event["summary"]
 
@@ -180,7 +183,7 @@ def test_log_cursor_is_shared_at_a_bounded_rate(cluster_env):
     event = asyncio.run(_watcher(ref, storage, shown, progress, poll_interval=0.2).wait())
     assert event["status"] == "success"
     writes = [r for r in gcs.requests()[before:] if r.method == "POST" and "upload" in r.path]
-    cursor = json.loads(storage.read_text(f"{ref['job_uri']}/status/log-cursor.json"))
+    cursor = json.loads(storage.read_text(f"{ref.job_uri}/status/log-cursor.json"))
     assert cursor["offset"] == len(shown)  # GKE offsets count lines
     # The job is shorter than a minute: one shared write, at its end (the job's own marker
     # writes — started, heartbeat, result, finished — come from the pod, not the watcher).
@@ -188,7 +191,7 @@ def test_log_cursor_is_shared_at_a_bounded_rate(cluster_env):
     assert progress[-1] == "[kinetic] finished: succeeded", progress
     assert 2 <= len(progress) <= 4, progress
     assert len(writes) <= 1 + 5 + len(progress), writes
-    assert not list(Path(_local_root()).glob(f"log-cursors/{ref['job_id']}-*.json"))  # cleaned at the end
+    assert not list(Path(_local_root()).glob(f"log-cursors/{ref.job_id}-*.json"))  # cleaned at the end
 
 
 def _local_root() -> str:
@@ -208,7 +211,7 @@ def test_a_quiet_running_job_does_not_wake_its_watcher(cluster_env):
     """No timer: while nothing about the job changes, the watcher sleeps (a poller would look
     thirty times in these six seconds at poll_interval=0.2)."""
     _, ref, storage = gke_job("quiet", _quiet, [6.0], manifest={"heartbeat_seconds": 3600})
-    ref["heartbeat_timeout"] = 300.0
+    ref = ref.replace(heartbeat_timeout=300.0)
     shown: list[str] = []
     watcher = _watcher(ref, storage, shown, poll_interval=0.2)
     looks: list[list[str]] = []
@@ -232,7 +235,7 @@ def test_the_heartbeat_is_read_only_while_the_log_is_silent(cluster_env):
 
     def heartbeat_reads(fn, args) -> int:
         _, ref, storage = gke_job("beat", fn, args, manifest={"heartbeat_seconds": 0.5})
-        ref["heartbeat_timeout"] = 2.0  # a look after 0.5 s of silence
+        ref = ref.replace(heartbeat_timeout=2.0)  # a look after 0.5 s of silence
         shown: list[str] = []
 
         async def scenario() -> int:
@@ -287,7 +290,7 @@ def test_a_job_that_waits_for_a_node_says_so_once_then_runs(cluster_env, emulato
     assert len(running) == 1, progress
     assert progress[-1] == "[kinetic] finished: succeeded"
     assert progress.index(running[0]) > 0
-    record = json.loads(storage.read_text(f"{ref['job_uri']}/status/progress.json"))
+    record = json.loads(storage.read_text(f"{ref.job_uri}/status/progress.json"))
     assert record["history"][0]["state"] == "waiting_for_node"
     assert record["state"] == "finished" and record["running_since"] >= record["history"][0]["time"]
     assert record["node"].startswith("gke-")
@@ -344,7 +347,7 @@ def test_many_looks_before_the_watch_has_listed_wait_on_the_loop_not_in_threads(
     emulator.admin.delay_scheduling(600)  # the others wait for a node: pending, no pod process
     waiting = [gke_job(f"wait{i}", _quick, [])[1] for i in range(28)]
     refs = done + waiting
-    expected = {ref["job_id"]: backend.status(ref).state for ref in refs}  # what the API says
+    expected = {ref.job_id: backend.status(ref).state for ref in refs}  # what the API says
     assert list(expected.values()) == [JobState.SUCCEEDED] * 2 + [JobState.PENDING] * 28, expected
 
     async def look_at_all(probe_after: float) -> tuple[dict, float, float, _CountingExecutor]:
@@ -362,7 +365,7 @@ def test_many_looks_before_the_watch_has_listed_wait_on_the_loop_not_in_threads(
         statuses = await asyncio.gather(*looks)
         elapsed = time.monotonic() - started
         return (
-            {r["job_id"]: s.state for r, s in zip(refs, statuses, strict=True)},
+            {r.job_id: s.state for r, s in zip(refs, statuses, strict=True)},
             elapsed,
             probe_wait,
             executor,

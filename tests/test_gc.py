@@ -263,7 +263,7 @@ def test_orphaned_cluster_jobs_are_found_and_deleted(gke_env, base_uri):
     emulator, _, _ = gke_env
     _, ref, storage = gke_job("orphan", sleeps_long, [])  # a Job no task instance owns
     batch, core = k8s(emulator)
-    name = f"kinetic-{ref['job_id']}"
+    name = f"kinetic-{ref.job_id}"
     wait_for(lambda: any(p.status.phase == "Running" for p in core.list_namespaced_pod(
         "default", label_selector=f"job-name={name}").items), "the orphan's pod")  # fmt: skip
 
@@ -283,7 +283,7 @@ def test_orphaned_cluster_jobs_are_found_and_deleted(gke_env, base_uri):
     assert "1 orphan(s)" in out
     wait_for(lambda: not batch.list_namespaced_job("default", field_selector=f"metadata.name={name}").items,
              "the orphan to be deleted")  # fmt: skip
-    marker = json.loads(storage.read_text(f"{ref['job_uri']}/status/cancelled.json"))
+    marker = json.loads(storage.read_text(f"{ref.job_uri}/status/cancelled.json"))
     assert marker["by"] == "kinetic-airflow gc --delete-orphans" and "no task instance" in marker["reason"]
 
 

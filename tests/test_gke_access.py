@@ -211,6 +211,7 @@ def test_a_chain_is_another_client(service_account_key):
 def test_kinetic_config_sets_them_and_a_task_argument_wins(service_account_key, gke_api, monkeypatch):
     """[kinetic] use_internal_ip / impersonation_chain reach the operator's job reference."""
     from kinetic_airflow import KineticRunOperator
+    from kinetic_airflow.job.ref import JobRef
 
     monkeypatch.setenv("AIRFLOW__KINETIC__USE_INTERNAL_IP", "true")
     monkeypatch.setenv("AIRFLOW__KINETIC__IMPERSONATION_CHAIN", ", ".join(CHAIN))
@@ -219,8 +220,8 @@ def test_kinetic_config_sets_them_and_a_task_argument_wins(service_account_key, 
     monkeypatch.delenv("KINETIC_KUBERNETES_CONN_ID", raising=False)
     calls, _ = gke_api
     configured = KineticRunOperator(task_id="t", python_callable=print, backend="gke")
-    fields = configured._cluster_fields()
-    assert fields["cluster"]["endpoint"] == PRIVATE and fields["cluster"]["impersonation_chain"] == CHAIN
+    fields = configured._on_cluster(JobRef("j", "gke", "gs://b/jobs/j")).on_cluster()
+    assert fields.cluster["endpoint"] == PRIVATE and fields.cluster["impersonation_chain"] == CHAIN
     assert calls[-1]["chain"] == CHAIN
     own = KineticRunOperator(
         task_id="t2",
@@ -230,8 +231,8 @@ def test_kinetic_config_sets_them_and_a_task_argument_wins(service_account_key, 
         use_dns_endpoint=True,
         impersonation_chain=CHAIN[-1],
     )
-    fields = own._cluster_fields()
-    assert fields["cluster"]["endpoint"] == DNS and fields["cluster"]["impersonation_chain"] == [CHAIN[-1]]
+    fields = own._on_cluster(JobRef("j", "gke", "gs://b/jobs/j")).on_cluster()
+    assert fields.cluster["endpoint"] == DNS and fields.cluster["impersonation_chain"] == [CHAIN[-1]]
     assert calls[-1]["chain"] == [CHAIN[-1]]
 
 

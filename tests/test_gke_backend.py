@@ -200,7 +200,7 @@ def test_mark_failed_deletes_the_job(gke_env):
     emulator, _ = gke_env
     _, ref, _ = gke_job("long", time.sleep, [600])
     _wait_for_pod(emulator, "long")
-    trigger = KineticJobTrigger(job=ref)
+    trigger = KineticJobTrigger(job=ref.to_dict())
     kwargs = json.dumps(trigger.serialize()[1])
     assert "token" not in kwargs.lower() and "kube_config" not in kwargs
     asyncio.run(trigger.on_kill())
@@ -208,10 +208,10 @@ def test_mark_failed_deletes_the_job(gke_env):
     deadline = time.monotonic() + 30
     while (
         time.monotonic() < deadline
-        and batch.list_namespaced_job("default", label_selector="job-id=" + ref["job_id"]).items
+        and batch.list_namespaced_job("default", label_selector="job-id=" + ref.job_id).items
     ):
         time.sleep(0.2)
-    assert not batch.list_namespaced_job("default", label_selector="job-id=" + ref["job_id"]).items
+    assert not batch.list_namespaced_job("default", label_selector="job-id=" + ref.job_id).items
 
 
 def test_stale_heartbeat_counts_as_node_loss(gke_env, base_uri, monkeypatch):
@@ -323,5 +323,5 @@ def test_pod_log_survives_stream_errors_and_a_capped_log_names_kubectl(gke_env):
     counted = [line for line in shown if line.startswith("count ")]
     assert counted[:5] == [f"count {i}" for i in range(5)] and counted[-1] == "count 199"
     (notice,) = [line for line in shown if "log_max_lines=40" in line]
-    assert f"kubectl logs -n default job/kinetic-{ref['job_id']}" in notice
+    assert f"kubectl logs -n default job/kinetic-{ref.job_id}" in notice
     assert "job.log" not in notice

@@ -98,8 +98,9 @@ def test_a_job_runs_through_the_private_endpoint_as_the_impersonated_account(gke
     monkeypatch.setenv("KINETIC_USE_INTERNAL_IP", "true")
     monkeypatch.setenv("KINETIC_IMPERSONATION_CHAIN", ",".join(CHAIN))
     _, ref, _ = gke_job("private", sum, [[1, 2, 3]])  # the worker's resolve and submit
-    assert ref["cluster"]["endpoint"] == f"127.0.0.1:{gke[0].port}" and ref["cluster"]["use_internal_ip"]
-    trigger = KineticJobTrigger(job=ref, poll_interval=0.3)
+    cluster = ref.on_cluster().cluster
+    assert cluster["endpoint"] == f"127.0.0.1:{gke[0].port}" and cluster["use_internal_ip"]
+    trigger = KineticJobTrigger(job=ref.to_dict(), poll_interval=0.3)
     kwargs = json.dumps(trigger.serialize()[1])
     assert "impersonated-token" not in kwargs and "source-token" not in kwargs
     # the triggerer is another process: no client yet, it mints its own token through the chain

@@ -19,6 +19,7 @@ from jobkit import key_of, make_job
 
 from kinetic_airflow.backends.local import LocalBackend
 from kinetic_airflow.job.layout import STATE_KEY, JobIdentity
+from kinetic_airflow.job.ref import JobRef
 from kinetic_airflow.job.storage import open_storage, uri_to_local_path
 from kinetic_airflow.lifecycle import Phase, TryInfo, decode_record, load_record, save_record
 
@@ -33,7 +34,7 @@ class Store:
         return self.value if key == STATE_KEY else None
 
 
-def _record(job: dict) -> dict:
+def _record(job: JobRef) -> dict:
     return save_record(None, Phase.WAITING, job=job, now=TryInfo(1, "ti-1", 0), deadline=None)
 
 
@@ -49,7 +50,7 @@ def _forms(record: dict) -> dict[str, object]:
 
 @pytest.mark.parametrize("form", ["object", "JSON text", "JSON text encoded again", "bytes"])
 def test_every_form_of_the_record_decodes_to_the_record(form):
-    record = _record({"job_id": "j-1", "job_uri": "file:///x/j-1", "backend": "local"})
+    record = _record(JobRef.from_dict({"job_id": "j-1", "job_uri": "file:///x/j-1", "backend": "local"}))
     value = _forms(record)[form]
     assert decode_record(value) == record
     assert load_record(Store(value)) == record
@@ -66,7 +67,7 @@ def test_no_record_and_a_damaged_record():
 def test_the_view_reads_a_double_encoded_record():
     from kinetic_airflow.ui import data
 
-    record = _record({"job_id": "j-1", "job_uri": "file:///x/j-1", "backend": "local"})
+    record = _record(JobRef.from_dict({"job_id": "j-1", "job_uri": "file:///x/j-1", "backend": "local"}))
 
     class Row:  # a task_state_store row as SQLAlchemy hands it to the view
         dag_id, run_id, task_id = "d", "r", "t"
@@ -96,16 +97,16 @@ def test_marking_failed_stops_the_job_of_a_double_encoded_record(tmp_path):
     base = f"file://{tmp_path}/kinetic"
     identity = JobIdentity(dag.dag_id, run_id, "greet")
     layout = make_job(base, time.sleep, (600,), job_id=identity.job_id)
-    job = {
-        "backend": "local",
-        "job_id": identity.job_id,
-        "job_uri": layout.job_uri,
-        "local_dir": uri_to_local_path(layout.job_uri),
-        "python": sys.executable,
-        "identity": identity.to_dict(),
-    }
+    job = JobRef(
+        backend="local",
+        job_id=identity.job_id,
+        job_uri=layout.job_uri,
+        local_dir=uri_to_local_path(layout.job_uri),
+        python=sys.executable,
+        identity=identity,
+    )
     backend = LocalBackend()
-    backend.submit(job, job_key=key_of(job["job_uri"]))
+    backend.submit(job, job_key=key_of(job.job_uri))
     try:
         with create_session() as session:
             dag_run_id = session.scalar(

@@ -14,6 +14,7 @@ import pytest
 from kinetic_airflow.backends.base import BackendStatus, JobState
 from kinetic_airflow.backends.gke.console import is_gke_cluster
 from kinetic_airflow.job.layout import JobIdentity, JobLayout
+from kinetic_airflow.job.ref import JobRef
 from kinetic_airflow.job.storage import FileStorage
 from kinetic_airflow.links import LINKS_XCOM_KEY, KineticViewLink, task_tab_url
 from kinetic_airflow.operators import DEFAULT_MAP_INDEX_TEMPLATE, KineticRunOperator, map_label
@@ -22,20 +23,20 @@ from kinetic_airflow.usage import attempt_usage, chips_of, totals
 from kinetic_airflow.watch import event_job
 
 
-def _ref(tmp_path, accelerator: str, attempt: int = 1) -> dict[str, Any]:
+def _ref(tmp_path, accelerator: str, attempt: int = 1) -> JobRef:
     identity = JobIdentity("d", "r", "t", -1, 1, attempt)
-    return {
-        "job_id": identity.job_id,
-        "job_uri": f"file://{tmp_path}/jobs/{identity.job_id}",
-        "identity": identity.to_dict(),
-        "backend": "gke",
-        "accelerator": accelerator,
-        "submitted_at": 1000.0,
-    }
+    return JobRef(
+        job_id=identity.job_id,
+        job_uri=f"file://{tmp_path}/jobs/{identity.job_id}",
+        identity=identity,
+        backend="gke",
+        accelerator=accelerator,
+        submitted_at=1000.0,
+    )
 
 
-def _markers(storage: FileStorage, ref: dict[str, Any], started: float, finished: float) -> None:
-    layout = JobLayout(ref["job_uri"])
+def _markers(storage: FileStorage, ref: JobRef, started: float, finished: float) -> None:
+    layout = JobLayout(ref.job_uri)
     storage.write_text(layout.status("started"), json.dumps({"time": started}))
     storage.write_text(layout.status("finished"), json.dumps({"time": finished}))
 
@@ -49,7 +50,7 @@ def test_accelerator_hours_of_a_job_of_known_length_and_chips(tmp_path):
     assert usage["queue_seconds"] == 60.0 and usage["run_seconds"] == 1800.0
     assert usage["chip_hours"] == 4.0  # 8 chips x half an hour
     # recorded beside the result summary, for the Kinetic view and the jobs CLI
-    assert json.loads(storage.read_text(f"{ref['job_uri']}/usage.json")) == usage
+    assert json.loads(storage.read_text(f"{ref.job_uri}/usage.json")) == usage
 
 
 def test_a_preempted_spot_attempt_and_the_retry_are_summed_apart(tmp_path):
@@ -76,7 +77,7 @@ def test_a_job_lost_before_its_runner_started_costs_no_chip_time(tmp_path):
     [("cpu", 0, False), ("gpu-l4", 1, False), ("tpu-v6e-8t", 8, False), ("tpu-v5e-1:spot", 1, True)],
 )
 def test_chips_are_counted_from_the_accelerator(accelerator: str, chips: int, spot: bool):
-    assert chips_of({"accelerator": accelerator}) == (chips, spot)
+    assert chips_of(JobRef("j", "gke", "gs://b/jobs/j", accelerator=accelerator)) == (chips, spot)
 
 
 def test_the_kinetic_link_opens_the_task_tab_of_the_instance():
@@ -97,10 +98,12 @@ def test_only_a_gke_cluster_gets_console_and_cloud_logging_links():
             pushed.append((key, value))
 
     op = KineticRunOperator(task_id="t", python_callable=print, backend="gke")
-    base = {"namespace": "default", "job_id": "j", "backend": "gke"}
-    op._push_links({"ti": Ti()}, {**base, "cluster": {"kubernetes_conn_id": "emulator"}})
+    base = {"namespace": "default", "job_id": "j", "backend": "gke", "job_uri": "gs://b/jobs/j"}
+    behind_a_connection = {**base, "cluster": {"kubernetes_conn_id": "emulator"}}
+    op._push_links({"ti": Ti()}, JobRef.from_dict(behind_a_connection))
     assert pushed == []  # no GKE console for a cluster behind a Kubernetes connection
-    op._push_links({"ti": Ti()}, {**base, "cluster": {"project": "p", "location": "l", "name": "c"}})
+    on_gke = {**base, "cluster": {"project": "p", "location": "l", "name": "c"}}
+    op._push_links({"ti": Ti()}, JobRef.from_dict(on_gke))
     ((key, links),) = pushed
     assert key == LINKS_XCOM_KEY
     assert links["console"].startswith("https://console.cloud.google.com/kubernetes/job/l/c/default/")
@@ -158,7 +161,15 @@ def test_sweep_labels_are_the_expanded_arguments_and_authors_can_override_them()
 
 
 def test_progress_words_for_each_state_a_person_acts_on():
-    job = {"backend": "gke", "hosts": 1, "node_selectors": {"cloud.google.com/gke-accelerator": "nvidia-l4"}}
+    job = JobRef.from_dict(
+        {
+            "job_id": "j",
+            "job_uri": "gs://b/jobs/j",
+            "backend": "gke",
+            "hosts": 1,
+            "node_selectors": {"cloud.google.com/gke-accelerator": "nvidia-l4"},
+        }
+    )
     pulling = BackendStatus(
         JobState.PENDING,
         reason="Starting",
@@ -170,7 +181,7 @@ def test_progress_words_for_each_state_a_person_acts_on():
         'waiting for a node matching {"cloud.google.com/gke-accelerator": "nvidia-l4"} (scale-up): '
         "0/3 nodes are available"
     )
-    slice_job = {"backend": "pathways", "hosts": 4}
+    slice_job = JobRef("j", "pathways", "gs://b/jobs/j", hosts=4)
     starting = BackendStatus(JobState.PENDING, reason="GroupStarting", message="2 of 4 hosts running")
     assert progress_of(starting, slice_job).text == "starting the slice: 2 of 4 hosts running"
     running = BackendStatus(JobState.RUNNING, details={"nodes": ["n1", "n2"]})
@@ -179,15 +190,17 @@ def test_progress_words_for_each_state_a_person_acts_on():
 
 
 def test_an_event_names_its_job_without_local_paths_or_cluster_secrets_of_any_kind():
-    ref = {
-        "job_id": "j",
-        "backend": "gke",
-        "job_uri": "gs://b/kinetic/jobs/j",
-        "base_uri": "gs://b/kinetic",
-        "identity": {"dag_id": "d"},
-        "local_dir": "/home/me/.kinetic/j",
-        "python": "/usr/bin/python3",
-        "cluster": {"endpoint": "10.0.0.1", "ca": "LS0t..."},
-        "container_env": {"A": "b"},
-    }
+    ref = JobRef.from_dict(
+        {
+            "job_id": "j",
+            "backend": "gke",
+            "job_uri": "gs://b/kinetic/jobs/j",
+            "base_uri": "gs://b/kinetic",
+            "identity": JobIdentity("d", "r", "t").to_dict(),
+            "local_dir": "/home/me/.kinetic/j",
+            "python": "/usr/bin/python3",
+            "cluster": {"endpoint": "10.0.0.1", "ca": "LS0t..."},
+            "container_env": {"A": "b"},
+        }
+    )
     assert set(event_job(ref)) == {"job_id", "backend", "job_uri", "base_uri", "identity"}

@@ -177,17 +177,24 @@ def test_a_cancel_from_the_cli_names_the_user_and_the_host(local_env, base_uri, 
 
     from kinetic_airflow.backends.local import LocalBackend
     from kinetic_airflow.job.layout import JobIdentity
+    from kinetic_airflow.job.ref import JobRef
     from kinetic_airflow.job.storage import open_storage
     from kinetic_airflow.submission import publish_job
 
     identity = JobIdentity("d", "r", "sleeps")
     layout = make_job(base_uri, time.sleep, (600,), job_id=identity.job_id)
-    ref = {"backend": "local", "job_id": identity.job_id, "job_uri": layout.job_uri, "python": sys.executable,
-           "identity": identity.to_dict(), "local_dir": str(tmp_path / "state")}  # fmt: skip
+    ref = JobRef(
+        backend="local",
+        job_id=identity.job_id,
+        job_uri=layout.job_uri,
+        python=sys.executable,
+        identity=identity,
+        local_dir=str(tmp_path / "state"),
+    )
     storage = open_storage(base_uri)
     publish_job(storage, ref, "sleep")
     backend = LocalBackend()
-    backend.submit(ref, job_key=key_of(ref["job_uri"]))
+    backend.submit(ref, job_key=key_of(ref.job_uri))
     try:
         code, out, err = cli("jobs", "cancel", identity.job_id, "--reason", "wrong data")
         assert code == 0 and f"cancelled job {identity.job_id}" in out, err

@@ -19,6 +19,7 @@ from jobkit import key_of, make_job
 from kinetic_airflow.backends.gke.classify import classify
 from kinetic_airflow.backends.local import LocalBackend
 from kinetic_airflow.job.layout import JobIdentity
+from kinetic_airflow.job.ref import JobRef
 from kinetic_airflow.job.storage import open_storage, uri_to_local_path
 from kinetic_airflow.lifecycle import (
     Action,
@@ -47,13 +48,14 @@ class Store:
         self.values[key] = json.loads(json.dumps(value))
 
 
-def _job(try_number: int = 1, try_id: str = "ti-1") -> dict:
+def _job(try_number: int = 1, try_id: str = "ti-1") -> JobRef:
     identity = JobIdentity("d", "r", "t", -1, try_number, try_id=try_id)
-    return {
-        "job_id": identity.job_id,
-        "identity": identity.to_dict(),
-        "job_uri": "file:///x/" + identity.job_id,
-    }
+    return JobRef(
+        job_id=identity.job_id,
+        backend="local",
+        identity=identity,
+        job_uri="file:///x/" + identity.job_id,
+    )
 
 
 def _record(phase: Phase, *, try_number: int = 1, ti_id: str = "ti-1", max_tries: int = 0, **extra) -> dict:
@@ -111,7 +113,7 @@ def test_a_clear_always_runs_a_new_job_and_stops_the_old_one(phase):
     decision = decide(_record(phase, outcome="success"), TryInfo(2, "ti-2", 1))
     assert decision.action is Action.NEW_JOB
     assert "cleared" in decision.reason
-    assert decision.replaces is not None and decision.replaces["job_id"] == _job()["job_id"]
+    assert decision.replaces is not None and decision.replaces.job_id == _job().job_id
 
 
 def test_a_retry_after_an_infrastructure_failure_reuses_the_earlier_job():
@@ -189,23 +191,23 @@ def _print_lines(count: int) -> None:
         print(f"line {n}", flush=True)
 
 
-def _local_ref(base_uri: str, job_id: str) -> dict:
-    return {
-        "backend": "local",
-        "job_id": job_id,
-        "job_uri": f"{base_uri}/jobs/{job_id}",
-        "local_dir": uri_to_local_path(f"{base_uri}/jobs/{job_id}"),
-        "python": sys.executable,
-        "identity": JobIdentity("d", "r", "t").to_dict(),
-    }
+def _local_ref(base_uri: str, job_id: str) -> JobRef:
+    return JobRef(
+        backend="local",
+        job_id=job_id,
+        job_uri=f"{base_uri}/jobs/{job_id}",
+        local_dir=uri_to_local_path(f"{base_uri}/jobs/{job_id}"),
+        python=sys.executable,
+        identity=JobIdentity("d", "r", "t"),
+    )
 
 
-def _watch(ref: dict, **kwargs) -> tuple[dict | None, list[str]]:
+def _watch(ref: JobRef, **kwargs) -> tuple[dict | None, list[str]]:
     """The event and the job's log lines (its progress lines go to ``emit_progress``, if given)."""
     shown: list[str] = []
     kwargs.setdefault("emit_progress", lambda line: None)
     watcher = JobWatcher(
-        ref, open_storage(ref["job_uri"]), LocalBackend(), poll_interval=0.1, emit_log=shown.append, **kwargs
+        ref, open_storage(ref.job_uri), LocalBackend(), poll_interval=0.1, emit_log=shown.append, **kwargs
     )
     return asyncio.run(watcher.wait()), shown
 
@@ -214,7 +216,7 @@ def test_a_capped_log_keeps_its_beginning_and_its_end(tmp_path):
     base = f"file://{tmp_path}"
     make_job(base, _print_lines, (500,), job_id="chatty")
     ref = _local_ref(base, "chatty")
-    LocalBackend().submit(ref, job_key=key_of(ref["job_uri"]))
+    LocalBackend().submit(ref, job_key=key_of(ref.job_uri))
     event, shown = _watch(ref, log_max_lines=100)
     assert event["status"] == "success"
     notices = [line for line in shown if "log_max_lines=" in line or "lines left out" in line]
@@ -235,7 +237,7 @@ def test_a_rebuilt_watcher_shows_no_line_twice(tmp_path):
     base = f"file://{tmp_path}"
     make_job(base, _print_lines, (50,), job_id="twice")
     ref = _local_ref(base, "twice")
-    LocalBackend().submit(ref, job_key=key_of(ref["job_uri"]))
+    LocalBackend().submit(ref, job_key=key_of(ref.job_uri))
     deadline = time.monotonic() + 60
     log_path = tmp_path / "jobs/twice/exit.json"
     while not log_path.exists() and time.monotonic() < deadline:
@@ -243,7 +245,7 @@ def test_a_rebuilt_watcher_shows_no_line_twice(tmp_path):
     # The first watcher gives up at once, after showing what was there (as the worker does
     # before it defers); a second one, as a rebuilt trigger, must go on after those lines.
     first_shown: list[str] = []
-    watcher = JobWatcher(ref, open_storage(ref["job_uri"]), LocalBackend(), emit_log=first_shown.append)
+    watcher = JobWatcher(ref, open_storage(ref.job_uri), LocalBackend(), emit_log=first_shown.append)
     asyncio.run(watcher._load_cursor())
     asyncio.run(watcher._pump_logs())
     event, second_shown = _watch(ref)
@@ -258,7 +260,7 @@ def test_a_cancelled_job_says_who_stopped_it(tmp_path):
     make_job(base, time.sleep, (600,), job_id="stopped")
     ref = _local_ref(base, "stopped")
     backend = LocalBackend()
-    backend.submit(ref, job_key=key_of(ref["job_uri"]))
+    backend.submit(ref, job_key=key_of(ref.job_uri))
     cancel_job(ref, open_storage(base), backend, by="a test", reason="it had to stop")
     event, _ = _watch(ref)
     assert event["status"] == "failed" and event["cause"] == "cancelled"

@@ -33,6 +33,7 @@ from jobkit import gke_job
 
 import kinetic_airflow
 from kinetic_airflow.backends.gke import client as gke_client
+from kinetic_airflow.job.ref import JobRef
 from kinetic_airflow.triggers import KineticJobTrigger
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -150,10 +151,10 @@ def test_concurrent_triggers_with_suspending_connection_lookups_all_fire(
     reset_shared_state()  # every trigger must build its client afresh, as in a new triggerer
     events: dict[str, dict] = {}
 
-    async def run_one(ref: dict) -> None:
+    async def run_one(ref: JobRef) -> None:
         await greenback.ensure_portal()  # as TriggerRunner.run_trigger does
-        async for event in KineticJobTrigger(job=ref, poll_interval=0.3).run():
-            events[ref["job_id"]] = event.payload
+        async for event in KineticJobTrigger(job=ref.to_dict(), poll_interval=0.3).run():
+            events[ref.job_id] = event.payload
 
     async def main() -> None:
         loop_box["loop"], loop_box["thread"] = asyncio.get_running_loop(), threading.get_ident()
@@ -166,6 +167,6 @@ def test_concurrent_triggers_with_suspending_connection_lookups_all_fire(
         f"the event loop is stuck: {len(events)} of {len(refs)} triggers fired; connection look-ups "
         f"made from: {calls}"
     )
-    assert {job_id: e["status"] for job_id, e in events.items()} == {r["job_id"]: "success" for r in refs}
+    assert {job_id: e["status"] for job_id, e in events.items()} == {r.job_id: "success" for r in refs}
     assert calls and "loop thread" not in calls, calls
     assert os.environ["KINETIC_BASE_URI"].startswith("file://")

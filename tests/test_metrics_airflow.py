@@ -113,6 +113,7 @@ def test_gauge_tags_survive_tagged_line_formats(monkeypatch):
     Datadog and InfluxDB line formats would cut the line), and a sweep member carries its
     map index so members are series of their own."""
     from kinetic_airflow import reported_metrics
+    from kinetic_airflow.job.ref import JobRef
 
     seen: list[tuple[str, dict]] = []
 
@@ -132,7 +133,7 @@ def test_gauge_tags_survive_tagged_line_formats(monkeypatch):
     class TI:
         dag_id, task_id, map_index = "d", "t", 3
 
-    job = {"accelerator": "tpu-v6e-8", "backend": "gke"}
+    job = JobRef("j", "gke", "gs://b/jobs/j", accelerator="tpu-v6e-8")
     assert reported_metrics.gauge_tags(TI(), job)["map_index"] == "3"
     TI.map_index = -1  # not mapped: no map_index tag at all
     assert "map_index" not in reported_metrics.gauge_tags(TI(), job)

@@ -111,9 +111,9 @@ def test_the_leader_worker_set_is_what_kinetic_makes(lws_env):
     backend = PathwaysBackend()
     manifest = backend.manifest(ref)
     assert manifest["apiVersion"] == "leaderworkerset.x-k8s.io/v1"  # from discovery
-    assert manifest["metadata"]["name"] == f"keras-pathways-{ref['job_id']}"
+    assert manifest["metadata"]["name"] == f"keras-pathways-{ref.job_id}"
     assert manifest["metadata"]["labels"]["app"] == "kinetic-pathways"
-    assert manifest["metadata"]["labels"]["job-id"] == ref["job_id"]
+    assert manifest["metadata"]["labels"]["job-id"] == ref.job_id
     lwt = manifest["spec"]["leaderWorkerTemplate"]
     assert lwt["size"] == 4 and lwt["restartPolicy"] == "None"
     pod = lwt["workerTemplate"]["spec"]

@@ -16,6 +16,7 @@ import pytest
 from helpers import dag_runs_in_metastore
 
 from kinetic_airflow.job.layout import STATE_KEY, JobIdentity, JobLayout
+from kinetic_airflow.job.ref import JobRef
 from kinetic_airflow.job.storage import open_storage
 from kinetic_airflow.lifecycle import Phase, TryInfo, save_record
 
@@ -36,17 +37,19 @@ class Case:
         self.run_id = f"ui_data__{name}__{time.time_ns()}"
         self.ti_state = ti_state
         identity = JobIdentity(DAG_ID, self.run_id, "greet")
-        self.ref = {
-            "job_id": identity.job_id,
-            "job_uri": f"{base}/jobs/{identity.job_id}",
-            "base_uri": base,
-            "backend": "local",
-            "accelerator": "cpu",
-            "identity": identity.to_dict(),
-            "submitted_at": time.time() - 60,
-            **ref,
-        }
-        self.layout = JobLayout(self.ref["job_uri"])
+        self.ref = JobRef.from_dict(
+            {
+                "job_id": identity.job_id,
+                "job_uri": f"{base}/jobs/{identity.job_id}",
+                "base_uri": base,
+                "backend": "local",
+                "accelerator": "cpu",
+                "identity": identity.to_dict(),
+                "submitted_at": time.time() - 60,
+                **ref,
+            }
+        )
+        self.layout = JobLayout(self.ref.job_uri)
         self.storage = open_storage(base)
         self.phase = Phase.RECORDED
         self.extra: dict[str, Any] = {}
@@ -239,19 +242,19 @@ def test_the_cost_table_sums_the_rows_it_is_given(rows):
 def test_chips_of_a_local_job_are_none_whatever_its_accelerator(tmp_path):
     from kinetic_airflow.usage import attempt_usage, chips_of
 
-    assert chips_of({"backend": "local", "accelerator": "tpu-v6e-8t"}) == (0, False)
-    assert chips_of({"backend": "gke", "accelerator": "tpu-v6e-8t"}) == (8, False)
+    assert chips_of(JobRef("j", "local", "file:///j", accelerator="tpu-v6e-8t")) == (0, False)
+    assert chips_of(JobRef("j", "gke", "gs://b/jobs/j", accelerator="tpu-v6e-8t")) == (8, False)
     identity = JobIdentity("d", "r", "t")
-    ref = {
-        "job_id": identity.job_id,
-        "job_uri": f"file://{tmp_path}/jobs/{identity.job_id}",
-        "identity": identity.to_dict(),
-        "backend": "local",
-        "accelerator": "tpu-v6e-8t",
-        "submitted_at": 1000.0,
-    }
+    ref = JobRef(
+        job_id=identity.job_id,
+        job_uri=f"file://{tmp_path}/jobs/{identity.job_id}",
+        identity=identity,
+        backend="local",
+        accelerator="tpu-v6e-8t",
+        submitted_at=1000.0,
+    )
     storage = open_storage(f"file://{tmp_path}")
-    layout = JobLayout(ref["job_uri"])
+    layout = JobLayout(ref.job_uri)
     storage.write_text(layout.status("started"), json.dumps({"time": 1010.0}))
     storage.write_text(layout.status("finished"), json.dumps({"time": 1010.0 + 771}))
     usage = attempt_usage(storage, ref, "success")

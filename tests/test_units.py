@@ -140,6 +140,7 @@ def test_log_lines_are_not_repeated_by_a_rebuilt_watcher(tmp_path):
     from jobkit import key_of, make_job
 
     from kinetic_airflow.backends.local import LocalBackend
+    from kinetic_airflow.job.ref import JobRef
     from kinetic_airflow.job.storage import open_storage
     from kinetic_airflow.watch import JobWatcher
 
@@ -149,14 +150,14 @@ def test_log_lines_are_not_repeated_by_a_rebuilt_watcher(tmp_path):
         return "ok"
 
     layout = make_job(f"file://{tmp_path}", chatty)
-    ref = {
-        "backend": "local",
-        "job_id": "job-1",
-        "job_uri": layout.job_uri,
-        "local_dir": str(tmp_path / "jobs/job-1"),
-        "python": sys.executable,
-    }
-    LocalBackend().submit(ref, job_key=key_of(ref["job_uri"]))
+    ref = JobRef(
+        backend="local",
+        job_id="job-1",
+        job_uri=layout.job_uri,
+        local_dir=str(tmp_path / "jobs/job-1"),
+        python=sys.executable,
+    )
+    LocalBackend().submit(ref, job_key=key_of(ref.job_uri))
 
     def watch() -> list[str]:
         lines: list[str] = []

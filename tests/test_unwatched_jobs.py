@@ -26,6 +26,7 @@ from helpers import ti_states
 from kinetic_airflow.backends.local import process_alive
 from kinetic_airflow.backends.registry import get_backend
 from kinetic_airflow.job.layout import STATE_KEY
+from kinetic_airflow.job.ref import JobRef
 from kinetic_airflow.job.storage import open_storage
 from kinetic_airflow.lifecycle import Phase, cancelled_marker
 
@@ -160,9 +161,9 @@ def _store_record(dr) -> dict:
     return json.loads(record) if isinstance(record, str) else record
 
 
-def _local_processes(job: dict) -> list[int]:
+def _local_processes(job: JobRef) -> list[int]:
     """Live processes of a local job: its supervisor and everything in its process group."""
-    launch = Path(job["local_dir"]) / "launch.json"
+    launch = Path(job.local_dir) / "launch.json"
     if not launch.exists():
         return []
     pid = int(json.loads(launch.read_text())["pid"])
@@ -177,15 +178,15 @@ def _local_processes(job: dict) -> list[int]:
     return sorted(set(live))
 
 
-def _cluster_leftovers(emulator, job: dict) -> list[str]:
+def _cluster_leftovers(emulator, job: JobRef) -> list[str]:
     """The job's Kubernetes object (Job or LeaderWorkerSet), its pods, and their processes."""
     import kubernetes
 
-    backend = get_backend(job["backend"])
+    backend = get_backend(job.backend)
     name = backend.object_name(job)
     client = emulator.api_client()
     left: list[str] = []
-    if job["backend"] == "gke":
+    if job.backend == "gke":
         batch = kubernetes.client.BatchV1Api(client)
         left += [
             f"Job {j.metadata.name}"
@@ -210,13 +211,13 @@ def _cluster_leftovers(emulator, job: dict) -> list[str]:
     return left
 
 
-def _live(job: dict, emulator) -> list[str]:
-    if job["backend"] == "local":
+def _live(job: JobRef, emulator) -> list[str]:
+    if job.backend == "local":
         return [f"process {pid}" for pid in _local_processes(job)]
     return _cluster_leftovers(emulator, job)
 
 
-def _eventually_none_live(job: dict, emulator, timeout: float = 45) -> None:
+def _eventually_none_live(job: JobRef, emulator, timeout: float = 45) -> None:
     """A cancelled job's pods take a moment to stop; a job nobody cancelled runs for 300 s."""
     end = time.monotonic() + timeout
     while True:
@@ -224,7 +225,7 @@ def _eventually_none_live(job: dict, emulator, timeout: float = 45) -> None:
         if not live or time.monotonic() > end:
             break
         time.sleep(0.3)
-    assert live == [], f"job {job['job_id']} was left running unwatched: {live}"
+    assert live == [], f"job {job.job_id} was left running unwatched: {live}"
 
 
 @pytest.mark.parametrize("step", STEPS)
@@ -251,7 +252,7 @@ def test_an_error_before_a_watcher_holds_the_job_leaves_no_job_running(
     kind, message = (job_env / f"{TASK}.txt").read_text().split("\n", 1)
     assert kind.endswith("InjectedFault") and message == f"injected fault at {step}"  # the error itself
     record = _store_record(dr)
-    job = record["job"]
+    job = JobRef.from_dict(record["job"])
     _eventually_none_live(job, emulator)
     assert record["phase"] == "cancelled", record["phase"]
     reason = record["cancelled"]["reason"]
@@ -261,11 +262,11 @@ def test_an_error_before_a_watcher_holds_the_job_leaves_no_job_running(
     ), reason
     (entry,) = record["jobs"]  # what the Kinetic view lists: this job, cancelled, and why
     assert entry["phase"] == "cancelled" and entry["cancelled"]["reason"] == reason
-    marker = json.loads(open_storage(job["job_uri"]).read_text(cancelled_marker(job)))
+    marker = json.loads(open_storage(job.job_uri).read_text(cancelled_marker(job)))
     assert marker["by"] == "worker" and marker["reason"] == reason  # what the watcher and CLI show
     # nothing the job made is deleted on the way (DESIGN: no failure path deletes files)
     if step not in ("backend_submit", "record_created", "ship_payload"):
-        assert open_storage(job["job_uri"]).exists(job["job_uri"] + "/manifest.json")
+        assert open_storage(job.job_uri).exists(job.job_uri + "/manifest.json")
 
 
 def test_a_bad_poll_interval_fails_before_any_job_exists(job_env, tmp_path, monkeypatch):

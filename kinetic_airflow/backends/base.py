@@ -1,7 +1,7 @@
 """The protocol every backend (local process, GKE Job, Pathways LeaderWorkerSet) speaks.
 
-A job is named by a ``JobRef``: a plain JSON dict (it travels in trigger kwargs,
-events and ``task_state_store``, so it must never hold a secret). Backends only
+A job is named by a ``JobRef`` (``kinetic_airflow.job.ref``: typed, frozen; its JSON form
+travels in trigger kwargs, events and ``task_state_store``, so it never holds a secret). Backends only
 create, observe and delete; what a job *returned* is read from storage by the
 watcher, which is why status here is about the process/pod, not the result.
 """
@@ -13,9 +13,9 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Backend", "BackendStatus", "JobRef", "JobState"]
+from kinetic_airflow.job.ref import JobRef
 
-JobRef = dict[str, Any]
+__all__ = ["Backend", "BackendStatus", "JobRef", "JobState"]
 
 
 class JobState(str, enum.Enum):
@@ -68,7 +68,7 @@ class Backend:
 
     def full_log_hint(self, job: JobRef) -> str:
         """Where a person finds the job's whole log (named when the task log is capped)."""
-        return job["job_uri"] + "/job.log"
+        return job.job_uri + "/job.log"
 
     def log_complete(self, job: JobRef) -> bool:
         """True once everything the (finished) job logged can be read with ``read_log``."""

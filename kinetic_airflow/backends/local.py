@@ -23,6 +23,7 @@ from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobSta
 from kinetic_airflow.config import local_state_root
 from kinetic_airflow.job.integrity import KEY_ENV
 from kinetic_airflow.job.layout import CANCEL_NAME, EXIT_NAME, LAUNCH_NAME, LOG_NAME, SUPERVISOR_LOG_NAME
+from kinetic_airflow.job.ref import JobRefError
 
 __all__ = ["LocalBackend", "process_alive"]
 
@@ -32,7 +33,13 @@ _EXIT_CHECK_SECONDS = 0.05
 
 
 def _state_dir(job: JobRef) -> Path:
-    return Path(job["local_dir"])
+    if not job.local_dir:
+        raise JobRefError(
+            f"local job {job.job_id!r} has no local_dir (its state directory on the worker machine): "
+            "its reference was not written by the operator for the local backend; clear the task to run "
+            "a new job"
+        )
+    return Path(job.local_dir)
 
 
 def _read_json(path: Path) -> dict | None:
@@ -68,12 +75,12 @@ class LocalBackend(Backend):
             fd = os.open(state / LAUNCH_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
             return  # already launched: adopt it
-        python = job.get("python") or sys.executable
+        python = job.python or sys.executable
         command = [
             python, "-m", "kinetic_airflow.backends.local_supervisor",
             "--state-dir", str(state),
-            "--log-uri", job["job_uri"] + "/job.log",
-            "--", python, "-m", "kinetic_airflow.runner", "--job-uri", job["job_uri"],
+            "--log-uri", job.job_uri + "/job.log",
+            "--", python, "-m", "kinetic_airflow.runner", "--job-uri", job.job_uri,
         ]  # fmt: skip
         child_env = dict(os.environ)
         # As kinetic does, Keras runs on JAX unless told otherwise. JAX_PLATFORMS is left to JAX
@@ -178,9 +185,9 @@ class LocalBackend(Backend):
 
     def full_log_hint(self, job: JobRef) -> str:
         local = _state_dir(job) / LOG_NAME
-        if job["job_uri"].startswith("file://"):
+        if job.job_uri.startswith("file://"):
             return str(local)
-        return f"{local} (a copy goes to {job['job_uri']}/job.log when the job ends)"
+        return f"{local} (a copy goes to {job.job_uri}/job.log when the job ends)"
 
     def read_log(self, job: JobRef, offset: int) -> tuple[str, int]:
         path = _state_dir(job) / LOG_NAME

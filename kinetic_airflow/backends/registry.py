@@ -1,4 +1,4 @@
-"""``get_backend``: a job's backend name (``JobRef["backend"]``) to its implementation;
+"""``get_backend``: a job's backend name (``JobRef.backend``) to its implementation;
 ``backend_states``: what the backends say of the catalogue's jobs that have no outcome yet."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def backend_states(infos: Iterable[JobInfo]) -> None:
         if ref is None or info.summary is not None or info.cancelled is not None:
             continue
         try:
-            if ref.get("backend") == "local":
+            if ref.backend == "local":
                 status = get_backend("local").status(ref)
             else:
                 # Start-up cost: as in get_backend, the cluster code loads only for a cluster job.
@@ -52,7 +52,7 @@ def backend_states(infos: Iterable[JobInfo]) -> None:
 
                 status = snapshot_for(snapshots, ref).status_of(ref)
         except Exception as exc:
-            info.backend_message = f"could not ask the {ref.get('backend')} backend: {exc}"
+            info.backend_message = f"could not ask the {ref.backend} backend: {exc}"
             continue
         info.backend_state = status.state.value
         info.backend_message = status.message

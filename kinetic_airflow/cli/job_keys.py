@@ -43,7 +43,7 @@ def recorded_integrity(identity: JobIdentity | None, job_id: str) -> tuple[dict[
             f"this Airflow's metadata DB holds no job record for {identity.ti_key} (is this the "
             "environment of the Airflow that ran it? AIRFLOW__DATABASE__SQL_ALCHEMY_CONN names the DB)"
         )
-    found = job_integrity(record, {"job_id": job_id})
+    found = job_integrity(record, job_id)
     if not found.get("key"):
         return {}, f"the job record of {identity.ti_key} names no key for job {job_id}"
     return found, ""

@@ -43,6 +43,7 @@ from kinetic_airflow.cli.reproduce import reproduce_commands
 from kinetic_airflow.cli.text import described
 from kinetic_airflow.job.integrity import IntegrityError
 from kinetic_airflow.job.layout import JobLayout
+from kinetic_airflow.job.ref import K8sFields
 from kinetic_airflow.job.storage import join_uri
 from kinetic_airflow.jobstore import JobInfo, list_job_ids, load_job, read_json_object
 from kinetic_airflow.results import load_verified_envelope
@@ -104,7 +105,7 @@ _USAGE_FIELDS = ("device", "chips", "spot", "queue_seconds", "run_seconds", "chi
 def describe(info: JobInfo, usage: dict[str, Any] | None = None) -> dict[str, Any]:
     """What ``jobs show`` prints; ``usage`` is the job's ``usage.json`` (written when its outcome
     reached Airflow), None before that."""
-    ref = info.ref or {}
+    ref = info.ref
     identity = info.identity
     manifest = info.manifest or {}
     summary = info.summary or {}
@@ -121,13 +122,14 @@ def describe(info: JobInfo, usage: dict[str, Any] | None = None) -> dict[str, An
         "created": _iso(info.created),
         "output_dir": manifest.get("output_dir"),
     }
-    if ref.get("backend") in ("gke", "pathways"):
-        cluster = ref.get("cluster") or {}
+    if ref is not None and ref.backend in ("gke", "pathways"):
+        k8s = ref.k8s or K8sFields()
+        cluster = k8s.cluster or {}
         details.update(
             cluster=cluster.get("name") or cluster.get("kubernetes_conn_id"),
-            namespace=ref.get("namespace"),
-            kubernetes_object=get_backend(ref["backend"]).object_name(ref),
-            image=ref.get("image"),
+            namespace=k8s.namespace,
+            kubernetes_object=get_backend(ref.backend).object_name(ref),
+            image=k8s.image,
         )
     if info.backend_message:
         details["backend_says"] = info.backend_message
@@ -246,7 +248,8 @@ def who_runs_this() -> str:
 def cmd_cancel(args: argparse.Namespace) -> int:
     storage, job_uri = resolve_job(args, args.job)
     info = load_job(storage, job_uri)
-    if info.ref is None:
+    ref = info.ref
+    if ref is None:
         raise CliError(
             f"job {info.job_id} has no job.json (an older kinetic-airflow submitted it), so its backend is "
             "unknown: stop it with kubectl (kubectl delete job kinetic-<job id>) or by its process"
@@ -255,9 +258,9 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         print(f"job {info.job_id} has already ended ({info.state}); nothing to cancel")
         return 0
     lifecycle.cancel_job(
-        info.ref,
+        ref,
         storage,
-        get_backend(info.ref["backend"]),
+        get_backend(ref.backend),
         by=f"kinetic-airflow jobs cancel ({who_runs_this()})",
         reason=args.reason,
     )

@@ -20,6 +20,7 @@ from kinetic_airflow.backends.gke.manifest import CONTAINER_NAME
 from kinetic_airflow.backends.local import process_alive
 from kinetic_airflow.backends.registry import get_backend
 from kinetic_airflow.job.layout import EXIT_NAME, LAUNCH_NAME, LOG_NAME
+from kinetic_airflow.job.ref import JobRef
 from kinetic_airflow.job.storage import Storage
 from kinetic_airflow.jobstore import JobInfo
 
@@ -37,8 +38,8 @@ def print_logs(info: JobInfo, storage: Storage, *, follow: bool) -> int:
     ref = info.ref
     if info.backend in ("gke", "pathways") and ref is not None:
         return _cluster_logs(info, ref, follow=follow)
-    if ref is not None and ref.get("local_dir") and Path(ref["local_dir"], LOG_NAME).exists():
-        return _local_logs(Path(ref["local_dir"]), follow=follow)
+    if ref is not None and ref.local_dir and Path(ref.local_dir, LOG_NAME).exists():
+        return _local_logs(Path(ref.local_dir), follow=follow)
     text = storage.read_text_or_none(f"{info.job_uri}/job.log")
     if text is None:
         print(
@@ -103,12 +104,13 @@ def _ended(pod: dict[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
 
-def _cluster_logs(info: JobInfo, ref: dict[str, Any], *, follow: bool) -> int:
-    backend = get_backend(ref["backend"])
+def _cluster_logs(info: JobInfo, ref: JobRef, *, follow: bool) -> int:
+    backend = get_backend(ref.backend)
     name = backend.object_name(ref)
-    namespace = ref.get("namespace") or "default"
-    api = kube_api(ref["cluster"])
-    multi = ref["backend"] == "pathways"
+    k8s = ref.on_cluster()
+    namespace = k8s.namespace or "default"
+    api = kube_api(k8s.cluster)
+    multi = ref.backend == "pathways"
     shown: dict[str, int] = {}  # pod -> lines printed
     waited_for_pod = False
     while True:

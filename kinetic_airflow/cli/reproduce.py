@@ -35,6 +35,7 @@ from kinetic_airflow.job.integrity import (
     verify_manifest,
 )
 from kinetic_airflow.job.layout import MANIFEST_NAME, PAYLOAD_NAME, SUMMARY_NAME, JobLayout
+from kinetic_airflow.job.ref import JobRef, K8sFields
 from kinetic_airflow.jobstore import load_job
 
 __all__ = ["add_reproduce_command", "default_workdir", "reproduce_commands", "run_reproduce"]
@@ -44,10 +45,15 @@ def default_workdir(job_id: str) -> str:
     return os.path.join(tempfile.gettempdir(), "kinetic-reproduce", job_id)
 
 
-def _env(ref: dict[str, Any]) -> dict[str, str]:
+def _k8s(ref: JobRef | None) -> K8sFields:
+    """The job's cluster fields; empty ones for a local job (or one without ``job.json``)."""
+    return ref.k8s if ref is not None and ref.k8s is not None else K8sFields()
+
+
+def _env(ref: JobRef | None) -> dict[str, str]:
     """The plain variables the job's container had (not those from Secrets)."""
     env = {"KERAS_BACKEND": "jax"}
-    env.update({k: str(v) for k, v in (ref.get("container_env") or {}).items()})
+    env.update({k: str(v) for k, v in (_k8s(ref).container_env or {}).items()})
     return env
 
 
@@ -61,17 +67,17 @@ def _shell(env: dict[str, str], command: list[str]) -> str:
     return f"{assigns} {shlex.join(command)}".strip()
 
 
-def reproduce_commands(job_uri: str, job_id: str, ref: dict[str, Any] | None) -> list[str]:
+def reproduce_commands(job_uri: str, job_id: str, ref: JobRef | None) -> list[str]:
     """What ``jobs show`` prints: the reproduce command, and the runner command it runs."""
     local = "file://" + os.path.join(default_workdir(job_id), "jobs", job_id)
     return [
         f"kinetic-airflow reproduce {shlex.quote(job_uri)}   (add --pdb for a debugger)",
-        "runs: " + _shell(_env(ref or {}), runner_command(local)),
+        "runs: " + _shell(_env(ref), runner_command(local)),
     ]
 
 
-def _secret_env(ref: dict[str, Any]) -> list[str]:
-    spec = ((ref.get("pod_override") or {}).get("spec")) or {}
+def _secret_env(ref: JobRef | None) -> list[str]:
+    spec = ((_k8s(ref).pod_override or {}).get("spec")) or {}
     names = []
     for container in spec.get("containers") or []:
         for item in container.get("env") or []:
@@ -140,7 +146,7 @@ def _reproduce(args: argparse.Namespace) -> int:
         local_uri = copy_job(storage, job_uri, workdir, args.output_dir, integrity["key"])
     except (FileNotFoundError, IntegrityError) as exc:
         raise CliError(str(exc)) from None
-    ref = info.ref or {}
+    ref = info.ref
     env = _env(ref)
     command = runner_command(local_uri, pdb=args.pdb, python=args.python)
     original = info.summary or {}
@@ -149,8 +155,9 @@ def _reproduce(args: argparse.Namespace) -> int:
         outcome = "succeeded" if original.get("ok") else f"failed: {original.get('error_type')}"
         detail = "" if original.get("ok") else f" ({original.get('error_message')})"
         print(f"the job {outcome}{detail}")
-    if ref.get("accelerator") and ref.get("accelerator") != "cpu":
-        print(f"note: the job ran on {ref['accelerator']}; here it runs on this machine's hardware")
+    accelerator = ref.accelerator if ref is not None else None
+    if accelerator and accelerator != "cpu":
+        print(f"note: the job ran on {accelerator}; here it runs on this machine's hardware")
     secret = _secret_env(ref)
     if secret:
         print(f"note: set these yourself, the pod got them from Kubernetes: {', '.join(secret)}")

@@ -30,6 +30,8 @@ from typing import Any
 
 import cloudpickle
 
+from kinetic_airflow.job.ref import JobRef, K8sFields
+
 __all__ = [
     "HANDLE_NAME",
     "handle_uri",
@@ -77,37 +79,38 @@ def _job_uri_to_interop(job_uri: str) -> str | None:
     return interop_prefix(base[: -len("/jobs")], job_id)
 
 
-def kinetic_handle(ref: dict[str, Any], func_name: str, created: float) -> dict[str, Any] | None:
+def kinetic_handle(ref: JobRef, func_name: str, created: float) -> dict[str, Any] | None:
     """keras-kinetic's ``JobHandle`` fields (``kinetic/jobs.py``) for one kinetic-airflow job."""
-    if ref.get("backend") not in ("gke", "pathways"):
+    if ref.backend not in ("gke", "pathways"):
         return None  # kinetic only knows cluster jobs
-    cluster = ref.get("cluster") or {}
-    found = kinetic_bucket(ref.get("base_uri", ""), cluster.get("name"))
+    k8s = ref.k8s or K8sFields()
+    cluster = k8s.cluster or {}
+    found = kinetic_bucket(ref.base_uri or "", cluster.get("name"))
     if found is None:
         return None
-    if ref["backend"] == "pathways":
-        k8s_name = f"keras-pathways-{ref['job_id']}"
+    if ref.backend == "pathways":
+        k8s_name = f"keras-pathways-{ref.job_id}"
     else:
-        k8s_name = f"kinetic-{ref['job_id']}"
-    identity = ref.get("identity") or {}
+        k8s_name = f"kinetic-{ref.job_id}"
+    identity = ref.identity.to_dict() if ref.identity is not None else {}
     when = datetime.datetime.fromtimestamp(created, datetime.timezone.utc).replace(microsecond=0)
     return {
-        "job_id": ref["job_id"],
-        "backend": ref["backend"],
+        "job_id": ref.job_id,
+        "backend": ref.backend,
         "project": cluster.get("project") or found["project"],
         "cluster_name": cluster.get("name") or found["cluster"],
         "zone": cluster.get("location") or "",
-        "namespace": ref.get("namespace") or "default",
+        "namespace": k8s.namespace or "default",
         "bucket_name": found["bucket"],
         "k8s_name": k8s_name,
-        "image_uri": ref.get("image") or "",
-        "accelerator": ref.get("accelerator") or "cpu",
+        "image_uri": k8s.image or "",
+        "accelerator": ref.accelerator or "cpu",
         "func_name": func_name,
         "display_name": f"{identity.get('dag_id')}.{identity.get('task_id')}",
         "created_at": when.isoformat().replace("+00:00", "Z"),
         # ignored by kinetic (JobHandle.from_dict drops unknown keys); for people and our CLI
         "kinetic_airflow": {
-            "job_uri": ref.get("job_uri"),
+            "job_uri": ref.job_uri,
             "dag_id": identity.get("dag_id"),
             "run_id": identity.get("run_id"),
             "task_id": identity.get("task_id"),
@@ -118,12 +121,12 @@ def kinetic_handle(ref: dict[str, Any], func_name: str, created: float) -> dict[
     }
 
 
-def write_handle(storage: Any, ref: dict[str, Any], func_name: str, created: float) -> str | None:
+def write_handle(storage: Any, ref: JobRef, func_name: str, created: float) -> str | None:
     """Write kinetic's handle for a cluster job in a kinetic bucket; returns its URI (or None)."""
     handle = kinetic_handle(ref, func_name, created)
     if handle is None:
         return None
-    uri = f"gs://{handle['bucket_name']}/{ref['job_id']}/{HANDLE_NAME}"
+    uri = f"gs://{handle['bucket_name']}/{ref.job_id}/{HANDLE_NAME}"
     storage.write_text(uri, json.dumps(handle, indent=2, sort_keys=True))
     return uri
 

@@ -22,10 +22,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kinetic_airflow.connections import storage_for
-from kinetic_airflow.job.layout import STATE_KEY, JobIdentity, JobLayout, output_dir_uri
+from kinetic_airflow.job.layout import STATE_KEY, JobLayout, output_dir_uri
 from kinetic_airflow.job.tracebacks import clean_remote_traceback, type_name, user_summary
 from kinetic_airflow.jobstore import read_json_object
-from kinetic_airflow.lifecycle import recorded_jobs
+from kinetic_airflow.lifecycle import record_job, recorded_jobs
 
 __all__ = ["device_of", "job_details", "run_costs", "task_rows"]
 
@@ -296,7 +296,10 @@ def _record_of(store: Any) -> dict[str, Any] | None:
     from kinetic_airflow.lifecycle import decode_record  # the record's one decoder
 
     try:
-        return decode_record(store.value)
+        record = decode_record(store.value)
+        if record is not None:
+            record_job(record)  # its job reference too (JobRefError is a ValueError)
+        return record
     except ValueError as exc:  # one damaged record must not blank the page
         log.warning("kinetic view: %s/%s/%s: %s", store.dag_id, store.run_id, store.task_id, exc)
         return None
@@ -330,7 +333,7 @@ def task_rows(session: Any, *, all_jobs: bool = False, **filters: Any) -> list[d
     """One row per task instance with a kinetic job: its current job, its attempts' sums, and
     (``all_jobs``) every job it ran."""
     decoded = [
-        (ti, logical_date, run_after, record, recorded_jobs(record))
+        (ti, logical_date, run_after, record_job(record), recorded_jobs(record))
         for store, ti, logical_date, run_after in _records(session, **filters)
         if (record := _record_of(store)) is not None
     ]
@@ -341,20 +344,17 @@ def task_rows(session: Any, *, all_jobs: bool = False, **filters: Any) -> list[d
         return index == len(entries) - 1 and _ti_state(ti) in ACTIVE_TI_STATES
 
     futures = {  # every job's files at once: a page of jobs costs one round trip, not one a job
-        job["job_id"]: _READERS.submit(
-            _job_files, job, record["job"].get("gcp_conn_id"), watched(ti, entries, i)
-        )
-        for ti, _ld, _ra, record, entries in decoded
+        job["job_id"]: _READERS.submit(_job_files, job, ref.gcp_conn_id, watched(ti, entries, i))
+        for ti, _ld, _ra, ref, entries in decoded
         for i, job in enumerate(entries)
     }
     out = []
-    for ti, logical_date, run_after, record, entries in decoded:
+    for ti, logical_date, run_after, ref, entries in decoded:
         jobs = [
             _job_view(e, futures[e["job_id"]].result(), watched(ti, entries, i), _ti_state(ti))
             for i, e in enumerate(entries)
         ]
         current = jobs[-1]
-        ref = record["job"]  # every try and attempt shares KINETIC_OUTPUT_DIR (unless set by hand)
         row = {
             **_ti_fields(ti, logical_date, run_after),
             **{
@@ -370,11 +370,12 @@ def task_rows(session: Any, *, all_jobs: bool = False, **filters: Any) -> list[d
             "queue_seconds": current["queue_seconds"],
             "spot": current["spot"],
             "result": current["result"] if all_jobs else _brief(current["result"]),
-            "output_dir": output_dir_uri(ref["base_uri"], JobIdentity.from_dict(ref["identity"])),
+            # every try and attempt shares KINETIC_OUTPUT_DIR (unless set by hand)
+            "output_dir": output_dir_uri(ref.base_uri or "", ref.job_identity),
         }
         if all_jobs:
             row["jobs"] = jobs
-            row["gcp_conn_id"] = ref.get("gcp_conn_id")  # a connection id: where its metrics are read
+            row["gcp_conn_id"] = ref.gcp_conn_id  # a connection id: where its metrics are read
             row["history"] = current["history"]
         out.append(row)
     return out

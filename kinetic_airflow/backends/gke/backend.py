@@ -39,7 +39,7 @@ from kinetic_airflow.backends.gke.watch_cache import (
     wait_event,
 )
 from kinetic_airflow.config import resolve_setting
-from kinetic_airflow.job.layout import JOB_PREFIX, JobIdentity, check_derived_names
+from kinetic_airflow.job.layout import JOB_PREFIX, check_derived_names
 
 __all__ = ["GKEBackend", "JobOwnershipError", "Observed", "k8s_job_name"]
 
@@ -56,11 +56,11 @@ class JobOwnershipError(RuntimeError):
 
 
 def k8s_job_name(job: JobRef) -> str:
-    return f"{JOB_PREFIX}{job['job_id']}"
+    return f"{JOB_PREFIX}{job.job_id}"
 
 
 def _owner_label(job: JobRef) -> str:
-    return JobIdentity.from_dict(job["identity"]).labels()[TI_LABEL]
+    return job.job_identity.labels()[TI_LABEL]
 
 
 def container_running(watch: ClusterWatch, pod_name: str) -> Callable[[], bool]:
@@ -98,14 +98,14 @@ class GKEBackend(Backend):
 
     @staticmethod
     def _api(job: JobRef) -> KubeApi:
-        return kube_api(job["cluster"])
+        return kube_api(job.on_cluster().cluster)
 
     # What a subclass running another kind of object (a LeaderWorkerSet) changes ---------------
     def object_name(self, job: JobRef) -> str:
         return k8s_job_name(job)
 
     def object_path(self, job: JobRef, name: str | None = None) -> str:
-        return KubeApi.jobs_path(job["namespace"], name)
+        return KubeApi.jobs_path(job.on_cluster().namespace, name)
 
     def _cached_object(self, watch: Any, name: str) -> dict[str, Any] | None:
         return watch.job(name)
@@ -132,39 +132,40 @@ class GKEBackend(Backend):
     # Submit -----------------------------------------------------------------------------------
     def _pod_args(self, job: JobRef) -> dict[str, Any]:
         """What every kind of object's pods are built from (the job reference's public fields)."""
-        identity = JobIdentity.from_dict(job["identity"])
+        identity = job.job_identity
+        k8s = job.on_cluster()
         return {
             "name": self.object_name(job),
-            "namespace": job["namespace"],
+            "namespace": k8s.namespace,
             "labels": identity.labels(),
             "annotations": {
                 "kinetic.airflow/task-instance": identity.ti_key,
-                "kinetic.airflow/job-uri": job["job_uri"],
+                "kinetic.airflow/job-uri": job.job_uri,
             },
-            "spec": parse_accelerator(job["accelerator"]),
-            "image": job["image"],
-            "job_uri": job["job_uri"],
-            "python": job.get("runner_python") or "python",
-            "service_account": job.get("service_account"),
-            "env": job.get("container_env"),
+            "spec": parse_accelerator(job.accelerator),
+            "image": k8s.image,
+            "job_uri": job.job_uri,
+            "python": k8s.runner_python or "python",
+            "service_account": k8s.service_account,
+            "env": k8s.container_env,
             "extras": pod_extras(job, str(resolve_setting("requirements_cache") or "hostpath")),
             "secret_env": key_env(self.object_name(job)),
         }
 
     def manifest(self, job: JobRef) -> dict[str, Any]:
         return build_job_manifest(
-            **self._pod_args(job), active_deadline_seconds=job.get("active_deadline_seconds")
+            **self._pod_args(job), active_deadline_seconds=job.on_cluster().active_deadline_seconds
         )
 
     def submit(self, job: JobRef, *, env: dict[str, str] | None = None, job_key: str | None = None) -> None:
         # a name the controllers cannot derive pods from is refused here, not silently there
-        check_derived_names(job["job_id"], int(job.get("hosts") or 1))
+        check_derived_names(job.job_id, int(job.hosts or 1))
         api = self._api(job)
         # pod_override= / [kinetic] pod_override over every pod template, checked before the POST
-        manifest = apply_to_manifest(self.manifest(job), job.get("pod_override"))
+        manifest = apply_to_manifest(self.manifest(job), job.on_cluster().pod_override)
         created = self._create(api, job, manifest)
         if job_key:  # the key's Secret, owned by what was just created (backends.gke.job_key)
-            create_key_secret(api, created, job_key, JobIdentity.from_dict(job["identity"]).labels())
+            create_key_secret(api, created, job_key, job.job_identity.labels())
 
     def _create(self, api: KubeApi, job: JobRef, manifest: dict[str, Any]) -> dict[str, Any]:
         """POST the Job / LeaderWorkerSet, or adopt this task instance's; returns the object."""
@@ -178,7 +179,8 @@ class GKEBackend(Backend):
             owner = existing.get("metadata", {}).get("labels", {}).get(TI_LABEL)
             if owner != _owner_label(job):
                 raise JobOwnershipError(
-                    f"a {self.kind_label} named {name} already exists in namespace {job['namespace']} but is "
+                    f"a {self.kind_label} named {name} already exists in namespace "
+                    f"{job.on_cluster().namespace} but is "
                     f"not labelled as this task instance's ({TI_LABEL}={owner!r}, expected "
                     f"{_owner_label(job)!r}); kinetic will not adopt or delete it. Delete it if it is stale."
                 ) from None
@@ -193,7 +195,7 @@ class GKEBackend(Backend):
         if found is None:
             return BackendStatus(JobState.NOT_FOUND)
         pods = api.request(
-            "GET", KubeApi.pods_path(job["namespace"]), query={"labelSelector": f"job-name={name}"}
+            "GET", KubeApi.pods_path(job.on_cluster().namespace), query={"labelSelector": f"job-name={name}"}
         ).get("items", [])
         status = self._classify(job, found, pods)
         if status.state is JobState.PENDING and self.missing_pods(job, pods):
@@ -205,7 +207,7 @@ class GKEBackend(Backend):
         try:
             events = api.request(
                 "GET",
-                f"/api/v1/namespaces/{job['namespace']}/events",
+                f"/api/v1/namespaces/{job.on_cluster().namespace}/events",
                 query={"fieldSelector": FAILED_CREATE},
             ).get("items", [])
         except ApiError as exc:
@@ -251,12 +253,14 @@ class GKEBackend(Backend):
 
     def _connect(self, job: JobRef) -> tuple[KubeApi, ClusterWatch]:
         """The job's client and shared watch; may do I/O, so a trigger calls it in a thread."""
-        return self._api(job), shared_watch(job["cluster"], job["namespace"])
+        k8s = job.on_cluster()
+        return self._api(job), shared_watch(k8s.cluster, k8s.namespace)
 
     def _connected(self, job: JobRef) -> tuple[KubeApi, ClusterWatch] | None:
         """``_connect`` from memory when the client and watch exist already (no thread hop)."""
-        api = cached_kube_api(job["cluster"])
-        watch = cached_watch(job["cluster"], job["namespace"])
+        k8s = job.on_cluster()
+        api = cached_kube_api(k8s.cluster)
+        watch = cached_watch(k8s.cluster, k8s.namespace)
         return (api, watch) if api is not None and watch is not None else None
 
     async def _aobserved(self, job: JobRef) -> Observed:
@@ -312,7 +316,7 @@ class GKEBackend(Backend):
             pod = max(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "")
             stream = self._streams[name] = PodLogStream(
                 observed.api,
-                job["namespace"],
+                job.on_cluster().namespace,
                 pod["metadata"]["name"],
                 CONTAINER_NAME,
                 still_running=container_running(observed.watch, pod["metadata"]["name"]),
@@ -323,19 +327,20 @@ class GKEBackend(Backend):
 
     def _logs_url(self, job: JobRef) -> str | None:
         """Cloud Logging query of the job's pods; None on a cluster that is not GKE."""
-        cluster = job.get("cluster") or {}
+        k8s = job.on_cluster()
+        cluster = k8s.cluster or {}
         if cluster.get("kubernetes_conn_id") and not cluster.get("project"):
             return None
         return job_links(
             project=cluster.get("project"),
             location=cluster.get("location") or "",
             cluster=cluster.get("name") or "",
-            namespace=job["namespace"],
+            namespace=k8s.namespace,
             job_name=self.object_name(job),
         )["logs"]
 
     def full_log_hint(self, job: JobRef) -> str:
-        command = f"kubectl logs -n {job['namespace']} job/{self.object_name(job)}"
+        command = f"kubectl logs -n {job.on_cluster().namespace} job/{self.object_name(job)}"
         url = self._logs_url(job)
         if url is None:
             return f"`{command}` (while the Job exists: ttlSecondsAfterFinished={TTL_AFTER_FINISHED_SECONDS})"

@@ -104,7 +104,7 @@ class ClusterSnapshot:
         return f"{base}/{name}" if name else base
 
     def status_of(self, ref: JobRef) -> BackendStatus:
-        name = lws_name(ref["job_id"]) if ref.get("backend") == "pathways" else f"kinetic-{ref['job_id']}"
+        name = lws_name(ref.job_id) if ref.backend == "pathways" else f"kinetic-{ref.job_id}"
         found = self.objects.get(name)
         if found is None:
             return BackendStatus(classify(None, []).state)
@@ -116,8 +116,14 @@ class ClusterSnapshot:
         self.api.delete_foreground(path)
 
 
+def snapshot_key(cluster: dict[str, Any], namespace: str) -> str:
+    """One snapshot per cluster and namespace: the key jobs that share both are listed under."""
+    return cluster_key(cluster) + "|" + namespace
+
+
 def snapshot_for(cache: dict[str, ClusterSnapshot], ref: JobRef) -> ClusterSnapshot:
-    key = cluster_key(ref["cluster"]) + "|" + ref.get("namespace", "default")
+    k8s = ref.on_cluster()
+    key = snapshot_key(k8s.cluster or {}, k8s.namespace)
     if key not in cache:
-        cache[key] = ClusterSnapshot(ref["cluster"], ref.get("namespace", "default"))
+        cache[key] = ClusterSnapshot(k8s.cluster or {}, k8s.namespace)
     return cache[key]

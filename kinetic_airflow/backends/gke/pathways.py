@@ -52,6 +52,11 @@ def _discovered_version(key: str, api: KubeApi) -> str:
     return (group.get("preferredVersion") or {}).get("version") or "v1"
 
 
+def _hosts(job: JobRef) -> int:
+    """The slice's hosts: the reference's, or (a reference without them) its accelerator's."""
+    return int(job.hosts or parse_accelerator(job.accelerator).hosts)
+
+
 class PathwaysBackend(GKEBackend):
     name = "pathways"
     kind_label = "LeaderWorkerSet"
@@ -62,13 +67,14 @@ class PathwaysBackend(GKEBackend):
         self._host_streams: dict[str, dict[int, PodLogStream]] = {}
 
     def api_version(self, job: JobRef) -> str:
-        return _discovered_version(cluster_key(job["cluster"]), self._api(job))
+        return _discovered_version(cluster_key(job.on_cluster().cluster), self._api(job))
 
     def object_name(self, job: JobRef) -> str:
-        return lws_name(job["job_id"])
+        return lws_name(job.job_id)
 
     def object_path(self, job: JobRef, name: str | None = None) -> str:
-        base = f"/apis/{LWS_GROUP}/{self.api_version(job)}/namespaces/{job['namespace']}/{LWS_PLURAL}"
+        namespace = job.on_cluster().namespace
+        base = f"/apis/{LWS_GROUP}/{self.api_version(job)}/namespaces/{namespace}/{LWS_PLURAL}"
         return f"{base}/{name}" if name else base
 
     def manifest(self, job: JobRef) -> dict[str, Any]:
@@ -79,14 +85,14 @@ class PathwaysBackend(GKEBackend):
         self, job: JobRef, found: dict[str, Any] | None, pods: list[dict[str, Any]]
     ) -> BackendStatus:
         memory = self._memory.setdefault(self.object_name(job), HostMemory())
-        hosts = int(job.get("hosts") or parse_accelerator(job["accelerator"]).hosts)
+        hosts = _hosts(job)
         return classify_group(found, pods, hosts, memory)
 
     def _cached_object(self, watch: Any, name: str) -> dict[str, Any] | None:
         return watch.group(name)
 
     def missing_pods(self, job: JobRef, pods: list[dict[str, Any]]) -> bool:
-        hosts = int(job.get("hosts") or parse_accelerator(job["accelerator"]).hosts)
+        hosts = _hosts(job)
         return len({host_index(p) for p in pods} - {-1}) < hosts
 
     def refusal_names(self, job: JobRef) -> set[str]:
@@ -96,7 +102,8 @@ class PathwaysBackend(GKEBackend):
 
     def _group_watch(self, job: JobRef) -> ClusterWatch:
         """The namespace's watch, watching LeaderWorkerSets too (discovery: may do I/O)."""
-        watch = shared_watch(job["cluster"], job["namespace"])
+        k8s = job.on_cluster()
+        watch = shared_watch(k8s.cluster, k8s.namespace)
         watch.watch_groups(self.object_path(job))
         return watch
 
@@ -129,7 +136,7 @@ class PathwaysBackend(GKEBackend):
             restarted = any(int(cs.get("restartCount") or 0) > 0 for cs in statuses)
             stream = streams[host] = PodLogStream(
                 observed.api,
-                job["namespace"],
+                job.on_cluster().namespace,
                 pod["metadata"]["name"],
                 CONTAINER_NAME,
                 previous=restarted,
@@ -160,7 +167,7 @@ class PathwaysBackend(GKEBackend):
 
     def full_log_hint(self, job: JobRef) -> str:
         name = self.object_name(job)
-        command = f"kubectl logs -n {job['namespace']} -l job-name={name} --prefix --previous"
+        command = f"kubectl logs -n {job.on_cluster().namespace} -l job-name={name} --prefix --previous"
         url = self._logs_url(job)
         if url is None:
             return f"`{command}` (until the attempt ends and its LeaderWorkerSet is deleted)"

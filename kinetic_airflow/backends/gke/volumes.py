@@ -43,7 +43,7 @@ def _split(uri: str) -> tuple[str, str]:
 
 def pod_extras(job: JobRef, env_cache: str = "hostpath") -> PodExtras:
     extras = PodExtras()
-    if job.get("requirements"):
+    if job.requirements:
         source: dict[str, Any] = (
             {"hostPath": {"path": ENV_CACHE_HOST_PATH, "type": "DirectoryOrCreate"}}
             if env_cache == "hostpath"
@@ -52,7 +52,7 @@ def pod_extras(job: JobRef, env_cache: str = "hostpath") -> PodExtras:
         extras.volumes.append({"name": "kinetic-envs", **source})
         extras.mounts.append({"name": "kinetic-envs", "mountPath": ENV_CACHE_MOUNT})
         extras.env["KINETIC_ENV_CACHE"] = ENV_CACHE_MOUNT
-    for index, uri in enumerate(sorted(set(job.get("fuse_data") or []))):
+    for index, uri in enumerate(sorted(set(job.fuse_data or []))):
         bucket, prefix = _split(uri)
         options = "implicit-dirs"
         folder = posixpath.dirname(prefix) if fuse_points_at_file(uri) else prefix
