@@ -76,6 +76,13 @@ DEFAULTS: dict[str, Any] = {
     # Where a cluster node keeps the environments of requirements= (backends/gke/volumes.py):
     # "hostpath" (reused by every job on the node) or "emptydir" (GKE Autopilot: per pod).
     "requirements_cache": "hostpath",
+    # Where a cluster job's nodes come from and which Kueue queue admits it (README, "Capacity"):
+    # on-demand unless set; no queue; no run limit beyond GKE's own; no bound on the queue wait.
+    "capacity": None,
+    "max_run_duration": None,
+    "local_queue": None,
+    "priority_class": None,
+    "queue_timeout": None,
 }
 
 BACKENDS = ("local", "gke", "pathways", "auto")

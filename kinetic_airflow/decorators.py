@@ -97,6 +97,11 @@ def kinetic_task(
     use_internal_ip: bool | None = None,
     use_dns_endpoint: bool | None = None,
     impersonation_chain: str | Sequence[str] | None = None,
+    capacity: str | None = None,
+    max_run_duration: float | timedelta | None = None,
+    local_queue: str | None = None,
+    priority_class: str | None = None,
+    queue_timeout: float | timedelta | None = None,
     **kwargs: Unpack[TaskArgs],
 ) -> Callable[[Callable[FParams, FReturn]], Task[FParams, FReturn]]: ...
 def kinetic_task(

@@ -110,6 +110,30 @@ def get_provider_info() -> dict:
                     "service_account": option(
                         "Kubernetes service account of job pods (default kinetic).", "kinetic"
                     ),
+                    "capacity": option(
+                        "Where cluster jobs' nodes come from: on-demand, spot, flex-start, queued, "
+                        "reservation:<name>, reservation:<project>/<name> or any-reservation "
+                        "(default on-demand).",
+                        "flex-start",
+                    ),
+                    "max_run_duration": option(
+                        "Seconds a flex-start or queued job's VMs may run, at most 604800 (7 days, "
+                        "GKE's limit; default GKE's).",
+                        "43200",
+                        "float",
+                    ),
+                    "local_queue": option(
+                        "Kueue LocalQueue of cluster jobs, in the job's namespace (default none).",
+                        "team-a",
+                    ),
+                    "priority_class": option(
+                        "Kueue WorkloadPriorityClass of queued jobs (default none).", "high"
+                    ),
+                    "queue_timeout": option(
+                        "Seconds a job may wait in its Kueue queue before it fails (default no bound).",
+                        "7200",
+                        "float",
+                    ),
                     "startup_timeout": option(
                         "Seconds a job may stay unschedulable before failing (default 1800: room for "
                         "accelerator node scale-up).",

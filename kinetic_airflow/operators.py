@@ -84,6 +84,7 @@ from kinetic_airflow.submission import (
     resolve_backend,
     resolve_base_uri,
     resolve_gcp_conn_id,
+    resolve_placement,
     ship_payload,
 )
 from kinetic_airflow.triggers import KineticJobTrigger
@@ -148,6 +149,17 @@ class KineticRunOperator(BaseOperator):
         API calls (the last is used, the others are delegates), as in the google provider's GKE
         operators; default from [kinetic] impersonation_chain. Job storage keeps the connection's
         own identity.
+    :param capacity: cluster backends: where the nodes come from: ``on-demand``, ``spot``,
+        ``flex-start`` (Dynamic Workload Scheduler), ``queued`` (queued provisioning through
+        Kueue; needs ``local_queue``), ``reservation:<name>`` / ``reservation:<project>/<name>``
+        or ``any-reservation``; default from [kinetic] capacity (README, "Capacity").
+    :param max_run_duration: flex-start / queued: seconds (or a ``timedelta``) the VMs may run,
+        at most 7 days.
+    :param local_queue: the Kueue LocalQueue that admits the job (``kueue.x-k8s.io/queue-name``);
+        the task log shows its place in the queue while Kueue holds it.
+    :param priority_class: the Kueue WorkloadPriorityClass of the job.
+    :param queue_timeout: seconds (or a ``timedelta``) the job may wait in its Kueue queue before
+        the task fails; ``startup_timeout`` counts from admission.
 
     Every option is checked when the operator is built (at DAG import), by its row in
     ``kinetic_airflow.options``; templated ones again once rendered, before any job exists.
@@ -203,6 +215,11 @@ class KineticRunOperator(BaseOperator):
         use_internal_ip: bool | None = None,
         use_dns_endpoint: bool | None = None,
         impersonation_chain: str | Sequence[str] | None = None,
+        capacity: str | None = None,
+        max_run_duration: float | timedelta | None = None,
+        local_queue: str | None = None,
+        priority_class: str | None = None,
+        queue_timeout: float | timedelta | None = None,
         **kwargs: Unpack[OperatorArgs],
     ) -> None:
         super().__init__(**kwargs)
@@ -240,6 +257,11 @@ class KineticRunOperator(BaseOperator):
                 "use_internal_ip": use_internal_ip,
                 "use_dns_endpoint": use_dns_endpoint,
                 "impersonation_chain": impersonation_chain,
+                "capacity": capacity,
+                "max_run_duration": max_run_duration,
+                "local_queue": local_queue,
+                "priority_class": priority_class,
+                "queue_timeout": queue_timeout,
             }
         )
         self.accelerator = accelerator
@@ -270,6 +292,11 @@ class KineticRunOperator(BaseOperator):
         self.use_internal_ip: bool | None = options["use_internal_ip"]
         self.use_dns_endpoint: bool | None = options["use_dns_endpoint"]
         self.impersonation_chain = options["impersonation_chain"]
+        self.capacity: str | None = options["capacity"]
+        self.max_run_duration: float | None = options["max_run_duration"]
+        self.local_queue: str | None = options["local_queue"]
+        self.priority_class: str | None = options["priority_class"]
+        self.queue_timeout: float | None = options["queue_timeout"]
         if _parse_time_backend(backend) == "local":  # no cluster: no GKE console or Cloud Logging
             self.operator_extra_links = (KineticViewLink(),)
 
@@ -352,6 +379,10 @@ class KineticRunOperator(BaseOperator):
         """``ref`` with what a cluster backend needs; all of it public (ids, names, endpoint, CA)."""
         spec = parse_accelerator(self.accelerator, spot=self.spot or None)
         check_backend_fits(self._backend_name(), spec)
+        placement = resolve_placement(self, spec)
+        if placement.capacity.model == "spot":  # capacity="spot" is the accelerator's ':spot'
+            spec = spec.with_spot(True)
+        queue_timeout = resolve_setting("queue_timeout", self.queue_timeout)
         cluster = resolve_gke_cluster(
             {
                 "kubernetes_conn_id": resolve_setting("kubernetes_conn_id", self.kubernetes_conn_id),
@@ -379,7 +410,7 @@ class KineticRunOperator(BaseOperator):
             k8s=K8sFields(
                 cluster=cluster,
                 namespace=resolve_setting("namespace", self.namespace),
-                node_selectors=spec.node_selectors,
+                node_selectors={**spec.node_selectors, **placement.node_selectors()},
                 image=image,
                 runner_python=resolve_setting("runner_python"),
                 service_account=resolve_setting("service_account") or None,
@@ -387,6 +418,11 @@ class KineticRunOperator(BaseOperator):
                 container_env=self.container_env,
                 pod_override=combined_override(resolve_setting("pod_override"), self.pod_override),
                 chips_per_host=spec.chips_per_host if spec.kind == "tpu" else None,
+                capacity=placement.capacity.text if placement.capacity.model != "on-demand" else None,
+                max_run_seconds=placement.max_run_seconds,
+                local_queue=placement.local_queue,
+                priority_class=placement.priority_class,
+                queue_timeout=float(queue_timeout) if queue_timeout else None,
             ),
         )
 

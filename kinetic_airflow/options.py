@@ -267,6 +267,47 @@ OPTIONS: dict[str, OptionSpec] = dict(
             config=True,
             templated=True,
         ),
+        # Capacity and Kueue (kinetic_airflow.capacity: the labels, taints and GKE's limits)
+        _spec(
+            "capacity",
+            "capacity",
+            "on-demand, spot, flex-start, queued, reservation:<name>, reservation:<project>/<name> "
+            "or any-reservation",
+            'capacity="flex-start"',
+            config=True,
+        ),
+        _spec(
+            "max_run_duration",
+            "duration",
+            _SECONDS + ", more than 0, at most 7 days (flex-start and queued capacity)",
+            "max_run_duration=timedelta(hours=12)",
+            minimum=0,
+            above=True,
+            config=True,
+        ),
+        _spec(
+            "local_queue",
+            "kueue_name",
+            "the name of a Kueue LocalQueue in the job's namespace",
+            'local_queue="team-a"',
+            config=True,
+        ),
+        _spec(
+            "priority_class",
+            "kueue_name",
+            "the name of a Kueue WorkloadPriorityClass",
+            'priority_class="high"',
+            config=True,
+        ),
+        _spec(
+            "queue_timeout",
+            "duration",
+            _SECONDS + ", more than 0 (how long a job may wait in its Kueue queue)",
+            "queue_timeout=timedelta(hours=2)",
+            minimum=0,
+            above=True,
+            config=True,
+        ),
         # [kinetic] settings that are not task arguments
         _spec(
             "heartbeat_timeout",
@@ -700,6 +741,26 @@ def _check_impersonation(spec: OptionSpec, value: Any, where: str) -> str | list
     return value if isinstance(value, str) else list(value)
 
 
+def _check_capacity(spec: OptionSpec, value: Any, where: str) -> str:
+    # Start-up cost: config loads this module everywhere (stdlib only at import).
+    from kinetic_airflow.capacity import InvalidCapacityError, parse_capacity
+
+    try:
+        return parse_capacity(value, where=where).text
+    except InvalidCapacityError as exc:
+        raise KineticOptionError(str(exc)) from None
+
+
+def _check_kueue_name(spec: OptionSpec, value: Any, where: str) -> str:
+    # Start-up cost: config loads this module everywhere (stdlib only at import).
+    from kinetic_airflow.capacity import InvalidCapacityError, check_queue_name
+
+    try:
+        return check_queue_name(value, option=where)
+    except InvalidCapacityError as exc:
+        raise KineticOptionError(str(exc)) from None
+
+
 _CHECKS: dict[str, Callable[[OptionSpec, Any, str], Any]] = {
     "impersonation": _check_impersonation,
     "accelerator": _check_accelerator,
@@ -716,6 +777,8 @@ _CHECKS: dict[str, Callable[[OptionSpec, Any, str], Any]] = {
     "env": _check_env,
     "pod_override": _check_pod_override,
     "requirements": _check_requirements,
+    "capacity": _check_capacity,
+    "kueue_name": _check_kueue_name,
 }
 
 
@@ -738,6 +801,7 @@ def validate_options(values: Mapping[str, Any]) -> dict[str, Any]:
     """
     # Not at the top: config loads this module in every Airflow process (see the docstring).
     from kinetic_airflow.accelerators import parse_accelerator
+    from kinetic_airflow.capacity import check_task_placement
     from kinetic_airflow.validation import (
         check_backend_fits,
         check_gke_access,
@@ -750,7 +814,10 @@ def validate_options(values: Mapping[str, Any]) -> dict[str, Any]:
     backend = checked.get("backend")
     check_gke_access(checked.get("use_internal_ip"), checked.get("use_dns_endpoint"))
     if not is_templated(accelerator) and isinstance(accelerator, str):
-        check_backend_fits(backend, parse_accelerator(accelerator, spot=checked.get("spot") or None))
+        spec = parse_accelerator(accelerator, spot=checked.get("spot") or None)
+        check_backend_fits(backend, spec)
+        if backend != "local":  # the local backend runs the job here, whatever the cluster offers
+            check_task_placement(checked, spec)
     if backend == "local":
         check_local_volumes(checked.get("volumes"))
     return checked
@@ -809,4 +876,9 @@ def parse_setting(name: str, text: str, source: str, default: Any = None) -> Any
         from kinetic_airflow.validation import check_base_uri
 
         check_base_uri(value, where=source)
+    if spec.kind in ("capacity", "kueue_name"):
+        try:
+            return _CHECKS[spec.kind](spec, value, source)
+        except KineticOptionError as exc:
+            raise KineticSettingError(str(exc)) from None
     return value

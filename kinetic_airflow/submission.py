@@ -27,7 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from kinetic_airflow.accelerators import parse_accelerator
+from kinetic_airflow.accelerators import AcceleratorSpec, parse_accelerator
+from kinetic_airflow.capacity import Placement, check_placement, placement_of
 from kinetic_airflow.config import KineticSettingError, default_base_uri, resolve_setting
 from kinetic_airflow.connections import storage_for
 from kinetic_airflow.context_args import context_kwargs
@@ -55,6 +56,7 @@ __all__ = [
     "resolve_backend",
     "resolve_base_uri",
     "resolve_gcp_conn_id",
+    "resolve_placement",
     "ship_payload",
     "stage_args",
 ]
@@ -110,6 +112,26 @@ def resolve_gcp_conn_id(gcp_conn_id: str | None) -> str | None:
     return gcp_conn_id or resolve_setting("gcp_conn_id")
 
 
+_PLACEMENT_SETTINGS = ("capacity", "max_run_duration", "local_queue", "priority_class")
+
+
+def resolve_placement(op: Any, spec: AcceleratorSpec) -> Placement:
+    """The capacity and Kueue queue of a cluster job (task argument > ``[kinetic]`` > default),
+    checked with its accelerator; an error names the settings that came from config."""
+    values: dict[str, Any] = {}
+    configured = []
+    for name in _PLACEMENT_SETTINGS:
+        given = getattr(op, name, None)
+        values[name] = resolve_setting(name, given)
+        if given is None and values[name] is not None:
+            configured.append(f"[kinetic] {name}")
+    placement = placement_of(
+        values["capacity"], values["max_run_duration"], values["local_queue"], values["priority_class"]
+    )
+    check_placement(placement, spec, where="from " + ", ".join(configured) if configured else "")
+    return placement
+
+
 # Before any job exists --------------------------------------------------------------------------
 def preflight(op: RenderedTask, context: Any) -> Target:
     """Check the rendered task and resolve where its job goes; adds the context arguments the
@@ -129,6 +151,8 @@ def preflight(op: RenderedTask, context: Any) -> Target:
     if backend == "local":
         check_local_volumes(op.volumes)
         _warn_without_accelerator(spec)
+    else:
+        resolve_placement(op, spec)  # a capacity GKE or Kueue would refuse, before any job exists
     dag = context.get("dag")
     dag_file = getattr(dag, "fileloc", None) if dag is not None else None
     if dag_file:
@@ -156,7 +180,13 @@ _RUN_SETTINGS = (
     "preemption_retries",
     "kinetic_interop",
 )
-_CLUSTER_SETTINGS = ("namespace", "startup_timeout", "heartbeat_timeout", "requirements_cache")
+_CLUSTER_SETTINGS = (
+    "namespace",
+    "startup_timeout",
+    "heartbeat_timeout",
+    "requirements_cache",
+    "queue_timeout",
+)
 
 
 def check_settings(op: RenderedTask, backend: str) -> None:

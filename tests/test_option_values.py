@@ -92,6 +92,13 @@ WRONG = [
     ("accelerator", "'tpu-v6e-8tt'", ["Did you mean 'tpu-v6e-8t'?", "8t"]),
     ("output_dir", "'checkpoints'", ["is a relative path", 'output_dir="gs://bucket/checkpoints"']),
     ("base_uri", "'s3://bucket/kinetic'", ["does not support the s3:// scheme", "use gs://bucket/prefix"]),
+    ("capacity", "'flex-strat'", ["is not a capacity", "Did you mean capacity='flex-start'?"]),
+    ("capacity", "'reservation'", ["Name it: capacity='reservation:<name>'"]),
+    ("capacity", "7", ["is not a string", "reservation:<name>"]),
+    ("local_queue", "'Team_A'", ["is not a Kueue object name", "write local_queue='team-a'"]),
+    ("priority_class", "''", ["is not a Kueue object name"]),
+    ("max_run_duration", "'12h'", ["is a string, not a duration", "max_run_duration=43200"]),
+    ("queue_timeout", "0", ["must be more than 0"]),
 ]
 
 FORMS = ("decorator", "operator")

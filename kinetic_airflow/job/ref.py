@@ -19,7 +19,8 @@ version, and these rules keep it:
   the old writer wrote them all together for every cluster job, null included
   (``service_account: null``), so they are written together whenever the group is there.
   A cluster reference of a version that lacked one of them re-encodes with it as null
-  (or its default), which every reader takes as absent.
+  (or its default), which every reader takes as absent. Cluster fields added since
+  (capacity and the Kueue queue) follow the general rule: left out when None.
 * Keys this version does not know are kept (``extra``) and written back: a reference
   written by a newer version that passes through this one (a trigger, its event, the
   record saved afterwards) must not lose what the newer version needs.
@@ -111,12 +112,24 @@ class K8sFields:
     container_env: dict[str, str] = field(default_factory=dict)
     pod_override: dict[str, Any] | None = None
     chips_per_host: int | None = None
+    # Capacity and Kueue (kinetic_airflow.capacity); added later, so written only when set
+    capacity: str | None = None
+    max_run_seconds: int | None = None
+    local_queue: str | None = None
+    priority_class: str | None = None
+    queue_timeout: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return {
+            f.name: copy.deepcopy(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if f.name not in _LATER_KEYS or getattr(self, f.name) is not None
+        }
 
 
 _K8S_KEYS = frozenset(f.name for f in dataclasses.fields(K8sFields))
+# cluster fields added after the group was first written: left out when None, as other fields are
+_LATER_KEYS = frozenset({"capacity", "max_run_seconds", "local_queue", "priority_class", "queue_timeout"})
 _REQUIRED = ("job_id", "backend", "job_uri")
 
 

@@ -38,6 +38,7 @@ from kinetic_airflow.backends.gke.watch_cache import (
     shared_watch,
     wait_event,
 )
+from kinetic_airflow.capacity import placement_of
 from kinetic_airflow.config import resolve_setting
 from kinetic_airflow.job.layout import JOB_PREFIX, check_derived_names
 
@@ -150,6 +151,7 @@ class GKEBackend(Backend):
             "env": k8s.container_env,
             "extras": pod_extras(job, str(resolve_setting("requirements_cache") or "hostpath")),
             "secret_env": key_env(self.object_name(job)),
+            "placement": placement_of(k8s.capacity, k8s.max_run_seconds, k8s.local_queue, k8s.priority_class),
         }
 
     def manifest(self, job: JobRef) -> dict[str, Any]:

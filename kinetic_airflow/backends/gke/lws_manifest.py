@@ -29,7 +29,8 @@ import hashlib
 from typing import Any
 
 from kinetic_airflow.accelerators import AcceleratorSpec
-from kinetic_airflow.backends.gke.manifest import pod_template
+from kinetic_airflow.backends.gke.manifest import object_metadata, pod_template
+from kinetic_airflow.capacity import Placement
 from kinetic_airflow.job.layout import LWS_PREFIX
 
 __all__ = ["LWS_GROUP", "LWS_PLURAL", "build_lws_manifest", "coordinator_port", "lws_name"]
@@ -82,6 +83,7 @@ def build_lws_manifest(
     annotations: dict[str, str],
     spec: AcceleratorSpec,
     api_version: str,
+    placement: Placement | None = None,
     **pod: Any,
 ) -> dict[str, Any]:
     """``pod``: the rest of ``pod_template``'s arguments (image, job_uri, env, extras ...)."""
@@ -93,17 +95,19 @@ def build_lws_manifest(
         job_id=job_id,
         extra_env=multi_host_env(job_id, spec.hosts),
         restart_policy="Always",  # the only policy LWS (a StatefulSet) accepts; see above
+        placement=placement,
         **pod,
     )
     return {
         "apiVersion": f"{LWS_GROUP}/{api_version}",
         "kind": "LeaderWorkerSet",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {**labels, "app": "kinetic-pathways"},
-            "annotations": {**annotations, **EXCLUSIVE_TOPOLOGY},
-        },
+        "metadata": object_metadata(
+            name,
+            namespace,
+            {**labels, "app": "kinetic-pathways"},
+            {**annotations, **EXCLUSIVE_TOPOLOGY},
+            placement,
+        ),
         "spec": {
             "replicas": 1,
             "startupPolicy": "LeaderCreated",

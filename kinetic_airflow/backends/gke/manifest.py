@@ -10,10 +10,12 @@ from typing import Any
 
 from kinetic_airflow.accelerators import AcceleratorSpec
 from kinetic_airflow.backends.gke.volumes import PodExtras
+from kinetic_airflow.capacity import Placement
 
 __all__ = [
     "CONTAINER_NAME",
     "build_job_manifest",
+    "object_metadata",
     "platform_env",
     "pod_spec",
     "pod_template",
@@ -48,8 +50,10 @@ def pod_spec(
     restart_policy: str = "Never",
     extras: PodExtras | None = None,
     secret_env: list[dict[str, Any]] | None = None,
+    placement: Placement | None = None,
 ) -> dict[str, Any]:
-    """The pod of one host: the runner, the accelerator's resources, selectors and tolerations."""
+    """The pod of one host: the runner, the accelerator's resources, selectors and tolerations,
+    and those of the capacity it asks for (``placement``)."""
     resources: dict[str, Any] = {}
     if spec.resources:
         resources = {"limits": dict(spec.resources), "requests": dict(spec.resources)}
@@ -79,11 +83,32 @@ def pod_spec(
         spec_dict["volumes"] = list(extras.volumes)
     if service_account:
         spec_dict["serviceAccountName"] = service_account
-    if spec.node_selectors:
-        spec_dict["nodeSelector"] = dict(spec.node_selectors)
-    if spec.tolerations:
-        spec_dict["tolerations"] = [t.to_k8s() for t in spec.tolerations]
+    placement = placement or Placement()
+    selectors = {**spec.node_selectors, **placement.node_selectors()}
+    if selectors:
+        spec_dict["nodeSelector"] = selectors
+    tolerations = [t.to_k8s() for t in spec.tolerations] + placement.tolerations()
+    if tolerations:
+        spec_dict["tolerations"] = tolerations
     return spec_dict
+
+
+def object_metadata(
+    name: str,
+    namespace: str,
+    labels: dict[str, str],
+    annotations: dict[str, str],
+    placement: Placement | None,
+) -> dict[str, Any]:
+    """The metadata of the Job / LeaderWorkerSet / JobSet itself: Kueue reads its queue and
+    priority labels, and the ProvisioningRequest parameters, from the object, not its pods."""
+    placement = placement or Placement()
+    return {
+        "name": name,
+        "namespace": namespace,
+        "labels": {**labels, **placement.object_labels()},
+        "annotations": {**annotations, **placement.object_annotations()},
+    }
 
 
 def pod_annotations(annotations: dict[str, str]) -> dict[str, str]:
@@ -106,6 +131,7 @@ def pod_template(
     extra_env: list[dict[str, Any]] | None = None,
     restart_policy: str = "Never",
     secret_env: list[dict[str, Any]] | None = None,
+    placement: Placement | None = None,
 ) -> dict[str, Any]:
     """The pod template of a Job or a LeaderWorkerSet: labels, annotations and ``pod_spec``."""
     extras = extras or PodExtras()
@@ -126,6 +152,7 @@ def pod_template(
             restart_policy=restart_policy,
             extras=extras,
             secret_env=secret_env,
+            placement=placement,
         ),
     }
 
@@ -137,6 +164,7 @@ def build_job_manifest(
     labels: dict[str, str],
     annotations: dict[str, str],
     active_deadline_seconds: int | None = None,
+    placement: Placement | None = None,
     **pod: Any,
 ) -> dict[str, Any]:
     """``pod``: the rest of ``pod_template``'s arguments (spec, image, job_uri, env, extras ...)."""
@@ -146,7 +174,11 @@ def build_job_manifest(
         "parallelism": 1,
         "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_SECONDS,
         "template": pod_template(
-            labels=labels, annotations=annotations, job_id=labels.get("job-id", name), **pod
+            labels=labels,
+            annotations=annotations,
+            job_id=labels.get("job-id", name),
+            placement=placement,
+            **pod,
         ),
     }
     if active_deadline_seconds:
@@ -154,11 +186,6 @@ def build_job_manifest(
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": dict(labels),
-            "annotations": annotations,
-        },
+        "metadata": object_metadata(name, namespace, labels, annotations, placement),
         "spec": job_spec,
     }
