@@ -75,6 +75,8 @@ def progress_of(status: BackendStatus, job: JobRef) -> Progress | None:
         return Progress("running", f"running on node {node}" if node else "running", node)
     if status.state is not JobState.PENDING:
         return None
+    if status.reason == "Queued":  # queued in team-a (position 2, pending admission: ...)
+        return Progress("queued", status.message)
     if status.reason == "Launching":
         return Progress("launching", "starting the local process")
     if status.reason == "NoPod":

@@ -10,7 +10,9 @@ Pod Security admission, a missing service account, names too long for its Statef
 kube-scheduler's for pods that fit no node, the kubelet's for images it cannot pull.
 
 The watcher calls ``startup_failure`` on every look until the job first runs; once it has
-run, a later pending state (a restarting host) is not a startup problem.
+run, a later pending state (a restarting host) is not a startup problem. A job waiting in a
+Kueue queue is not starting yet: ``queue_timeout`` bounds that wait, and ``startup_timeout``
+counts from its admission.
 """
 
 from __future__ import annotations
@@ -21,7 +23,11 @@ import time
 from kinetic_airflow.backends.base import BackendStatus, JobState
 from kinetic_airflow.job.ref import JobRef, K8sFields
 
-__all__ = ["startup_failure"]
+__all__ = ["QUEUE_LOOK_SECONDS", "queue_failure", "startup_failure"]
+
+# How often a queued job's Workload is read (nothing watches Workloads): a new position or the
+# admission shows within this, and a queue of forty jobs costs eight reads a second at most.
+QUEUE_LOOK_SECONDS = 5.0
 
 _REFUSAL_HINTS = {
     "service_account": (
@@ -51,9 +57,15 @@ def startup_failure(
     job: JobRef, status: BackendStatus, startup_timeout: float | None, submitted_at: float
 ) -> tuple[str, str, str] | None:
     """(cause, message, hint) if the job, still pending, has used up ``startup_timeout``."""
-    if status.state is not JobState.PENDING or startup_timeout is None:
+    if status.state is not JobState.PENDING:
         return None
-    waited = time.time() - submitted_at
+    if status.reason == "Queued":  # Kueue's turn, not the cluster's: queue_timeout bounds it
+        return queue_failure(job, status, submitted_at)
+    if startup_timeout is None:
+        return None
+    # a job Kueue admitted starts its startup_timeout then: the queue wait was not the cluster's
+    since = status.details.get("admitted_at") or submitted_at
+    waited = time.time() - since
     if waited <= startup_timeout:
         return None
     within = f"within startup_timeout={startup_timeout:.0f}s"
@@ -90,4 +102,18 @@ def startup_failure(
         f"the job did not start {within} (still pending: {detail})",
         "Raise startup_timeout= if the cluster needs longer to provide the nodes, or look at the "
         "job's pods and events (`kubectl describe`).",
+    )
+
+
+def queue_failure(job: JobRef, status: BackendStatus, submitted_at: float) -> tuple[str, str, str] | None:
+    """(cause, message, hint) if a job still in its Kueue queue has waited past ``queue_timeout``."""
+    queue_timeout = (job.k8s or K8sFields()).queue_timeout
+    if not queue_timeout or time.time() - submitted_at <= queue_timeout:
+        return None
+    return (
+        "queue_timeout",
+        f"the job was not admitted within queue_timeout={queue_timeout:.0f}s: {status.message}",
+        "Kueue admits it when its ClusterQueue has quota for it: raise queue_timeout=, give the job a "
+        "higher priority_class=, or ask the queue's administrator for quota "
+        "(`kubectl describe clusterqueue`, `kubectl get workloads -n <namespace>`).",
     )

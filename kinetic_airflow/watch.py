@@ -36,7 +36,7 @@ from kinetic_airflow.job.storage import Storage, StorageError, is_storage_error
 from kinetic_airflow.job.tracebacks import StreamedTracebackFilter, type_name, user_names
 from kinetic_airflow.lifecycle import acancel_job, cancelled_marker
 from kinetic_airflow.progress import PROGRESS_NAME, Progress, ProgressTracker
-from kinetic_airflow.startup import startup_failure
+from kinetic_airflow.startup import QUEUE_LOOK_SECONDS, startup_failure
 
 __all__ = [
     "EVENT_JOB_FIELDS",
@@ -162,7 +162,24 @@ def _classify_exit(status: BackendStatus) -> tuple[str, str, str]:
         return (
             "preempted",
             status.message,
-            "The node was reclaimed (Spot preemption, maintenance or node loss).",
+            "Kueue gave the job's quota to another workload; the next attempt waits in the queue again."
+            if status.details.get("evicted_by") == "kueue"
+            else "The node was reclaimed (Spot preemption, maintenance or node loss).",
+        )
+    if status.reason == "ProvisioningFailed":
+        return (
+            "provisioning_failed",
+            status.message,
+            "GKE could not provide the nodes for this queued-provisioning request (no capacity in the "
+            "zone, or a quota): retry later, use another zone or capacity=, or check "
+            "`kubectl describe provisioningrequest -n <namespace>`.",
+        )
+    if status.reason == "KueueDeactivated":
+        return (
+            "kueue_deactivated",
+            status.message,
+            "Kueue deactivated the job's Workload and will not admit it again: see "
+            "`kubectl describe workload -n <namespace>`.",
         )
     if status.reason == "OOMKilled" or sig == 9 or status.exit_code == 137:
         return (
@@ -614,7 +631,10 @@ class JobWatcher:
             if status.state is JobState.RUNNING and self.heartbeat_timeout:
                 wait = min(wait, self._heartbeat_look_at() - now)
             if status.state is JobState.PENDING and self.startup_timeout is not None:
-                wait = min(wait, self.submitted_at + self.startup_timeout - time.time())
+                since = status.details.get("admitted_at") or self.submitted_at
+                wait = min(wait, since + self.startup_timeout - time.time())
+            if status.reason == "Queued":  # Kueue's Workload is read, not watched
+                wait = min(wait, QUEUE_LOOK_SECONDS)
             if status.state is JobState.NOT_FOUND:
                 wait = min(wait, self.poll_interval)  # gone: the grace period runs on a clock
             if self.log_offset != self.shared_offset and not self.layout.job_uri.startswith("file://"):
@@ -650,6 +670,9 @@ class JobWatcher:
             if cancelled is not None:
                 return self._cancelled_event(cancelled)
             if status.reason == "Forbidden":  # the task fails: its job must not run on unseen
+                await self.backend.acancel(self.job)
+            if status.details.get("evicted_by") or status.reason == "ProvisioningFailed":
+                # Kueue requeued the suspended Job: deleted, so it cannot run this attempt again
                 await self.backend.acancel(self.job)
             cause, message, hint = _classify_exit(status)
             return self._event(

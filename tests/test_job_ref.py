@@ -110,9 +110,9 @@ def test_the_cluster_fields_are_written_together_null_included() -> None:
 
 
 def test_unknown_keys_are_kept_and_written_back() -> None:
-    newer = {**OLD_MINIMAL, "priority_class": "high", "labels": {"team": "ml"}}
+    newer = {**OLD_MINIMAL, "placement_hint": "high", "labels": {"team": "ml"}}
     ref = JobRef.from_dict(newer)
-    assert ref.extra == {"priority_class": "high", "labels": {"team": "ml"}}
+    assert ref.extra == {"placement_hint": "high", "labels": {"team": "ml"}}
     assert ref.to_dict() == newer
 
 
@@ -187,3 +187,19 @@ def test_a_damaged_job_json_is_listed_from_the_manifest(tmp_path, caplog) -> Non
     storage.write_text(record_uri(job_uri), json.dumps({"version": 1, "job": OLD_GKE}))
     info = load_job(storage, job_uri)
     assert info.ref == JobRef.from_dict(OLD_GKE) and info.accelerator == "tpu-v5e-8"
+
+
+def test_capacity_and_queue_fields_round_trip_and_are_left_out_when_unset() -> None:
+    ref = JobRef.from_dict(OLD_GKE)
+    assert not {"capacity", "local_queue", "queue_timeout"} & ref.to_dict().keys()
+    queued = ref.replace(
+        k8s=dataclasses.replace(
+            ref.on_cluster(),
+            capacity="queued",
+            max_run_seconds=3600,
+            local_queue="team-a",
+            queue_timeout=60.0,
+        )
+    )
+    again = JobRef.from_dict(queued.to_dict())
+    assert again == queued and again.on_cluster().local_queue == "team-a"

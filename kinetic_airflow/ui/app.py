@@ -31,6 +31,7 @@ _STATIC_FILES = {
 }
 _STATES = (
     "submitted",
+    "queued",
     "launching",
     "creating_pod",
     "waiting_for_node",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ from kinetic_airflow.backends.gke.classify import classify, with_refusal
 from kinetic_airflow.backends.gke.client import ApiError, KubeApi, cached_kube_api, kube_api
 from kinetic_airflow.backends.gke.console import job_links
 from kinetic_airflow.backends.gke.job_key import create_key_secret, key_env
+from kinetic_airflow.backends.gke.kueue import QueueState, queue_state, with_queue
 from kinetic_airflow.backends.gke.logstream import PodLogStream
 from kinetic_airflow.backends.gke.manifest import (
     CONTAINER_NAME,
@@ -41,6 +43,7 @@ from kinetic_airflow.backends.gke.watch_cache import (
 from kinetic_airflow.capacity import placement_of
 from kinetic_airflow.config import resolve_setting
 from kinetic_airflow.job.layout import JOB_PREFIX, check_derived_names
+from kinetic_airflow.startup import QUEUE_LOOK_SECONDS
 
 __all__ = ["GKEBackend", "JobOwnershipError", "Observed", "k8s_job_name"]
 
@@ -94,6 +97,7 @@ class GKEBackend(Backend):
     def __init__(self) -> None:
         self._streams: dict[str, PodLogStream] = {}
         self._observed: dict[str, Observed] = {}
+        self._queue_looks: dict[str, tuple[float, QueueState]] = {}
 
     kind_label = "Job"
 
@@ -202,7 +206,29 @@ class GKEBackend(Backend):
         status = self._classify(job, found, pods)
         if status.state is JobState.PENDING and self.missing_pods(job, pods):
             status = self._with_refusal(found, status, self._listed_refusals(api, job))
+        if self._kueue_decides(job, status):
+            status = with_queue(status, self._queue_look(api, job, found))
         return status
+
+    # Kueue ------------------------------------------------------------------------------------
+    @staticmethod
+    def _kueue_decides(job: JobRef, status: BackendStatus) -> bool:
+        """A job in a Kueue queue that has not run to success: its Workload says whether it is
+        queued, admitted, evicted or refused (a running job's eviction shows as its pods ending)."""
+        return bool(job.on_cluster().local_queue) and status.state in (JobState.PENDING, JobState.FAILED)
+
+    def _queue_look(self, api: KubeApi, job: JobRef, found: dict[str, Any]) -> QueueState:
+        """The Workload read at most every ``QUEUE_LOOK_SECONDS`` per job: the shared watch does
+        not follow Workloads, and a queue wait is long."""
+        name = self.object_name(job)
+        cached = self._queue_looks.get(name)
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < QUEUE_LOOK_SECONDS and cached[1].workload is not None:
+            return cached[1]
+        k8s = job.on_cluster()
+        state = queue_state(api, k8s.namespace, found, str(k8s.local_queue))
+        self._queue_looks[name] = (now, state)
+        return state
 
     def _listed_refusals(self, api: KubeApi, job: JobRef) -> list[dict[str, Any]]:
         """FailedCreate events about the job's objects, listed (no watch: the worker's look)."""
@@ -249,7 +275,11 @@ class GKEBackend(Backend):
             return forbidden
         found = self._cached_object(watch, self.object_name(job)) if listed else None
         if found is not None:
-            return self._from_watch(job, watch, found)
+            status = self._from_watch(job, watch, found)
+            if self._kueue_decides(job, status):  # one read of the Workload, off the loop
+                state = await asyncio.to_thread(self._queue_look, observed.api, job, found)
+                status = with_queue(status, state)
+            return status
         # not listed in time, or just created and not seen yet, or really gone: ask once
         return await asyncio.to_thread(self.status, job)
 
