@@ -35,6 +35,7 @@ from components.stack import ComponentStack
 
 from kinetic_airflow.job.layout import MAX_JOB_ID, JobIdentity, dns_label, output_dir_uri
 from kinetic_airflow.job.storage import uri_to_local_path
+from kinetic_airflow.testing.cluster.kueue_setup import kueue_queue
 
 DAG_FILE = Path(__file__).resolve().parent / "lifecycle_dags" / "kn_lifecycle.py"
 RUN_TIMEOUT = 240.0
@@ -85,6 +86,9 @@ class Stack(ComponentStack):
             **self.executor_options(),
         )
         self.airflow.start()
+        # one ClusterQueue "shared" with quota for one kinetic CPU job (1 cpu, 4Gi), as a platform
+        # team would set it up (kubectl apply); the emulator's Kueue admits by it
+        kueue_queue(self.emulator.api_client(), "shared", quota={"cpu": "1", "memory": "6Gi"})
         for dag_id in DAG_IDS:
             poll(
                 lambda d=dag_id: parsed(self.api, d),
@@ -130,6 +134,8 @@ DAG_IDS = (
     "kn_slice_clear",
     "kn_bundle_code",
     "kn_integrity",
+    "kn_queue_team_a",
+    "kn_queue_team_b",
 )
 
 
@@ -581,6 +587,20 @@ def _slice_objects(stack: Stack, task_id: str) -> tuple[list[str], list[str]]:
     )["items"]
     pods = kubernetes.client.CoreV1Api(client).list_namespaced_pod("default", label_selector=selector).items
     return [g["metadata"]["name"] for g in groups], [p.metadata.name for p in pods]
+
+
+def test_two_dags_share_a_cluster_queue_the_second_waits_queued_then_runs(stack: Stack) -> None:
+    runs = {dag_id: trigger(stack.api, dag_id) for dag_id in ("kn_queue_team_a", "kn_queue_team_b")}
+    for dag_id, run_id in runs.items():
+        assert _wait_run(stack, dag_id, run_id) == "success", _why(stack, dag_id, run_id)
+    done = {dag_id: _executions(stack, dag_id, run_id, "queued_training") for dag_id, run_id in runs.items()}
+    assert all(len(entries) == 1 for entries in done.values()), done
+    first, second = sorted((entries[0] for entries in done.values()), key=lambda e: e["started"])
+    assert second["started"] >= first["ended"] - 0.5, (first, second)  # one at a time: the quota
+    waited = next(d for d, entries in done.items() if entries[0] is second)
+    log = _task_log_text(stack, waited, runs[waited], "queued_training")
+    assert "[kinetic] queued in shared (position 1, pending admission: " in log, log[-3000:]
+    assert "insufficient unused quota for cpu" in log, log[-3000:]
 
 
 def _slice_running(stack: Stack, task_id: str) -> bool:

@@ -335,6 +335,24 @@ def kn_integrity():
     overwrite_the_stored_result(ref) >> load_it(ref)
 
 
+# Two DAGs share one Kueue ClusterQueue with quota for one job --------------------------------
+@task.kinetic(backend="gke", local_queue="shared")
+def queued_training(name: str) -> dict:
+    started = time.time()
+    time.sleep(12)
+    return record_execution(name=name, started=started, ended=time.time())
+
+
+@dag(schedule=None, start_date=START, catchup=False, tags=TAGS)
+def kn_queue_team_a():
+    queued_training("a")
+
+
+@dag(schedule=None, start_date=START, catchup=False, tags=TAGS)
+def kn_queue_team_b():
+    queued_training("b")
+
+
 kn_context_args()
 kn_race_local()
 kn_race_gke()
@@ -352,3 +370,5 @@ kn_slice_mark_failed()
 kn_slice_clear()
 kn_bundle_code()
 kn_integrity()
+kn_queue_team_a()
+kn_queue_team_b()
