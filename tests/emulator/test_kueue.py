@@ -7,18 +7,18 @@ import urllib.request
 from typing import Any
 
 import pytest
-from emu_helpers import NS, api_error, condition, job_manifest, wait_job
+from emu_helpers import NS, PY, api_error, condition, job_manifest, wait_job
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from kinetic_airflow.testing.cluster import ClusterEmulator, NodePool, wait_until
+from kinetic_airflow.testing.cluster import ClusterEmulator, EmulatorAdminClient, NodePool, wait_until
 from kinetic_airflow.testing.cluster.kueue import workload_name
 from kinetic_airflow.testing.cluster.kueue_setup import (
     kueue_queue,
     provisioning_check,
     workload_priority_class,
 )
-from kinetic_airflow.testing.cluster.resources import JOBS
+from kinetic_airflow.testing.cluster.resources import JOBS, JOBSETS, LWS
 
 G, V = "kueue.x-k8s.io", "v1beta1"
 
@@ -398,3 +398,118 @@ def test_inactive_clusterqueue_message(k8s_cluster: ClusterEmulator, apis: Any) 
         timeout=10,
     )
     assert cond(wl, "QuotaReserved")["message"] == "ClusterQueue cq is inactive"
+
+
+def test_jobset_suspended_admitted_and_runs(k8s_cluster: ClusterEmulator, apis: Any) -> None:
+    _, custom, _ = apis
+    kueue_queue(k8s_cluster, "cq", quota={"cpu": "4"}, local_queue="lq")
+    pod = {
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "x",
+                    "command": [PY, "-c", "print('js')"],
+                    "resources": {"requests": {"cpu": "1"}},
+                }
+            ],
+        }
+    }
+    js = {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": "js", "labels": {"kueue.x-k8s.io/queue-name": "lq"}},
+        "spec": {
+            "replicatedJobs": [
+                {
+                    "name": "slice",
+                    "replicas": 2,
+                    "template": {"spec": {"parallelism": 2, "completions": 2, "template": pod}},
+                }
+            ]
+        },
+    }
+    created = custom.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", NS, "jobsets", js)
+    assert created["spec"]["suspend"] is True
+    name = workload_name("js", created["metadata"]["uid"], JOBSETS)
+    assert name.startswith("jobset-js-")
+    wl = wait_cond(custom, name, "Admitted")
+    assert [(p["name"], p["count"]) for p in wl["spec"]["podSets"]] == [("slice", 4)]
+    assert wl["status"]["admission"]["podSetAssignments"][0]["resourceUsage"] == {"cpu": "4"}
+    wait_cond(custom, name, "Finished", timeout=30)
+    assert cond(_get(custom, name), "Finished")["reason"] == "Succeeded"
+
+
+def test_lws_pods_gated_until_admitted(k8s_cluster: ClusterEmulator, apis: Any) -> None:
+    _, custom, core = apis
+    container = {
+        "name": "worker",
+        "image": "x",
+        "command": [PY, "-c", "import time; time.sleep(30)"],
+        "resources": {"limits": {"google.com/tpu": "4"}},
+    }
+    lws = {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": "lw", "labels": {"kueue.x-k8s.io/queue-name": "lq"}},
+        "spec": {
+            "replicas": 1,
+            "leaderWorkerTemplate": {
+                "size": 2,
+                "workerTemplate": {
+                    "spec": {
+                        "containers": [container],
+                        "terminationGracePeriodSeconds": 1,
+                        "nodeSelector": {
+                            "cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice",
+                            "cloud.google.com/gke-tpu-topology": "2x4",
+                        },
+                    }
+                },
+            },
+        },
+    }
+    created = custom.create_namespaced_custom_object(
+        "leaderworkerset.x-k8s.io", "v1", NS, "leaderworkersets", lws
+    )
+    name = workload_name("lw-0", created["metadata"]["uid"], LWS)
+    wl = wait_cond(custom, name, "QuotaReserved", "False")
+    assert cond(wl, "QuotaReserved")["message"] == "LocalQueue lq doesn't exist"
+    assert [(p["name"], p["count"]) for p in wl["spec"]["podSets"]] == [("leader", 1), ("worker", 1)]
+
+    def gated() -> list[client.V1Pod]:
+        pods = core.list_namespaced_pod(NS, label_selector="leaderworkerset.sigs.k8s.io/name=lw").items
+        ok = len(pods) == 2 and all(
+            [g.name for g in p.spec.scheduling_gates or []] == ["kueue.x-k8s.io/admission"]
+            and condition(p, "PodScheduled")
+            and condition(p, "PodScheduled").reason == "SchedulingGated"
+            for p in pods
+        )
+        return pods if ok else []
+
+    wait_until(gated, timeout=15)
+    kueue_queue(k8s_cluster, "cq", quota={"google.com/tpu": "8"}, local_queue="lq")
+    wait_cond(custom, name, "Admitted")
+
+    def running() -> list[client.V1Pod]:
+        pods = core.list_namespaced_pod(NS, label_selector="leaderworkerset.sigs.k8s.io/name=lw").items
+        return pods if len(pods) == 2 and all(p.status.phase == "Running" for p in pods) else []
+
+    pods = wait_until(running, timeout=20)
+    assert all(not p.spec.scheduling_gates for p in pods)
+
+
+def test_admin_api_hooks(k8s_cluster: ClusterEmulator, apis: Any) -> None:
+    batch, custom, _ = apis
+    admin = EmulatorAdminClient(k8s_cluster.url)
+    kueue_queue(k8s_cluster, "cq", quota={"cpu": "1"}, local_queue="lq")
+    provisioning_check(k8s_cluster, "dws-prov", "dws-config", backoff_limit_count=0)
+    admin.set_provisioning(delay_seconds=0, fail=False, message="ok from admin")
+    assert k8s_cluster.cluster.controllers.kueue.provisioning["message"] == "ok from admin"
+    batch.create_namespaced_job(NS, queued_job("adm", "import time; time.sleep(30)"))
+    name = wl_of(custom, batch, "adm")["metadata"]["name"]
+    wait_cond(custom, name, "Admitted")
+    admin.evict_workload(NS, name, reason="NodeMaintenance", message="drained")
+    wl = wait_cond(custom, name, "Requeued")
+    assert (cond(wl, "Requeued")["reason"], cond(wl, "Requeued")["message"]) == ("NodeMaintenance", "drained")
