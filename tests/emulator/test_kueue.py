@@ -513,3 +513,34 @@ def test_admin_api_hooks(k8s_cluster: ClusterEmulator, apis: Any) -> None:
     admin.evict_workload(NS, name, reason="NodeMaintenance", message="drained")
     wl = wait_cond(custom, name, "Requeued")
     assert (cond(wl, "Requeued")["reason"], cond(wl, "Requeued")["message"]) == ("NodeMaintenance", "drained")
+
+
+@pytest.mark.parametrize("strategy", ["StrictFIFO", "BestEffortFIFO"])
+def test_queueing_strategy(k8s_cluster: ClusterEmulator, apis: Any, strategy: str) -> None:
+    batch, custom, _ = apis
+    kueue_queue(k8s_cluster, "cq", quota={"cpu": "2"}, local_queue="lq", queueing_strategy=strategy)
+    batch.create_namespaced_job(NS, queued_job("run", "import time; time.sleep(30)"))
+    wait_cond(custom, wl_of(custom, batch, "run")["metadata"]["name"], "Admitted")
+    batch.create_namespaced_job(NS, queued_job("big", cpu="2"))
+    big = wl_of(custom, batch, "big")["metadata"]["name"]
+    wait_cond(custom, big, "QuotaReserved", "False")
+    batch.create_namespaced_job(NS, queued_job("small", "import time; time.sleep(30)"))
+    small = wl_of(custom, batch, "small")["metadata"]["name"]
+    if strategy == "BestEffortFIFO":
+        wait_cond(custom, small, "Admitted")
+    else:  # the head (big) blocks the queue: small stays queued behind it
+        summary = wait_until(
+            lambda: (
+                (
+                    v := visibility(
+                        k8s_cluster,
+                        "/apis/visibility.kueue.x-k8s.io/v1beta1/clusterqueues/cq/pendingworkloads",
+                    )
+                )
+                and len(v["items"]) == 2
+                and v
+            ),
+            timeout=10,
+        )
+        assert [i["metadata"]["name"] for i in summary["items"]] == [big, small]
+        assert cond(_get(custom, small), "QuotaReserved").get("status") != "True"

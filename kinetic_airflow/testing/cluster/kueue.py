@@ -257,12 +257,12 @@ class KueueController:
         return self.cluster.store
 
     def reconcile_all(self) -> None:
-        if not self.store.list(WORKLOADS) and not any(
+        if not any(self.store.list(rt) for rt in (WORKLOADS, CLUSTERQUEUES, LOCALQUEUES)) and not any(
             (o["metadata"].get("labels") or {}).get(QUEUE_NAME)
             for rt in (JOBS, JOBSETS, LWS)
             for o in self.store.list(rt)
         ):
-            self._flex_start()
+            self._flex_start()  # nothing queued: only GKE's part runs
             return
         for step in (
             self._sync_jobs,
