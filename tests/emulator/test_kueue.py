@@ -18,7 +18,8 @@ from kinetic_airflow.testing.cluster.kueue_setup import (
     provisioning_check,
     workload_priority_class,
 )
-from kinetic_airflow.testing.cluster.resources import JOBS, JOBSETS, LWS
+from kinetic_airflow.testing.cluster.resources import JOBS, JOBSETS, LWS, PROVISIONINGREQUESTS, WORKLOADS
+from kinetic_airflow.testing.cluster.validation import validate_crd_object
 
 G, V = "kueue.x-k8s.io", "v1beta1"
 
@@ -243,6 +244,9 @@ def test_provisioning_delay_then_run(k8s_cluster: ClusterEmulator, apis: Any) ->
     check = wl["status"]["admissionChecks"][0]
     assert check["state"] == "Ready"
     assert check["message"] == "Provisioning Request was successfully provisioned."
+    # what the controllers wrote is valid against the vendored CRDs
+    assert validate_crd_object(WORKLOADS, _get(custom, name)) == []
+    assert validate_crd_object(PROVISIONINGREQUESTS, _pr(custom, pr_name)) == []
     job = wait_job(batch, "prov", "Complete")
     ann = job.spec.template.metadata.annotations
     assert ann["autoscaling.x-k8s.io/consume-provisioning-request"] == pr_name
@@ -544,3 +548,27 @@ def test_queueing_strategy(k8s_cluster: ClusterEmulator, apis: Any, strategy: st
         )
         assert [i["metadata"]["name"] for i in summary["items"]] == [big, small]
         assert cond(_get(custom, small), "QuotaReserved").get("status") != "True"
+
+
+def test_workload_table_and_discovery(k8s_cluster: ClusterEmulator, apis: Any) -> None:
+    batch, custom, _ = apis
+    batch.create_namespaced_job(NS, queued_job("tbl"))
+    wl_of(custom, batch, "tbl")
+    req = urllib.request.Request(
+        f"{k8s_cluster.url}/apis/kueue.x-k8s.io/v1beta1/namespaces/{NS}/workloads",
+        headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        table = json.loads(resp.read())
+    assert [c["name"] for c in table["columnDefinitions"]] == [
+        "Name", "Queue", "Reserved in", "Admitted", "Finished", "Age",
+    ]  # fmt: skip
+    assert table["rows"][0]["cells"][1] == "lq"
+    doc = visibility(k8s_cluster, "/apis/visibility.kueue.x-k8s.io/v1beta1")
+    names = {r["name"]: r for r in doc["resources"]}
+    assert names["clusterqueues/pendingworkloads"]["kind"] == "PendingWorkloadsSummary"
+    assert names["localqueues/pendingworkloads"]["namespaced"] is True
+    kueue_doc = visibility(k8s_cluster, "/apis/kueue.x-k8s.io/v1beta1")
+    assert {r["name"]: r.get("shortNames") for r in kueue_doc["resources"]}["workloads"] == [
+        "kwl", "kueueworkload", "kueueworkloads",
+    ]  # fmt: skip

@@ -109,13 +109,15 @@ def _kueue(plural: str, kind: str, namespaced: bool, short: tuple[str, ...] = ()
 # kubernetes-sigs/kueue ``config/components/crd/bases/kueue.x-k8s.io_*.yaml`` (at ff69552): group
 # kueue.x-k8s.io, served v1beta1 (and v1beta2, not served here), short names as the CRDs list them;
 # the emulator's Kueue is kueue.py.
-WORKLOADS = _kueue("workloads", "Workload", True, ("wl",))
+WORKLOADS = _kueue("workloads", "Workload", True, ("kwl", "kueueworkload", "kueueworkloads"))
 CLUSTERQUEUES = _kueue("clusterqueues", "ClusterQueue", False, ("cq",))
 LOCALQUEUES = _kueue("localqueues", "LocalQueue", True, ("queue", "queues", "lq"))
 RESOURCEFLAVORS = _kueue("resourceflavors", "ResourceFlavor", False, ("flavor", "flavors", "rf"))
-WORKLOADPRIORITYCLASSES = _kueue("workloadpriorityclasses", "WorkloadPriorityClass", False)
-ADMISSIONCHECKS = _kueue("admissionchecks", "AdmissionCheck", False)
-PROVISIONINGREQUESTCONFIGS = _kueue("provisioningrequestconfigs", "ProvisioningRequestConfig", False)
+WORKLOADPRIORITYCLASSES = _kueue("workloadpriorityclasses", "WorkloadPriorityClass", False, ("wpc",))
+ADMISSIONCHECKS = _kueue("admissionchecks", "AdmissionCheck", False, ("ac",))
+PROVISIONINGREQUESTCONFIGS = _kueue(
+    "provisioningrequestconfigs", "ProvisioningRequestConfig", False, ("prc",)
+)
 # kubernetes/autoscaler ``cluster-autoscaler/apis/config/crd/autoscaling.x-k8s.io_provisioningrequests.yaml``
 # (at 55c37cd): served v1, short names provreq/provreqs.
 PROVISIONINGREQUESTS = ResourceType(
