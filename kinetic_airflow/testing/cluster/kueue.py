@@ -56,6 +56,8 @@ QUEUED_PROVISIONING_CLASS = "queued-provisioning.gke.io"
 # GKE: https://cloud.google.com/kubernetes-engine/docs/concepts/dws (flex-start nodes, maxRunDurationSeconds)
 # and https://cloud.google.com/kubernetes-engine/docs/how-to/provisioningrequest (queued provisioning)
 FLEX_START_LABEL = "cloud.google.com/gke-flex-start"
+# Not confirmed in the GKE pages read for this (only the pool-level maxRunDurationSeconds is):
+# the queued-provisioning key and a per-pod max-run node selector. Kept as names, see README.
 QUEUED_LABEL = "cloud.google.com/gke-queued"
 MAX_RUN_SELECTOR = "cloud.google.com/gke-max-run-duration-seconds"
 FLEX_START_DEFAULT_MAX_RUN = 7 * 24 * 3600.0  # "If you don't specify ... the default is seven days"
