@@ -40,6 +40,7 @@ def _load_pools(path: str | None) -> list[NodePool] | None:
                 labels=dict(item.get("labels") or {}),
                 taints=taints,
                 node_count=int(item.get("node_count", item.get("nodeCount", 1))),
+                max_run_seconds=item.get("max_run_seconds", item.get("maxRunSeconds")),
             )
         )
     return pools

@@ -26,15 +26,18 @@ from .admission import PodAdmission
 from .controllers import ControllerManager
 from .faults import FaultState, RequestLog
 from .kubelet import Kubelet
+from .kueue import kueue_default_suspend, kueue_gate_pod
 from .nodes import NodePool, default_node_pools, make_nodes, node_object
 from .resources import (
     EVENTS,
     JOBS,
     JOBSETS,
+    KUEUE_TYPES,
     LWS,
     NAMESPACES,
     NODES,
     PODS,
+    PROVISIONINGREQUESTS,
     SERVICEACCOUNTS,
     SERVICES,
     ResourceType,
@@ -44,6 +47,7 @@ from .validation import (
     K8S_VERSION,
     InvalidError,
     check_immutable,
+    default_crd_object,
     default_job,
     default_jobset,
     default_lws,
@@ -58,8 +62,18 @@ DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease"
 DEFAULT_SERVICE_ACCOUNTS = ("default/kinetic",)
 
 # Resources whose main endpoint ignores status changes (status is a subresource).
-_STATUS_SUBRESOURCE = {PODS, JOBS, LWS, JOBSETS, NAMESPACES, NODES, SERVICES}
-_GENERATION = {PODS, JOBS, LWS, JOBSETS, SERVICES}
+_STATUS_SUBRESOURCE = {
+    PODS,
+    JOBS,
+    LWS,
+    JOBSETS,
+    NAMESPACES,
+    NODES,
+    SERVICES,
+    *KUEUE_TYPES,
+    PROVISIONINGREQUESTS,
+}
+_GENERATION = {PODS, JOBS, LWS, JOBSETS, SERVICES, *KUEUE_TYPES, PROVISIONINGREQUESTS}
 _SERVER_FIELDS = (
     "uid",
     "resourceVersion",
@@ -309,6 +323,7 @@ class Cluster:
         if self.store.get(rt, ns, name) is not None:
             raise errors.already_exists(rt, name)
         if rt is PODS:
+            kueue_gate_pod(self, obj)  # Kueue's pod webhook, before the scheduler sees it
             self.admission.admit(obj, sent_name)  # also for controllers' pods (validate=False)
         self._stamp(rt, obj)
         uid = md["uid"]
@@ -317,13 +332,18 @@ class Cluster:
             obj["status"] = {"phase": "Pending", "qosClass": qos_class(obj["spec"])}
         elif rt is JOBS:
             default_job(obj, uid)
+            kueue_default_suspend(obj)
             obj["status"] = {}
         elif rt is LWS:
             default_lws(obj)
             obj["status"] = {}
         elif rt is JOBSETS:
             default_jobset(obj)
+            kueue_default_suspend(obj)
             obj["status"] = {}
+        elif rt in KUEUE_TYPES or rt is PROVISIONINGREQUESTS:
+            default_crd_object(rt, obj)
+            obj.setdefault("status", {})
         elif rt is NAMESPACES:
             md.setdefault("labels", {})["kubernetes.io/metadata.name"] = name
             obj["spec"] = {"finalizers": ["kubernetes"]}
@@ -398,7 +418,7 @@ class Cluster:
                     result["status"] = copy.deepcopy(current["status"])
                 else:
                     result.pop("status", None)
-            if rt in (PODS, JOBS, LWS, JOBSETS):
+            if rt in (PODS, JOBS, LWS, JOBSETS, *KUEUE_TYPES, PROVISIONINGREQUESTS):
                 try:
                     validate_object(rt, result, strict=strict)
                 except InvalidError as exc:
@@ -753,6 +773,24 @@ class Cluster:
     def rotate_container_log(self, namespace: str, name: str, container: str | None = None) -> None:
         """See :meth:`ClusterEmulator.rotate_container_log`."""
         self.kubelet.rotate_log(self.get(PODS, namespace, name), container)
+
+    def evict_workload(
+        self, namespace: str, name: str, reason: str = "Preempted", message: str | None = None
+    ) -> None:
+        """See :meth:`ClusterEmulator.evict_workload`."""
+        self.controllers.kueue.evict(namespace, name, reason, message)
+        self.controllers.wake()
+
+    def set_provisioning(
+        self, delay_seconds: float = 0.0, fail: bool = False, message: str | None = None
+    ) -> None:
+        """See :meth:`ClusterEmulator.set_provisioning`."""
+        self.controllers.kueue.provisioning = {
+            "delay_seconds": float(delay_seconds),
+            "fail": bool(fail),
+            "message": message,
+        }
+        self.controllers.wake()
 
     def scheduling_changed(self) -> None:
         """Wake pods waiting for nodes (after a scale-up delay was changed)."""

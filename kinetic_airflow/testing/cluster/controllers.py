@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from . import errors
 from ._util import fmt_time, parse_time, utcnow, wait_event
 from .jobset import JobSetController
+from .kueue import KueueController
 from .objects import condition_true, controller_uid, find_condition, set_condition
 from .resources import JOBS, LWS, PODS, SERVICES, STATEFULSETS
 
@@ -1028,6 +1029,7 @@ class ControllerManager:
         self.jobs = JobController(cluster, job_backoff)
         self.lws = LeaderWorkerSetController(cluster)
         self.jobsets = JobSetController(cluster)
+        self.kueue = KueueController(cluster)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -1059,6 +1061,7 @@ class ControllerManager:
         self.jobs.reconcile_all()
         self.lws.reconcile_all()
         self.jobsets.reconcile_all()
+        self.kueue.reconcile_all()
         self.cluster.gc_pass()
 
     async def _run(self) -> None:

@@ -368,6 +368,24 @@ class ClusterEmulator:
         return self._call(self.cluster.kubelet.processes)
 
     # ---------------------------------------------------------------- faults
+    def evict_workload(
+        self, namespace: str, name: str, reason: str = "Preempted", message: str | None = None
+    ) -> None:
+        """Evict a Kueue Workload as Kueue does (``pkg/workload/evict``): condition
+        ``Evicted=True`` with ``reason``/``message``, admission checks reset to Pending; the job is
+        suspended (its pods killed), then the quota is released (``QuotaReserved=False``, reason
+        ``Pending``) and the Workload requeued (``Requeued=True``, reason ``reason``)."""
+        self._call(self.cluster.evict_workload, namespace, name, reason, message)
+
+    def set_provisioning(
+        self, delay_seconds: float = 0.0, fail: bool = False, message: str | None = None
+    ) -> None:
+        """How the emulated GKE answers ProvisioningRequests (Kueue's provisioning admission
+        check): after ``delay_seconds`` ``Provisioned=True`` (message default "Provisioning Request
+        was successfully provisioned."), or ``Failed=True`` (reason ``ProvisioningFailed``) with
+        ``message`` when ``fail``. Applies to requests not answered yet."""
+        self._call(self.cluster.set_provisioning, delay_seconds, fail, message)
+
     def preempt_pod(self, namespace: str, name: str, grace_seconds: float | None = None) -> None:
         """GKE node-shutdown preemption of a running pod.
 
@@ -514,6 +532,20 @@ class EmulatorAdminClient:
     def processes(self) -> list[dict[str, Any]]:
         """``GET /_emulator/processes``."""
         return self._request("GET", "processes")["processes"]
+
+    def evict_workload(
+        self, namespace: str, name: str, reason: str = "Preempted", message: str | None = None
+    ) -> None:
+        """``POST /_emulator/workloads/{ns}/{name}/evict``."""
+        self._request("POST", f"workloads/{namespace}/{name}/evict", {"reason": reason, "message": message})
+
+    def set_provisioning(
+        self, delay_seconds: float = 0.0, fail: bool = False, message: str | None = None
+    ) -> None:
+        """``POST /_emulator/kueue/provisioning``."""
+        self._request(
+            "POST", "kueue/provisioning", {"delay_seconds": delay_seconds, "fail": fail, "message": message}
+        )
 
     def preempt_pod(self, namespace: str, name: str, grace_seconds: float | None = None) -> None:
         """``POST /_emulator/pods/{ns}/{name}/preempt``."""

@@ -463,6 +463,25 @@ class PodRuntime:
                 self.node_name = spec["nodeName"]
                 self._publish_scheduled()
                 return True
+            if spec.get("schedulingGates"):
+                # kube-scheduler's SchedulingGates plugin (pkg/scheduler/framework/plugins/
+                # schedulinggates, PreEnqueue): the pod is not tried until the gates are removed.
+                cond = self._condition(
+                    "PodScheduled",
+                    "False",
+                    "SchedulingGated",
+                    "Scheduling is blocked due to non-empty scheduling gates",
+                )
+
+                def gated(obj: dict[str, Any], cond: dict[str, Any] = cond) -> None:
+                    status = obj.setdefault("status", {})
+                    status["phase"] = "Pending"
+                    status["conditions"] = [cond]
+
+                self._mutate(gated)
+                if await self._sleep_or_kill(1.0, self.kubelet.nodes_changed):
+                    return False
+                continue
             node, message = find_node(spec, nodes)
             delay = self.cluster.faults.scheduling_delay_remaining()
             if node is not None and delay <= 0:

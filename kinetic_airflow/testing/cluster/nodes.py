@@ -71,6 +71,10 @@ class NodePool:
     taints: Sequence[Taint | Mapping[str, str]] = ()
     node_count: int = 1
     capacity: dict[str, str] = field(default_factory=dict)
+    # GKE flex-start (label ``cloud.google.com/gke-flex-start: "true"``): a node lives at most this
+    # long (``maxRunDurationSeconds``, https://cloud.google.com/kubernetes-engine/docs/concepts/dws);
+    # None: GKE's default of seven days. See kueue.py ``KueueController._flex_start``.
+    max_run_seconds: float | None = None
 
     def taint_objects(self) -> list[Taint]:
         """Taints normalized to :class:`Taint`."""

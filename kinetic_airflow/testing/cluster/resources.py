@@ -97,6 +97,76 @@ JOBSETS = ResourceType(
     ("status",),
     builtin=False,
 )
+PODTEMPLATES = ResourceType("", "v1", "podtemplates", "PodTemplate", True, "podtemplate")
+
+
+def _kueue(plural: str, kind: str, namespaced: bool, short: tuple[str, ...] = ()) -> ResourceType:
+    return ResourceType(
+        "kueue.x-k8s.io", "v1beta1", plural, kind, namespaced, kind.lower(), short, ("status",), builtin=False
+    )
+
+
+# kubernetes-sigs/kueue ``config/components/crd/bases/kueue.x-k8s.io_*.yaml`` (at ff69552): group
+# kueue.x-k8s.io, served v1beta1 (and v1beta2, not served here), short names as the CRDs list them;
+# the emulator's Kueue is kueue.py.
+WORKLOADS = _kueue("workloads", "Workload", True, ("kwl", "kueueworkload", "kueueworkloads"))
+CLUSTERQUEUES = _kueue("clusterqueues", "ClusterQueue", False, ("cq",))
+LOCALQUEUES = _kueue("localqueues", "LocalQueue", True, ("queue", "queues", "lq"))
+RESOURCEFLAVORS = _kueue("resourceflavors", "ResourceFlavor", False, ("flavor", "flavors", "rf"))
+WORKLOADPRIORITYCLASSES = _kueue("workloadpriorityclasses", "WorkloadPriorityClass", False, ("wpc",))
+ADMISSIONCHECKS = _kueue("admissionchecks", "AdmissionCheck", False, ("ac",))
+PROVISIONINGREQUESTCONFIGS = _kueue(
+    "provisioningrequestconfigs", "ProvisioningRequestConfig", False, ("prc",)
+)
+# kubernetes/autoscaler ``cluster-autoscaler/apis/config/crd/autoscaling.x-k8s.io_provisioningrequests.yaml``
+# (at 55c37cd): served v1, short names provreq/provreqs.
+PROVISIONINGREQUESTS = ResourceType(
+    "autoscaling.x-k8s.io",
+    "v1",
+    "provisioningrequests",
+    "ProvisioningRequest",
+    True,
+    "provisioningrequest",
+    ("provreq", "provreqs"),
+    ("status",),
+    builtin=False,
+)
+# Kueue's visibility API (kubernetes-sigs/kueue ``apis/visibility/v1beta1/types.go``): an aggregated
+# API whose only endpoint is the ``pendingworkloads`` subresource of (Cluster|Local)Queues.
+VISIBILITY_CLUSTERQUEUES = ResourceType(
+    "visibility.kueue.x-k8s.io",
+    "v1beta1",
+    "clusterqueues",
+    "ClusterQueue",
+    False,
+    "clusterqueue",
+    (),
+    ("pendingworkloads",),
+    verbs=("get",),
+    builtin=False,
+)
+VISIBILITY_LOCALQUEUES = ResourceType(
+    "visibility.kueue.x-k8s.io",
+    "v1beta1",
+    "localqueues",
+    "LocalQueue",
+    True,
+    "localqueue",
+    (),
+    ("pendingworkloads",),
+    verbs=("get",),
+    builtin=False,
+)
+VISIBILITY_TYPES = (VISIBILITY_CLUSTERQUEUES, VISIBILITY_LOCALQUEUES)
+KUEUE_TYPES = (
+    WORKLOADS,
+    CLUSTERQUEUES,
+    LOCALQUEUES,
+    RESOURCEFLAVORS,
+    WORKLOADPRIORITYCLASSES,
+    ADMISSIONCHECKS,
+    PROVISIONINGREQUESTCONFIGS,
+)
 # Create-only and never stored: the API server answers it from the caller's RBAC (access.py).
 SELFSUBJECTACCESSREVIEWS = ResourceType(
     "authorization.k8s.io",
@@ -122,6 +192,11 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
     STATEFULSETS,
     LWS,
     JOBSETS,
+    PODTEMPLATES,
+    # before the kueue.x-k8s.io kinds, so by_plural/by_kind name the stored ones
+    *VISIBILITY_TYPES,
+    *KUEUE_TYPES,
+    PROVISIONINGREQUESTS,
     SELFSUBJECTACCESSREVIEWS,
 )
 
@@ -256,13 +331,13 @@ def api_resource_list_doc(group: str, version: str) -> dict[str, Any] | None:
             entry["categories"] = list(rt.categories)
         entries.append(entry)
         for sub in rt.subresources:
-            verbs = ["get"] if sub == "log" else ["get", "patch", "update"]
+            verbs = ["get"] if sub in ("log", "pendingworkloads") else ["get", "patch", "update"]
             entries.append(
                 {
                     "name": f"{rt.plural}/{sub}",
                     "singularName": "",
                     "namespaced": rt.namespaced,
-                    "kind": rt.kind,
+                    "kind": "PendingWorkloadsSummary" if sub == "pendingworkloads" else rt.kind,
                     "verbs": verbs,
                 }
             )

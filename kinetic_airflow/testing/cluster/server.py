@@ -28,9 +28,14 @@ from ._util import parse_time, utcnow, wait_event
 from .access import access_review
 from .cluster import Cluster
 from .faults import ApiFault, WatchDropRule
+from .kueue import cluster_queue_of, pending_workloads_summary
 from .resources import (
+    CLUSTERQUEUES,
+    LOCALQUEUES,
     PODS,
     SELFSUBJECTACCESSREVIEWS,
+    VISIBILITY_LOCALQUEUES,
+    VISIBILITY_TYPES,
     ResourceType,
     api_group_doc,
     api_group_list_doc,
@@ -305,6 +310,23 @@ class ApiServer:
             raise errors.ApiError(404, "NotFound", "the server could not find the requested resource")
         method = request.method
         q = request.query
+        if rt in VISIBILITY_TYPES:
+            # Kueue's visibility API server: only GET .../<queue>/pendingworkloads
+            if sub != "pendingworkloads" or method != "GET":
+                raise errors.ApiError(404, "NotFound", "the server could not find the requested resource")
+            kueue = self.cluster.controllers.kueue
+            if rt is VISIBILITY_LOCALQUEUES:
+                cq = cluster_queue_of(self.cluster.store, namespace or "", name or "")
+                if cq is None:
+                    raise errors.not_found(LOCALQUEUES, name or "")
+                lq: tuple[str, str] | None = (namespace or "", name or "")
+            else:
+                if self.cluster.store.get(CLUSTERQUEUES, None, name or "") is None:
+                    raise errors.not_found(CLUSTERQUEUES, name or "")
+                cq, lq = name or "", None
+            offset = _int(q.get("offset"), "offset") or 0
+            limit = _int(q.get("limit"), "limit") or 1000
+            return _json(pending_workloads_summary(kueue, cq, lq, offset, limit))
         if rt is SELFSUBJECTACCESSREVIEWS and name is None and method == "POST":
             return _json(access_review(self.cluster.faults, await self._body(request)), 201)
         if watch_path or (method == "GET" and _bool(q.get("watch"))):
@@ -843,6 +865,7 @@ class ApiServer:
                             "labels": p.labels,
                             "taints": [t.to_dict() for t in p.taint_objects()],
                             "nodeCount": p.node_count,
+                            "maxRunSeconds": p.max_run_seconds,
                         }
                         for p in self.cluster.node_pools
                     ]
@@ -861,6 +884,25 @@ class ApiServer:
                     self.cluster.oom_kill_pod(ns, pod, body.get("container"))
             except LookupError as exc:
                 raise errors.ApiError(409, "Conflict", str(exc))
+            return _json({"status": "ok"})
+        match = re.fullmatch(r"workloads/([^/]+)/([^/]+)/evict", route)
+        if match and method == "POST":
+            try:
+                self.cluster.evict_workload(
+                    match.group(1),
+                    match.group(2),
+                    str(body.get("reason") or "Preempted"),
+                    body.get("message"),
+                )
+            except LookupError as exc:
+                raise errors.ApiError(404, "NotFound", str(exc))
+            return _json({"status": "ok"})
+        if route == "kueue/provisioning" and method == "POST":
+            self.cluster.set_provisioning(
+                float(body.get("delay_seconds", body.get("delaySeconds", 0)) or 0),
+                bool(body.get("fail", False)),
+                body.get("message"),
+            )
             return _json({"status": "ok"})
         if route == "faults" and method == "DELETE":
             faults.clear()

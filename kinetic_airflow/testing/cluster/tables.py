@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._util import human_duration, parse_time, utcnow
-from .resources import EVENTS, JOBS, JOBSETS, LWS, NAMESPACES, NODES, PODS, ResourceType
+from .resources import EVENTS, JOBS, JOBSETS, LWS, NAMESPACES, NODES, PODS, WORKLOADS, ResourceType
 
 
 def _col(
@@ -178,6 +178,18 @@ def _event_row(event: dict[str, Any]) -> list[Any]:
     ]
 
 
+def _workload_row(wl: dict[str, Any]) -> list[Any]:
+    conds = {c.get("type"): c.get("status", "") for c in (wl.get("status") or {}).get("conditions") or []}
+    return [
+        wl["metadata"]["name"],
+        (wl.get("spec") or {}).get("queueName", ""),
+        ((wl.get("status") or {}).get("admission") or {}).get("clusterQueue", ""),
+        conds.get("Admitted", ""),
+        conds.get("Finished", ""),
+        _age(wl),
+    ]
+
+
 _TABLES: dict[ResourceType, tuple[list[dict[str, Any]], Callable[[dict[str, Any]], list[Any]]]] = {
     PODS: (
         [
@@ -236,6 +248,18 @@ _TABLES: dict[ResourceType, tuple[list[dict[str, Any]], Callable[[dict[str, Any]
         lambda ns: [ns["metadata"]["name"], (ns.get("status") or {}).get("phase", ""), _age(ns)],
     ),
     EVENTS: ([_col("Last Seen"), _col("Type"), _col("Reason"), _col("Object"), _col("Message")], _event_row),
+    # the v1beta1 CRD's additionalPrinterColumns (kueue.x-k8s.io_workloads.yaml)
+    WORKLOADS: (
+        [
+            _col("Name", fmt="name"),
+            _col("Queue"),
+            _col("Reserved in"),
+            _col("Admitted"),
+            _col("Finished"),
+            _col("Age", "date"),
+        ],
+        _workload_row,
+    ),
 }
 
 

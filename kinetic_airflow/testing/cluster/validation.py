@@ -184,6 +184,54 @@ def _schema_causes(validator: jsonschema.protocols.Validator, obj: dict[str, Any
     return [_schema_error_cause(e) for e in errors[:10]]
 
 
+# kubernetes-sigs/kueue at ff69552 ``config/components/crd/bases/`` (Apache-2.0, LICENSE.kueue) and
+# kubernetes/autoscaler at 55c37cd ``cluster-autoscaler/apis/config/crd/`` (Apache-2.0,
+# LICENSE.autoscaler): validated like the JobSet CRD (structural schema; CEL rules are not run).
+KUEUE_CRD_FILES = {
+    "workloads": "kueue.x-k8s.io_workloads.yaml",
+    "clusterqueues": "kueue.x-k8s.io_clusterqueues.yaml",
+    "localqueues": "kueue.x-k8s.io_localqueues.yaml",
+    "resourceflavors": "kueue.x-k8s.io_resourceflavors.yaml",
+    "workloadpriorityclasses": "kueue.x-k8s.io_workloadpriorityclasses.yaml",
+    "admissionchecks": "kueue.x-k8s.io_admissionchecks.yaml",
+    "provisioningrequestconfigs": "kueue.x-k8s.io_provisioningrequestconfigs.yaml",
+    "provisioningrequests": "autoscaling.x-k8s.io_provisioningrequests.yaml",
+}
+
+
+def _go_flags(node: Any) -> None:
+    """Go's RE2 takes ``^(?i)...`` (AdmissionCheck's parameters.kind); Python wants flags first."""
+    if isinstance(node, dict):
+        pattern = node.get("pattern")
+        if isinstance(pattern, str) and pattern.startswith("^(?i)"):
+            node["pattern"] = "(?i)^" + pattern[len("^(?i)") :]
+        for value in node.values():
+            _go_flags(value)
+    elif isinstance(node, list):
+        for value in node:
+            _go_flags(value)
+
+
+@functools.lru_cache(maxsize=32)
+def _kueue_crd(
+    plural: str, version: str, strict: bool
+) -> tuple[dict[str, Any], jsonschema.protocols.Validator]:
+    raw, validator = _load_crd(Path(__file__).resolve().parent / KUEUE_CRD_FILES[plural], version, strict)
+    _go_flags(validator.schema)
+    return raw, validator
+
+
+def validate_crd_object(rt: ResourceType, obj: dict[str, Any], *, strict: bool = True) -> list[Cause]:
+    """Validate a Kueue / ProvisioningRequest object against its vendored CRD schema."""
+    return _schema_causes(_kueue_crd(rt.plural, rt.version, strict)[1], obj)
+
+
+def default_crd_object(rt: ResourceType, obj: dict[str, Any]) -> None:
+    """The CRD's structural defaults (e.g. ClusterQueue ``queueingStrategy: BestEffortFIFO``)."""
+    raw, _ = _kueue_crd(rt.plural, rt.version, True)
+    _apply_schema_defaults(raw, obj)
+
+
 def validate_lws(obj: dict[str, Any], *, strict: bool = True) -> list[Cause]:
     """Validate a LeaderWorkerSet against the CRD's openAPIV3Schema (unknown fields rejected if strict)."""
     return _schema_causes(_lws_crd(strict)[1], obj)
@@ -474,6 +522,8 @@ def validate_object(rt: ResourceType, obj: dict[str, Any], *, strict: bool = Tru
         causes = validate_jobset(obj, strict=strict)
         if not causes:
             causes = check_jobset(obj)
+    elif rt.plural in KUEUE_CRD_FILES and not rt.builtin:
+        causes = validate_crd_object(rt, obj, strict=strict)
     elif rt in (PODS, JOBS):
         causes = validate_builtin(obj, strict=strict)
         if not causes:
