@@ -20,9 +20,16 @@ import cloudpickle
 from kinetic_airflow.job.integrity import check_digest
 from kinetic_airflow.job.storage import open_storage
 
+# How a runner ends, with no envelope, when its attempt already ran (EX_TEMPFAIL): a
+# single-host Job suspended and resumed (a Kueue eviction) starts a second pod, which must not
+# run the function twice. The GKE backend reads this code with the Workload's eviction history
+# as a preemption, so kinetic starts the next attempt.
+RERUN_REFUSED_EXIT = 75
+
 __all__ = [
     "FORMAT_VERSION",
     "PHASES",
+    "RERUN_REFUSED_EXIT",
     "ResultRef",
     "is_result_ref",
     "load_checked_envelope",

@@ -33,6 +33,7 @@ from kinetic_airflow import __version__
 from kinetic_airflow.job.codebundle import install_code_bundle
 from kinetic_airflow.job.envelope import (
     FORMAT_VERSION,
+    RERUN_REFUSED_EXIT,
     ResultRef,
     dump_envelope,
     dumps_summary,
@@ -559,16 +560,28 @@ def build_parser() -> argparse.ArgumentParser:
 def _already_ran(runner: JobRunner) -> dict[str, Any] | None:
     """This host's ``started`` marker of this attempt, if its runner has run here before.
 
-    Only for multi-host jobs: a LeaderWorkerSet pod restarts its container whenever the
-    runner ends (``restartPolicy: Always`` is the only one LWS allows). Running the function
-    again on one host alone would run it twice and hang in the collectives; the attempt's
-    outcome is already decided by what the first run wrote, so the restarted runner waits
-    until the watcher deletes the group.
+    A multi-host pod restarts its container whenever the runner ends (``restartPolicy:
+    Always`` is the only one LWS allows). A single-host Job (``backoffLimit: 0``) starts a
+    second pod only after it was suspended and resumed: Kueue evicting the Workload
+    (preemption) and admitting it again. Either way running the function again would run this
+    attempt twice (and on one host alone hang in the collectives); the attempt's outcome is
+    decided by what the first run wrote or by kinetic starting the next attempt.
     """
-    if int(os.environ.get("KINETIC_NUM_HOSTS") or 1) <= 1:
-        return None
     text = runner.storage.read_text_or_none(runner.layout.status("started", runner.host))
     return json.loads(text) if text else None
+
+
+def _refuse_rerun(runner: JobRunner, earlier: dict[str, Any]) -> int:
+    """A resumed single-host Job: end at once (no user code), so the Job fails with a code that
+    says why and the watcher starts the next attempt from the checkpoint."""
+    pod = earlier.get("hostname") or earlier.get("pod_uid") or "?"
+    log(
+        f"this attempt's function already ran in pod {pod}; "
+        "the Job was stopped and resumed (a Kueue eviction): not running it twice. "
+        "kinetic starts the next attempt."
+    )
+    shutil.rmtree(runner.workdir, ignore_errors=True)
+    return RERUN_REFUSED_EXIT
 
 
 def _wait_to_be_stopped(runner: JobRunner, earlier: dict[str, Any]) -> int:
@@ -589,7 +602,9 @@ def main(argv: list[str] | None = None) -> int:
     runner.post_mortem = args.pdb
     earlier = _already_ran(runner)
     if earlier is not None:
-        return _wait_to_be_stopped(runner, earlier)
+        if int(os.environ.get("KINETIC_NUM_HOSTS") or 1) > 1:
+            return _wait_to_be_stopped(runner, earlier)
+        return _refuse_rerun(runner, earlier)
     _install_sigterm_marker(runner)
     code = runner.run()
     sys.stdout.flush()

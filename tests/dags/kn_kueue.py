@@ -53,7 +53,11 @@ def kn_kueue_eviction():
 
 
 @task.kinetic(
-    backend="gke", accelerator="gpu-l4", capacity="queued", local_queue="dws", on_failure_callback=record_failure
+    backend="gke",
+    accelerator="gpu-l4",
+    capacity="queued",
+    local_queue="dws",
+    on_failure_callback=record_failure,
 )
 def provisioned() -> str:
     return "ran on provisioned nodes"

@@ -12,8 +12,10 @@ give it up while it waits its turn. Kueue keeps the facts on the job's Workload
   for ...");
 * ``Evicted`` (reasons ``Preempted``, ``PodsReadyTimeout``, ``AdmissionCheck``,
   ``InactiveWorkload`` ...): Kueue stops the pods and suspends the job again;
-* ``status.admissionChecks[]``: a ``Rejected`` check (the provisioning check whose
-  ProvisioningRequest failed) will never admit the job; ``Retry`` is tried again by Kueue.
+* ``status.admissionChecks[]``: a check whose ProvisioningRequest failed goes ``Retry``
+  (``Evicted`` reason ``AdmissionCheck``: Kueue tries again, the job stays queued) until its
+  retries are spent, then ``Rejected``: the Workload is deactivated (``Evicted`` reason
+  ``DeactivatedDueToAdmissionCheck``, the check's message quoted) and never admitted.
 
 The position in the queue comes from Kueue's visibility API (``visibility.kueue.x-k8s.io``);
 a cluster without it (or RBAC refusing it) just gets no position.
@@ -29,6 +31,7 @@ from typing import Any
 
 from kinetic_airflow.backends.base import BackendStatus, JobState
 from kinetic_airflow.backends.gke.client import ApiError, KubeApi
+from kinetic_airflow.job.envelope import RERUN_REFUSED_EXIT
 
 __all__ = ["QueueState", "queue_state", "with_queue"]
 
@@ -55,6 +58,8 @@ class QueueState:
     rejected_check: str | None = None
     rejected_message: str = ""
     provisioning_request: str | None = None
+    requeued_after: str | None = None  # the reason Kueue evicted it before admitting it again
+    requeued_message: str = ""
 
     @property
     def waiting_text(self) -> str:
@@ -141,11 +146,25 @@ def queue_state(api: KubeApi, namespace: str, found: dict[str, Any], queue: str)
     conditions = _conditions(workload)
     admitted = conditions.get("Admitted", {}).get("status") == "True"
     evicted = conditions.get("Evicted", {})
+    # An eviction Kueue has since undone by admitting the Workload again leaves ``Requeued``
+    # True with the eviction's reason (jobframework/reconciler.go, the evicted branch) and
+    # ``Evicted`` False ("QuotaReserved", workload.SetQuotaReservation): the job's pods were
+    # stopped and started again, which for kinetic ends the attempt.
+    requeued = conditions.get("Requeued", {})
+    requeued_after = (
+        str(requeued.get("reason"))
+        if requeued.get("status") == "True"
+        and requeued.get("reason") in _RESTARTED
+        and "Evicted" in conditions
+        else None
+    )
     state = QueueState(
         queue,
         workload=name,
         admitted=admitted,
         admitted_at=_time(conditions.get("Admitted", {}).get("lastTransitionTime")) if admitted else None,
+        requeued_after=requeued_after,
+        requeued_message=str(requeued.get("message") or "") if requeued_after else "",
     )
     for check in (workload.get("status") or {}).get("admissionChecks") or []:
         if check.get("state") == "Rejected":
@@ -156,6 +175,27 @@ def queue_state(api: KubeApi, namespace: str, found: dict[str, Any], queue: str)
                 rejected_message=str(check.get("message") or ""),
                 provisioning_request=_provisioning_request(api, namespace, name, str(check.get("name"))),
             )
+    reason = str(evicted.get("reason") or "")
+    if evicted.get("status") == "True" and reason == "DeactivatedDueToAdmissionCheck":
+        # a check past its retries: Kueue deactivates the Workload and resets the checks'
+        # states, so the rejection is told by the eviction (pkg/workload/admissionchecks.go)
+        message = str(evicted.get("message") or "")
+        check = message.split('"')[1] if message.count('"') >= 2 else None
+        return QueueState(
+            queue,
+            workload=name,
+            rejected_check=check or "admission check",
+            rejected_message=message,
+            provisioning_request=_provisioning_request(api, namespace, name, check) if check else None,
+        )
+    if evicted.get("status") == "True" and reason == "AdmissionCheck" and not admitted:
+        # a check in Retry (a ProvisioningRequest GKE will try again): still waiting in the queue
+        return QueueState(
+            queue,
+            workload=name,
+            pending=f"retrying admission: {evicted.get('message') or ''}",
+            position=_position(api, namespace, queue, name),
+        )
     if evicted.get("status") == "True":
         return QueueState(
             queue,
@@ -179,7 +219,10 @@ def queue_state(api: KubeApi, namespace: str, found: dict[str, Any], queue: str)
 
 # Evictions after which Kueue requeues the job: for kinetic a new attempt of the same try, as a
 # node preemption is. An inactive (deactivated) Workload is not requeued: the job failed.
-_REQUEUED = {"Preempted", "PodsReadyTimeout", "AdmissionCheck", "NodeFailures", "Evicted"}
+_REQUEUED = {"Preempted", "PodsReadyTimeout", "AdmissionCheck", "NodeFailures", "Evicted", "InClusterQueue"}
+# ... and of those, the ones that stop a job that was running (an admission check's retry
+# happens before the pods start).
+_RESTARTED = _REQUEUED - {"AdmissionCheck"}
 
 
 def with_queue(status: BackendStatus, state: QueueState) -> BackendStatus:
@@ -195,6 +238,20 @@ def with_queue(status: BackendStatus, state: QueueState) -> BackendStatus:
             reason="ProvisioningFailed",
             message=f"the {request} of Workload {state.workload} failed: {state.rejected_message}",
             details={"workload": state.workload, "check": state.rejected_check},
+        )
+    if (
+        state.evicted_reason is None
+        and state.requeued_after is not None
+        and status.state is JobState.FAILED
+        and status.exit_code == RERUN_REFUSED_EXIT
+    ):
+        # evicted and admitted again before the watcher looked: the resumed pod refused to run
+        # the attempt twice (the runner's RERUN_REFUSED_EXIT)
+        state = QueueState(
+            state.queue,
+            workload=state.workload,
+            evicted_reason=state.requeued_after,
+            evicted_message=state.requeued_message,
         )
     if state.evicted_reason is not None:
         if state.evicted_reason in _REQUEUED:
