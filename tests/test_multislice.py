@@ -27,6 +27,9 @@ def cluster(tmp_path_factory):
 def ms_env(cluster, tmp_path, monkeypatch):
     """Job storage in a local directory: the hosts meet in KINETIC_OUTPUT_DIR."""
     monkeypatch.setenv("KINETIC_BASE_URI", f"file://{tmp_path}/kinetic")
+    # the pods' runner is this checkout's (the venv may point at another one of the project)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
     point_kinetic_at(*cluster, monkeypatch)
     return cluster[0]
 
@@ -132,7 +135,10 @@ def test_the_job_set_is_what_kinetic_makes(ms_env):
 @pytest.mark.parametrize(
     ("kwargs", "fragment"),
     [
-        ({"accelerator": "tpu-v6e-16", "slices": 2, "backend": "local"}, "the local backend runs one process"),
+        (
+            {"accelerator": "tpu-v6e-16", "slices": 2, "backend": "local"},
+            "the local backend runs one process",
+        ),
         ({"accelerator": "tpu-v6e-16", "slices": 2, "backend": "gke"}, "use backend='pathways'"),
         ({"accelerator": "tpu-v6e-4t", "slices": 2}, "multislice needs a multi-host TPU slice"),
         ({"accelerator": "gpu-l4", "slices": 3, "backend": "auto"}, "such as 'tpu-v6e-16'"),
@@ -189,7 +195,9 @@ def test_a_preempted_slice_1_pod_is_a_new_attempt_of_the_whole_group(ms_env):
                 pods = [p for p in _pods(emulator, "multislice_resumes") if p.status.phase == "Running"]
                 first = [p for p in pods if p.metadata.labels.get("kinetic.airflow/attempt") == "1"]
                 if len(first) == 8 and _all_ready():
-                    victim = next(p for p in first if p.metadata.labels["jobset.sigs.k8s.io/job-index"] == "1")
+                    victim = next(
+                        p for p in first if p.metadata.labels["jobset.sigs.k8s.io/job-index"] == "1"
+                    )
                     emulator.preempt_pod("default", victim.metadata.name)
                     return
                 time.sleep(0.2)

@@ -30,6 +30,7 @@ def get_backend(name: str) -> Backend:
 
         return PathwaysBackend()
     if name == "multislice":  # slices > 1 on pathways / auto (submission.resolve_backend)
+        # (as for "gke")
         from kinetic_airflow.backends.gke.multislice import MultisliceBackend
 
         return MultisliceBackend()
