@@ -102,6 +102,7 @@ def kinetic_task(
     local_queue: str | None = None,
     priority_class: str | None = None,
     queue_timeout: float | timedelta | None = None,
+    slices: int | None = None,
     **kwargs: Unpack[TaskArgs],
 ) -> Callable[[Callable[FParams, FReturn]], Task[FParams, FReturn]]: ...
 def kinetic_task(

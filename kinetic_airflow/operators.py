@@ -220,6 +220,7 @@ class KineticRunOperator(BaseOperator):
         local_queue: str | None = None,
         priority_class: str | None = None,
         queue_timeout: float | timedelta | None = None,
+        slices: int | None = None,
         **kwargs: Unpack[OperatorArgs],
     ) -> None:
         super().__init__(**kwargs)
@@ -262,6 +263,7 @@ class KineticRunOperator(BaseOperator):
                 "local_queue": local_queue,
                 "priority_class": priority_class,
                 "queue_timeout": queue_timeout,
+                "slices": slices,
             }
         )
         self.accelerator = accelerator
@@ -297,6 +299,7 @@ class KineticRunOperator(BaseOperator):
         self.local_queue: str | None = options["local_queue"]
         self.priority_class: str | None = options["priority_class"]
         self.queue_timeout: float | None = options["queue_timeout"]
+        self.slices: int | None = options["slices"]
         if _parse_time_backend(backend) == "local":  # no cluster: no GKE console or Cloud Logging
             self.operator_extra_links = (KineticViewLink(),)
 
@@ -320,7 +323,7 @@ class KineticRunOperator(BaseOperator):
 
     # Settings ---------------------------------------------------------------------------------
     def _backend_name(self) -> str:
-        return resolve_backend(self.backend, self.accelerator, self.spot)
+        return resolve_backend(self.backend, self.accelerator, self.spot, slices=self.slices)
 
     def _base_uri(self, backend: str) -> str:
         return resolve_base_uri(self.base_uri, backend, self.project, self.cluster)
@@ -404,7 +407,7 @@ class KineticRunOperator(BaseOperator):
         check_image_python(image)
         return ref.replace(
             accelerator=spec.text,
-            hosts=spec.hosts,
+            hosts=spec.hosts * (self.slices or 1),  # every slice's hosts: one group
             startup_timeout=float(resolve_setting("startup_timeout", self.startup_timeout)),
             heartbeat_timeout=float(resolve_setting("heartbeat_timeout")),
             k8s=K8sFields(
@@ -423,6 +426,7 @@ class KineticRunOperator(BaseOperator):
                 local_queue=placement.local_queue,
                 priority_class=placement.priority_class,
                 queue_timeout=float(queue_timeout) if queue_timeout else None,
+                slices=self.slices if (self.slices or 1) > 1 else None,
             ),
         )
 

@@ -308,6 +308,14 @@ OPTIONS: dict[str, OptionSpec] = dict(
             above=True,
             config=True,
         ),
+        # Multislice TPU (backends.gke.multislice): checked with the accelerator and backend
+        _spec(
+            "slices",
+            "count",
+            "a whole number (int), 1 or more: how many multi-host TPU slices train together",
+            "slices=2",
+            minimum=1,
+        ),
         # [kinetic] settings that are not task arguments
         _spec(
             "heartbeat_timeout",
@@ -820,6 +828,10 @@ def validate_options(values: Mapping[str, Any]) -> dict[str, Any]:
             check_task_placement(checked, spec)
     if backend == "local":
         check_local_volumes(checked.get("volumes"))
+    if (checked.get("slices") or 1) > 1:
+        from kinetic_airflow.slices import check_slices  # (as above)
+
+        check_slices(checked["slices"], accelerator, backend, spot=checked.get("spot"))
     return checked
 
 

@@ -91,13 +91,21 @@ class Target:
     gcp_conn_id: str | None
 
 
-def resolve_backend(backend: str | None, accelerator: str, spot: bool | None) -> str:
-    """The backend a job runs on; ``auto`` picks Pathways for a multi-host TPU, else GKE."""
+def resolve_backend(
+    backend: str | None, accelerator: str, spot: bool | None, *, slices: int | None = None
+) -> str:
+    """The backend a job runs on; ``auto`` picks Pathways for a multi-host TPU, else GKE.
+    ``slices`` > 1 on pathways / auto is the internal backend ``multislice`` (a JobSet)."""
     name = resolve_setting("backend", backend)
     validate_backend(name)
     if name == "auto":
         spec = parse_accelerator(accelerator, spot=spot or None)
         name = "pathways" if spec.kind == "tpu" and spec.multi_host else "gke"
+    if (slices or 1) > 1:
+        from kinetic_airflow.slices import check_slices  # (only for a multislice job)
+
+        check_slices(slices, accelerator, name, spot=spot)  # the configured backend, too
+        name = "multislice"
     return name
 
 
@@ -137,7 +145,7 @@ def preflight(op: RenderedTask, context: Any) -> Target:
     """Check the rendered task and resolve where its job goes; adds the context arguments the
     function names to ``op.op_kwargs`` and anchors relative ``Data`` paths at the DAG file."""
     check_rendered_options(op)  # templated options, as rendered: the same table as at parse time
-    backend = resolve_backend(op.backend, op.accelerator, op.spot)
+    backend = resolve_backend(op.backend, op.accelerator, op.spot, slices=getattr(op, "slices", None))
     check_settings(op, backend)
     spec = parse_accelerator(op.accelerator, spot=op.spot or None)  # rendered by now
     check_backend_fits(backend, spec)

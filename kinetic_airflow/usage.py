@@ -52,7 +52,8 @@ def chips_of(ref: JobRef) -> tuple[int, bool]:
         spec = parse_accelerator(text)
     except Exception:
         return 0, text.endswith(":spot")
-    return (spec.count if spec.kind in ("tpu", "gpu") else 0), spec.spot
+    slices = int((ref.k8s.slices if ref.k8s is not None else None) or 1)  # multislice: every slice's
+    return (spec.count * slices if spec.kind in ("tpu", "gpu") else 0), spec.spot
 
 
 def _marker_time(storage: Storage, layout: JobLayout, name: str) -> float | None:

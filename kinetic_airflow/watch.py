@@ -32,6 +32,7 @@ from typing import Any
 from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobState
 from kinetic_airflow.config import DEFAULTS, local_state_root
 from kinetic_airflow.job.layout import JobLayout
+from kinetic_airflow.job.multihost import host_label
 from kinetic_airflow.job.storage import Storage, StorageError, is_storage_error
 from kinetic_airflow.job.tracebacks import StreamedTracebackFilter, type_name, user_names
 from kinetic_airflow.lifecycle import acancel_job, cancelled_marker
@@ -289,6 +290,8 @@ class JobWatcher:
         self.traceback_filter = StreamedTracebackFilter()
         self.held: dict[str, deque[str]] = {}
         self.hosts = int(job.hosts or 1)
+        slices = int((job.k8s.slices if job.k8s is not None else None) or 1)
+        self.hosts_per_slice = self.hosts // slices if slices > 1 else None  # multislice: names the slice
         self.emit_progress = emit_progress or self.emit_log
         self.progress = ProgressTracker(job, self.emit_progress, self._write_progress)
         self.stale_told = False
@@ -531,7 +534,7 @@ class JobWatcher:
         where = ""
         extra: dict[str, Any] = {}
         if host is not None:
-            where = f"host {host} of {self.hosts}"
+            where = f"{host_label(host, self.hosts_per_slice)} of {self.hosts}"
             if others:
                 where += f" (also failed: hosts {', '.join(map(str, others))})"
             extra = {"host": host, "other_failed_hosts": list(others or []), "where": where}
@@ -755,7 +758,8 @@ class JobWatcher:
                 host=silent[0],
                 other_failed_hosts=silent[1:],
                 exit_code=codes.get(silent[0]),
-                message=f"host {silent[0]} of {self.hosts} ended (exit code {codes.get(silent[0])}) "
+                message=f"{host_label(silent[0], self.hosts_per_slice)} of {self.hosts} ended "
+                f"(exit code {codes.get(silent[0])}) "
                 "without writing a result envelope"
                 + (f"; also failed: hosts {', '.join(map(str, silent[1:]))}" if silent[1:] else ""),
                 hint="The process died outside the function (a crash in a native library, os._exit, "

@@ -99,6 +99,9 @@ WRONG = [
     ("priority_class", "''", ["is not a Kueue object name"]),
     ("max_run_duration", "'12h'", ["is a string, not a duration", "max_run_duration=43200"]),
     ("queue_timeout", "0", ["must be more than 0"]),
+    ("slices", "0", ["must be 1 or more", "e.g. slices=2"]),
+    ("slices", "'2'", ["is a string, not a whole number", "write slices=2"]),
+    ("slices", "2", ["multislice needs a multi-host TPU slice such as 'tpu-v6e-16'"]),
 ]
 
 FORMS = ("decorator", "operator")

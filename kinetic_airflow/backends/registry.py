@@ -17,7 +17,7 @@ __all__ = ["backend_states", "get_backend"]
 def get_backend(name: str) -> Backend:
     if name == "local":
         return LocalBackend()
-    if name in ("gke", "pathways"):
+    if name in ("gke", "pathways", "multislice"):
         require_providers()
     if name == "gke":
         # Start-up cost: a cluster backend (and its Kubernetes client) loads only when a job names one.
@@ -29,6 +29,11 @@ def get_backend(name: str) -> Backend:
         from kinetic_airflow.backends.gke.pathways import PathwaysBackend
 
         return PathwaysBackend()
+    if name == "multislice":  # slices > 1 on pathways / auto (submission.resolve_backend)
+        # (as for "gke")
+        from kinetic_airflow.backends.gke.multislice import MultisliceBackend
+
+        return MultisliceBackend()
     raise ValueError(f"unknown backend {name!r}: use 'local', 'gke', 'pathways' or 'auto'")
 
 

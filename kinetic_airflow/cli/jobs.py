@@ -122,7 +122,7 @@ def describe(info: JobInfo, usage: dict[str, Any] | None = None) -> dict[str, An
         "created": _iso(info.created),
         "output_dir": manifest.get("output_dir"),
     }
-    if ref is not None and ref.backend in ("gke", "pathways"):
+    if ref is not None and ref.backend in ("gke", "pathways", "multislice"):
         k8s = ref.k8s or K8sFields()
         cluster = k8s.cluster or {}
         details.update(

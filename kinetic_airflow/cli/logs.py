@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from kinetic_airflow.backends.gke.client import ApiError, KubeApi, kube_api
-from kinetic_airflow.backends.gke.group_status import host_index
 from kinetic_airflow.backends.gke.manifest import CONTAINER_NAME
 from kinetic_airflow.backends.local import process_alive
 from kinetic_airflow.backends.registry import get_backend
@@ -36,7 +35,7 @@ def _out(text: str) -> None:
 
 def print_logs(info: JobInfo, storage: Storage, *, follow: bool) -> int:
     ref = info.ref
-    if info.backend in ("gke", "pathways") and ref is not None:
+    if info.backend in ("gke", "pathways", "multislice") and ref is not None:
         return _cluster_logs(info, ref, follow=follow)
     if ref is not None and ref.local_dir and Path(ref.local_dir, LOG_NAME).exists():
         return _local_logs(Path(ref.local_dir), follow=follow)
@@ -78,8 +77,9 @@ def _local_logs(state: Path, *, follow: bool) -> int:
         time.sleep(_POLL_SECONDS)
 
 
-def _pods(api: Any, namespace: str, name: str) -> list[dict[str, Any]]:
-    found = api.request("GET", KubeApi.pods_path(namespace), query={"labelSelector": f"job-name={name}"})
+def _pods(api: Any, namespace: str, name: str, selector: str | None = None) -> list[dict[str, Any]]:
+    selector = selector or f"job-name={name}"
+    found = api.request("GET", KubeApi.pods_path(namespace), query={"labelSelector": selector})
     return sorted(found.get("items", []), key=lambda p: p["metadata"].get("creationTimestamp") or "")
 
 
@@ -110,11 +110,11 @@ def _cluster_logs(info: JobInfo, ref: JobRef, *, follow: bool) -> int:
     k8s = ref.on_cluster()
     namespace = k8s.namespace or "default"
     api = kube_api(k8s.cluster)
-    multi = ref.backend == "pathways"
+    multi = ref.backend in ("pathways", "multislice")
     shown: dict[str, int] = {}  # pod -> lines printed
     waited_for_pod = False
     while True:
-        pods = _pods(api, namespace, name)
+        pods = _pods(api, namespace, name, backend.pod_selector(ref))
         if not multi:
             pods = pods[-1:]  # the newest pod is the attempt's current run
         if not pods and not follow:
@@ -142,7 +142,7 @@ def _cluster_logs(info: JobInfo, ref: JobRef, *, follow: bool) -> int:
                 continue
             lines = text.splitlines()
             start = shown.get(pod_name, 0)
-            prefix = f"[h{host_index(pod)}] " if multi else ""
+            prefix = f"{backend.log_prefix(ref, backend.host_of(ref, pod))} " if multi else ""
             for line in lines[start:]:
                 _out(f"{prefix}{line}\n")
             shown[pod_name] = len(lines)

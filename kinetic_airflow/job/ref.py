@@ -118,6 +118,8 @@ class K8sFields:
     local_queue: str | None = None
     priority_class: str | None = None
     queue_timeout: float | None = None
+    # Multislice (backends.gke.multislice): the slices of a JobSet; None is one slice
+    slices: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -129,7 +131,9 @@ class K8sFields:
 
 _K8S_KEYS = frozenset(f.name for f in dataclasses.fields(K8sFields))
 # cluster fields added after the group was first written: left out when None, as other fields are
-_LATER_KEYS = frozenset({"capacity", "max_run_seconds", "local_queue", "priority_class", "queue_timeout"})
+_LATER_KEYS = frozenset(
+    {"capacity", "max_run_seconds", "local_queue", "priority_class", "queue_timeout", "slices"}
+)
 _REQUIRED = ("job_id", "backend", "job_uri")
 
 

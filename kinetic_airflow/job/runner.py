@@ -53,6 +53,7 @@ from kinetic_airflow.job.integrity import (
 from kinetic_airflow.job.interop import write_kinetic_result
 from kinetic_airflow.job.layout import PAYLOAD_NAME, RESULT_NAME, JobLayout
 from kinetic_airflow.job.metrics import MetricsWriter, flush_on_termination, start_for_job
+from kinetic_airflow.job.multihost import multislice_host_index
 from kinetic_airflow.job.requirements import InstallError, ensure_environment
 from kinetic_airflow.job.storage import Storage, open_storage, uri_to_local_path
 from kinetic_airflow.job.tracebacks import mark_traceback, user_names
@@ -77,6 +78,9 @@ def _now() -> float:
 def _host_index(explicit: int | None) -> int:
     if explicit is not None:
         return explicit
+    across_slices = multislice_host_index()  # before TPU_WORKER_ID: that counts within a slice
+    if across_slices is not None:
+        return across_slices
     for name in ("KINETIC_HOST_INDEX", "TPU_WORKER_ID", "LWS_WORKER_INDEX", "JOB_COMPLETION_INDEX"):
         value = os.environ.get(name)
         if value and value.isdigit():

@@ -120,6 +120,14 @@ class GKEBackend(Backend):
     ) -> BackendStatus:
         return classify(found, pods)
 
+    def pod_selector(self, job: JobRef) -> str:
+        """The label selector of the job's pods (a JobSet's span several Jobs: its own label)."""
+        return f"job-name={self.object_name(job)}"
+
+    def _watched_pods(self, watch: ClusterWatch, job: JobRef) -> list[dict[str, Any]]:
+        """The job's pods in the shared watch's memory."""
+        return watch.pods_of(self.object_name(job))
+
     def missing_pods(self, job: JobRef, pods: list[dict[str, Any]]) -> bool:
         """Whether some of the job's pods do not exist (a Job has one)."""
         return not pods
@@ -200,9 +208,8 @@ class GKEBackend(Backend):
         found = api.get_or_none(self.object_path(job, name))
         if found is None:
             return BackendStatus(JobState.NOT_FOUND)
-        pods = api.request(
-            "GET", KubeApi.pods_path(job.on_cluster().namespace), query={"labelSelector": f"job-name={name}"}
-        ).get("items", [])
+        query = {"labelSelector": self.pod_selector(job)}
+        pods = api.request("GET", KubeApi.pods_path(job.on_cluster().namespace), query=query).get("items", [])
         status = self._classify(job, found, pods)
         if status.state is JobState.PENDING and self.missing_pods(job, pods):
             status = self._with_refusal(found, status, self._listed_refusals(api, job))
@@ -251,7 +258,7 @@ class GKEBackend(Backend):
         return BackendStatus(JobState.FAILED, reason="Forbidden", message=reason)
 
     def _from_watch(self, job: JobRef, watch: ClusterWatch, found: dict[str, Any]) -> BackendStatus:
-        pods = watch.pods_of(self.object_name(job))
+        pods = self._watched_pods(watch, job)
         status = self._classify(job, found, pods)
         if status.state is JobState.PENDING and self.missing_pods(job, pods):
             status = self._with_refusal(found, status, watch.failed_creates(self.refusal_names(job)))

@@ -104,6 +104,10 @@ class ClusterSnapshot:
         return f"{base}/{name}" if name else base
 
     def status_of(self, ref: JobRef) -> BackendStatus:
+        if ref.backend == "multislice":  # not in the listing: JobSets are read one by one
+            from kinetic_airflow.backends.gke.multislice import MultisliceBackend  # (its own API)
+
+            return MultisliceBackend().status(ref)
         name = lws_name(ref.job_id) if ref.backend == "pathways" else f"kinetic-{ref.job_id}"
         found = self.objects.get(name)
         if found is None:

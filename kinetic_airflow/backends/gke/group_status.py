@@ -10,6 +10,7 @@ hosts done, a host that cannot be scheduled, all running.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from kinetic_airflow.backends.base import BackendStatus, JobState
@@ -61,8 +62,17 @@ class HostMemory:
 
 
 def classify_group(
-    group: dict[str, Any] | None, pods: list[dict[str, Any]], hosts: int, memory: HostMemory
+    group: dict[str, Any] | None,
+    pods: list[dict[str, Any]],
+    hosts: int,
+    memory: HostMemory,
+    *,
+    index_of: Callable[[dict[str, Any]], int] = host_index,
+    name_host: Callable[[int], str] = "host {}".format,
+    kind: str = "LeaderWorkerSet",
 ) -> BackendStatus:
+    """``index_of`` / ``name_host``: a pod's host index and its name in messages (a multislice
+    JobSet counts hosts across slices and names the slice too); ``kind``: what ``group`` is."""
     if group is None:
         return BackendStatus(JobState.NOT_FOUND)
     meta = group.get("metadata") or {}
@@ -70,19 +80,19 @@ def classify_group(
         return BackendStatus(
             JobState.FAILED,
             reason="Cancelled",
-            message=f"the LeaderWorkerSet is being deleted (since {meta['deletionTimestamp']})",
+            message=f"the {kind} is being deleted (since {meta['deletionTimestamp']})",
         )
-    by_host = {host_index(p): p for p in pods if host_index(p) >= 0}
+    by_host = {index_of(p): p for p in pods if index_of(p) >= 0}
     decisive = {host: pod_status(pod) for host, pod in sorted(by_host.items())}
     for host, status in decisive.items():
         if status is not None and status.reason == "Preempted":
-            return _about(status, host)
+            return _about(status, host, name_host)
     lost = memory.lost_host(by_host)
     if lost is not None:
         return BackendStatus(
             JobState.FAILED,
             reason="Preempted",
-            message=f"host {lost[0]} was lost: {lost[1]} (preemption, maintenance or node loss)",
+            message=f"{name_host(lost[0])} was lost: {lost[1]} (preemption, maintenance or node loss)",
             details={"preempted": True, "host": lost[0]},
         )
     ended = {host: _ended(pod) for host, pod in by_host.items()}
@@ -92,12 +102,12 @@ def classify_group(
                 JobState.FAILED,
                 exit_code=code,
                 reason="OOMKilled",
-                message=f"host {host} (pod {by_host[host]['metadata']['name']}) was OOMKilled",
+                message=f"{name_host(host)} (pod {by_host[host]['metadata']['name']}) was OOMKilled",
                 details={"host": host, "pod": by_host[host]["metadata"]["name"], "failed_hosts": [host]},
             )
     for host, status in decisive.items():
         if status is not None and status.reason == "ImagePullFailed":
-            return _about(status, host)
+            return _about(status, host, name_host)
     failed = sorted(host for host, (done, code, _) in ended.items() if done and code != 0)
     if failed:
         codes = {host: ended[host][1] for host in failed}
@@ -105,7 +115,7 @@ def classify_group(
             JobState.FAILED,
             exit_code=codes[failed[0]],
             reason="Error",
-            message=f"host {failed[0]} failed (exit code {codes[failed[0]]})"
+            message=f"{name_host(failed[0])} failed (exit code {codes[failed[0]]})"
             + (f"; also failed: hosts {', '.join(map(str, failed[1:]))}" if failed[1:] else ""),
             details={"host": failed[0], "failed_hosts": failed, "exit_codes": codes},
         )
@@ -114,7 +124,7 @@ def classify_group(
         return BackendStatus(JobState.SUCCEEDED, exit_code=0, details={"ended_hosts": done})
     for host, status in decisive.items():
         if status is not None and status.state is JobState.PENDING:
-            return _about(status, host)
+            return _about(status, host, name_host)
     waiting = [
         cs
         for pod in by_host.values()
@@ -133,8 +143,8 @@ def classify_group(
     )
 
 
-def _about(status: BackendStatus, host: int) -> BackendStatus:
+def _about(status: BackendStatus, host: int, name_host: Callable[[int], str]) -> BackendStatus:
     details = {**status.details, "host": host}
     return BackendStatus(
-        status.state, status.exit_code, status.reason, f"host {host}: {status.message}", details
+        status.state, status.exit_code, status.reason, f"{name_host(host)}: {status.message}", details
     )

@@ -125,8 +125,8 @@ class PathwaysBackend(GKEBackend):
         name = self.object_name(job)
         streams = self._host_streams.setdefault(name, {})
         observed = await self._aobserved(job)
-        for pod in observed.watch.pods_of(name):
-            host = host_index(pod)
+        for pod in self._watched_pods(observed.watch, job):
+            host = self.host_of(job, pod)
             if host < 0 or host in streams:
                 continue
             statuses = (pod.get("status") or {}).get("containerStatuses") or []
@@ -146,6 +146,13 @@ class PathwaysBackend(GKEBackend):
             stream.start()
         return streams
 
+    def host_of(self, job: JobRef, pod: dict[str, Any]) -> int:
+        """A pod's host index in the group (-1: not one of its hosts)."""
+        return host_index(pod)
+
+    def log_prefix(self, job: JobRef, host: int) -> str:
+        return f"[h{host}]"
+
     async def aread_log(self, job: JobRef, offset: Any) -> tuple[str, Any]:
         """The offset is lines per host ({"0": n, "3": m}); every line carries its host's prefix."""
         seen = dict(offset) if isinstance(offset, dict) else {}
@@ -155,7 +162,8 @@ class PathwaysBackend(GKEBackend):
             lines = stream.read_from(start)
             stream.release(start + len(lines))  # shown: not kept
             if lines:
-                out.extend(f"[h{host}] {line}" for line in lines)
+                prefix = self.log_prefix(job, host)
+                out.extend(f"{prefix} {line}" for line in lines)
                 seen[str(host)] = start + len(lines)
         if not out:
             return "", offset

@@ -34,7 +34,9 @@ log = logging.getLogger(__name__)
 
 JOB_SELECTOR = "app=kinetic"
 LWS_SELECTOR = "app=kinetic-pathways"  # kinetic's own label for its LeaderWorkerSets and their pods
-POD_SELECTOR = "app in (kinetic,kinetic-pathways)"
+MULTISLICE_SELECTOR = "app=kinetic-multislice"  # JobSets (backends.gke.jobset_manifest) and their pods
+POD_SELECTOR = "app in (kinetic,kinetic-pathways,kinetic-multislice)"
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 FAILED_CREATE = "reason=FailedCreate"
 _WATCH_TIMEOUT_SECONDS = 240
 _IDLE_STOP_SECONDS = 300.0
@@ -180,8 +182,10 @@ class _Collection(threading.Thread):
             self.owner.notify(about)
             self.owner.notify(re.sub(r"-\d+$", "", about))
             return
-        # A Job is known by its name, a pod by the job-name label the Job controller gives it.
-        self.owner.notify(obj["metadata"].get("labels", {}).get("job-name") or name)
+        # A Job is known by its name, a pod by the job-name label the Job controller gives it (a
+        # JobSet's pod by its JobSet: its job-name is the slice's child Job).
+        labels = obj["metadata"].get("labels", {})
+        self.owner.notify(labels.get(JOBSET_NAME_LABEL) or labels.get("job-name") or name)
 
     def run(self) -> None:
         backoff = 0.2
@@ -254,6 +258,7 @@ class ClusterWatch:
             self, f"/api/v1/namespaces/{namespace}/events", field_selector=FAILED_CREATE, required=False
         )
         self.groups: _Collection | None = None  # LeaderWorkerSets, watched once a job needs them
+        self.jobsets: _Collection | None = None  # JobSets (multislice), likewise
         self._groups_lock = threading.Lock()
 
     def start(self) -> None:
@@ -262,7 +267,7 @@ class ClusterWatch:
         self.events.start()
 
     def _collections(self) -> list[_Collection]:
-        return [c for c in (self.jobs, self.pods, self.groups) if c is not None]
+        return [c for c in (self.jobs, self.pods, self.groups, self.jobsets) if c is not None]
 
     @property
     def forbidden(self) -> str | None:
@@ -350,6 +355,27 @@ class ClusterWatch:
     def group(self, name: str) -> dict[str, Any] | None:
         self.last_used = time.monotonic()
         return self.groups.get(name) if self.groups is not None else None
+
+    def watch_jobsets(self, path: str) -> None:
+        """Start watching JobSets at ``path`` (multislice jobs; kinetic's own only)."""
+        if self.jobsets is not None:
+            return
+        candidate = _Collection(self, path, MULTISLICE_SELECTOR)
+        with self._groups_lock:
+            won = self.jobsets is None
+            if won:
+                self.jobsets = candidate
+        if won:
+            candidate.start()
+
+    def jobset(self, name: str) -> dict[str, Any] | None:
+        self.last_used = time.monotonic()
+        return self.jobsets.get(name) if self.jobsets is not None else None
+
+    def pods_of_jobset(self, jobset_name: str) -> list[dict[str, Any]]:
+        """Every slice's pods of a JobSet (their job-name label names one slice's Job)."""
+        self.last_used = time.monotonic()
+        return self.pods.select(JOBSET_NAME_LABEL, jobset_name)
 
     def pods_of(self, job_name: str) -> list[dict[str, Any]]:
         self.last_used = time.monotonic()
