@@ -130,6 +130,7 @@ DAG_IDS = (
     "kn_scheduler_restart",
     "kn_not_deferrable_timeout",
     "kn_slice",
+    "kn_multislice",
     "kn_slice_mark_failed",
     "kn_slice_clear",
     "kn_bundle_code",
@@ -577,14 +578,20 @@ def test_not_deferrable_timeout_stops_the_job(stack: Stack) -> None:
 
 # Multi-host slices (LeaderWorkerSets) --------------------------------------------------------------
 def _slice_objects(stack: Stack, task_id: str) -> tuple[list[str], list[str]]:
-    """Names of the LeaderWorkerSets and pods of a task's slices in the emulator."""
+    """Names of the LeaderWorkerSets and JobSets and pods of a task's slices in the emulator."""
     import kubernetes
 
     client = stack.emulator.api_client()
     selector = f"kinetic.airflow/task-id={task_id.replace('_', '-')}"
-    groups = kubernetes.client.CustomObjectsApi(client).list_namespaced_custom_object(
-        "leaderworkerset.x-k8s.io", "v1", "default", "leaderworkersets", label_selector=selector
-    )["items"]
+    custom = kubernetes.client.CustomObjectsApi(client)
+    groups = [
+        *custom.list_namespaced_custom_object(
+            "leaderworkerset.x-k8s.io", "v1", "default", "leaderworkersets", label_selector=selector
+        )["items"],
+        *custom.list_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", "default", "jobsets", label_selector=selector
+        )["items"],
+    ]
     pods = kubernetes.client.CoreV1Api(client).list_namespaced_pod("default", label_selector=selector).items
     return [g["metadata"]["name"] for g in groups], [p.metadata.name for p in pods]
 
@@ -618,6 +625,22 @@ def test_a_four_host_slice_runs_its_collective_under_the_scheduler(stack: Stack)
     for host in range(4):  # every host's output reached the task log, through the triggerer
         assert f"[h{host}] kn-slice process {host} gathered [1, 2, 3, 4]" in log, log[-3000:]
     poll(lambda: _slice_objects(stack, task_id) == ([], []), timeout=60, what="the slice to be released")
+
+
+def test_two_slices_run_one_jax_collective_under_the_scheduler(stack: Stack) -> None:
+    """slices=2 of tpu-v6e-16: one JobSet, 8 processes, one global all-gather; every host's line
+    reaches the task log through the triggerer, tagged with its slice and host."""
+    dag_id, task_id = "kn_multislice", "multislice_collective"
+    run_id = trigger(stack.api, dag_id)
+    assert _wait_run(stack, dag_id, run_id) == "success", _why(stack, dag_id, run_id)
+    assert _xcom(stack.api, dag_id, run_id, task_id) == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert len(_executions(stack, dag_id, run_id, task_id)) == 1
+    log = _task_log_text(stack, dag_id, run_id, task_id)
+    for host in range(8):
+        s, h = divmod(host, 4)
+        line = f"[s{s} h{h}] kn-multislice process {host} (slice {s}) gathered [1, 2, 3, 4, 5, 6, 7, 8]"
+        assert line in log, log[-3000:]
+    poll(lambda: _slice_objects(stack, task_id) == ([], []), timeout=60, what="the JobSet to be released")
 
 
 @pytest.mark.parametrize(("dag_id", "how"), [("kn_slice_mark_failed", "mark"), ("kn_slice_clear", "clear")])

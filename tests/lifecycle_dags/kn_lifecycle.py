@@ -225,6 +225,32 @@ def kn_slice():
     slice_collective()
 
 
+# Multislice (slices=2 of tpu-v6e-16: one JobSet, 2 x 4 hosts, one JAX collective) ------------
+@task.kinetic(backend="auto", accelerator="tpu-v6e-16", slices=2, container_env={"JAX_PLATFORMS": "cpu"})
+def multislice_collective() -> list:
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import multihost_utils
+
+    from kinetic_airflow.job.multihost import initialize_jax
+
+    initialize_jax()
+    me = jax.process_index()
+    gathered = multihost_utils.process_allgather(jnp.array([me + 1])).ravel().tolist()
+    print(
+        f"kn-multislice process {me} (slice {os.environ['MEGASCALE_SLICE_ID']}) gathered {gathered}",
+        flush=True,
+    )
+    if me == 0:
+        record_execution()
+    return gathered
+
+
+@dag(schedule=None, start_date=START, catchup=False, tags=TAGS)
+def kn_multislice():
+    multislice_collective()
+
+
 @task.kinetic(backend="auto", accelerator="tpu-v6e-16")
 def slice_slow_first_try() -> dict:
     """Try 1 runs until it is stopped (marked failed or cleared); a later try returns at once."""
@@ -366,6 +392,7 @@ kn_triggerer_crash()
 kn_scheduler_restart()
 kn_not_deferrable_timeout()
 kn_slice()
+kn_multislice()
 kn_slice_mark_failed()
 kn_slice_clear()
 kn_bundle_code()
