@@ -12,11 +12,12 @@ from emulated_cluster import point_kinetic_at, running_emulator
 from helpers import ti_states, xcom
 
 from kinetic_airflow.accelerators import parse_accelerator
+from kinetic_airflow.backends.gke.jobset_manifest import build_jobset_manifest
 from kinetic_airflow.backends.gke.lws_manifest import build_lws_manifest
 from kinetic_airflow.backends.gke.manifest import build_job_manifest
 from kinetic_airflow.capacity import InvalidCapacityError, check_placement, parse_capacity, placement_of
 from kinetic_airflow.testing.cluster import NodePool
-from kinetic_airflow.testing.cluster.validation import validate_lws
+from kinetic_airflow.testing.cluster.validation import validate_jobset, validate_lws
 
 L4 = {"cloud.google.com/gke-accelerator": "nvidia-l4"}
 FLEX = "cloud.google.com/gke-flex-start"
@@ -90,17 +91,23 @@ def _manifests(capacity: str):
     job = build_job_manifest(name="kinetic-abc", spec=parse_accelerator(tpu), **common)
     slice_ = parse_accelerator("tpu-v6e-16:spot" if capacity == "spot" else "tpu-v6e-16")
     lws = build_lws_manifest(name="kinetic-lws-abc", spec=slice_, api_version="v1", **common)
-    return job, lws
+    jobset = build_jobset_manifest(name="kinetic-ms-abc", spec=slice_, slices=2, **common)
+    return job, lws, jobset
 
 
 @pytest.mark.parametrize("capacity", sorted(FIELDS))
-def test_each_capacity_sets_its_fields_on_job_and_leader_worker_set(capacity):
+def test_each_capacity_sets_its_fields_on_job_leader_worker_set_and_job_set(capacity):
     selectors, tolerations, labels, annotations = FIELDS[capacity]
-    job, lws = _manifests(capacity)
+    job, lws, jobset = _manifests(capacity)
     kubernetes_validate.validate(job, "1.33", strict=True)
     assert validate_lws(lws, strict=True) == []
-    pods = [job["spec"]["template"], lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]]
-    for owner, pod in zip((job, lws), pods, strict=True):
+    assert validate_jobset(jobset, strict=True) == []
+    pods = [
+        job["spec"]["template"],
+        lws["spec"]["leaderWorkerTemplate"]["workerTemplate"],
+        jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"],
+    ]
+    for owner, pod in zip((job, lws, jobset), pods, strict=True):
         spec = pod["spec"]
         for key, value in selectors.items():
             assert spec["nodeSelector"][key] == value
