@@ -237,6 +237,30 @@ def test_jobs_run_on_the_node_pools_of_their_capacity(gke_env):
     assert _nodes(gke_env, dr, "on_spot") == {"cpu-spot"}
 
 
+def test_a_flex_start_job_waits_for_its_provisioned_node_then_runs(gke_env, tmp_path):
+    """DWS flex-start: the pod is pending until GKE's autoscaler brings up a flex-start node
+    (the emulator's scale-up delay, with the autoscaler's TriggeredScaleUp); the job waits, as
+    waiting for a node, and runs on it."""
+    import json
+
+    import kn_capacity
+
+    gke_env.delay_scheduling(6)
+    try:
+        dr = kn_capacity.kn_flex_start_waits().test()
+    finally:
+        gke_env.delay_scheduling(0)
+    assert ti_states(dr) == {"on_flex_start": "success"}
+    assert xcom(dr, "on_flex_start") == "flex-start ok"
+    assert _nodes(gke_env, dr, "on_flex_start") == {"l4-flex"}
+    said = [
+        entry["text"]
+        for path in sorted(tmp_path.glob("kinetic/**/status/progress.json"))
+        for entry in json.loads(path.read_text()).get("history") or []
+    ]
+    assert any("(scale-up)" in text for text in said), said
+
+
 def test_a_configured_capacity_is_checked_with_the_task_before_any_job(gke_env, monkeypatch, capfd):
     import kn_capacity
 

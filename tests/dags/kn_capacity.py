@@ -44,3 +44,11 @@ def kn_capacity_refused():
 
 kn_capacity()
 kn_capacity_refused()
+
+
+@dag(schedule=None, start_date=START, catchup=False)
+def kn_flex_start_waits():
+    on_flex_start()
+
+
+kn_flex_start_waits()
