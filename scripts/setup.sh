@@ -31,9 +31,11 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # Nothing to install when this clone's venv was set up from the same inputs and still imports the
 # package from here: a second run does no pip resolution (it took ~40 s on a 2-core machine).
+# -I: without it the check imports ./kinetic_airflow from the current directory, and a venv
+# restored from the cache (its editable install pointing at the clone that made it) passed.
 done_for="$key $(pwd)"
 if [ "$(cat .venv/.kinetic-setup 2>/dev/null)" = "$done_for" ] &&
-  [ "$(.venv/bin/python -c 'import kinetic_airflow, os; print(os.path.dirname(os.path.dirname(kinetic_airflow.__file__)))' 2>/dev/null)" = "$(pwd)" ]; then
+  [ "$(.venv/bin/python -I -c 'import kinetic_airflow, os; print(os.path.dirname(os.path.dirname(kinetic_airflow.__file__)))' 2>/dev/null)" = "$(pwd)" ]; then
   echo "kinetic-airflow already installed in $(pwd)/.venv (pyproject.toml unchanged)"
   exit 0
 fi
