@@ -12,6 +12,7 @@ import time
 import pytest
 from emulated_cluster import point_kinetic_at, running_emulator
 from helpers import ti_states, ti_try_numbers, xcom
+from ops_support import wait_for
 
 from kinetic_airflow.testing.cluster import NodePool
 from kinetic_airflow.testing.cluster.kueue_setup import kueue_queue, provisioning_check
@@ -90,7 +91,7 @@ def _blocker(emulator, seconds: float) -> str:
             },
         },
     )
-    _wait(lambda: _running(core, f"job-name={name}"), f"{name} never ran")
+    wait_for(lambda: _running(core, f"job-name={name}"), f"{name} never ran")
     return name
 
 
@@ -99,16 +100,6 @@ def _running(core, selector: str) -> str | None:
         if pod.status.phase == "Running":
             return pod.metadata.name
     return None
-
-
-def _wait(look, what: str, timeout: float = 120):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = look()
-        if found:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(what)
 
 
 def _workloads(emulator) -> list[dict]:
@@ -173,7 +164,7 @@ def test_queue_timeout_fails_with_the_queues_reason_and_leaves_no_workload(kueue
         def left() -> set[str]:
             return {n for n in _owner_names(emulator) if n.startswith("kinetic-kn-kueue-timeout")}
 
-        _wait(lambda: not left(), f"workloads left: {left()}")
+        wait_for(lambda: not left(), f"workloads left: {left()}")
         assert blocker in _owner_names(emulator)  # the queue itself was untouched
     finally:
         _delete(emulator, blocker)
@@ -186,10 +177,10 @@ def test_an_eviction_by_kueue_is_attempt_2_resuming_from_the_checkpoint(kueue_en
 
     def evict() -> None:
         try:
-            pod = _wait(
+            pod = wait_for(
                 lambda: _running(core, "kinetic.airflow/task-id=evicted-training"), "no running pod", 300
             )
-            _wait(
+            wait_for(
                 lambda: (
                     "checkpoint written"
                     in core.read_namespaced_pod_log(pod, "default", _preload_content=False).data.decode()

@@ -26,7 +26,7 @@ from __future__ import annotations
 import calendar
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kinetic_airflow.backends.base import BackendStatus, JobState
@@ -41,6 +41,13 @@ KUEUE = "/apis/kueue.x-k8s.io/v1beta1"
 VISIBILITY = "/apis/visibility.kueue.x-k8s.io/v1beta1"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 PROVISIONING_REQUESTS = "/apis/autoscaling.x-k8s.io/v1"
+
+# Evictions after which Kueue requeues the job: for kinetic a new attempt of the same try, as a
+# node preemption is. An inactive (deactivated) Workload is not requeued: the job failed.
+_REQUEUED = {"Preempted", "PodsReadyTimeout", "AdmissionCheck", "NodeFailures", "Evicted", "InClusterQueue"}
+# ... and of those, the ones that stop a job that was running (an admission check's retry
+# happens before the pods start).
+_RESTARTED = _REQUEUED - {"AdmissionCheck"}
 
 
 @dataclass(frozen=True)
@@ -217,14 +224,6 @@ def queue_state(api: KubeApi, namespace: str, found: dict[str, Any], queue: str)
     return QueueState(queue, workload=name, pending=pending, position=_position(api, namespace, queue, name))
 
 
-# Evictions after which Kueue requeues the job: for kinetic a new attempt of the same try, as a
-# node preemption is. An inactive (deactivated) Workload is not requeued: the job failed.
-_REQUEUED = {"Preempted", "PodsReadyTimeout", "AdmissionCheck", "NodeFailures", "Evicted", "InClusterQueue"}
-# ... and of those, the ones that stop a job that was running (an admission check's retry
-# happens before the pods start).
-_RESTARTED = _REQUEUED - {"AdmissionCheck"}
-
-
 def with_queue(status: BackendStatus, state: QueueState) -> BackendStatus:
     """``status`` of a job Kueue manages, told by its Workload."""
     if state.rejected_check is not None:
@@ -247,12 +246,7 @@ def with_queue(status: BackendStatus, state: QueueState) -> BackendStatus:
     ):
         # evicted and admitted again before the watcher looked: the resumed pod refused to run
         # the attempt twice (the runner's RERUN_REFUSED_EXIT)
-        state = QueueState(
-            state.queue,
-            workload=state.workload,
-            evicted_reason=state.requeued_after,
-            evicted_message=state.requeued_message,
-        )
+        state = replace(state, evicted_reason=state.requeued_after, evicted_message=state.requeued_message)
     if state.evicted_reason is not None:
         if state.evicted_reason in _REQUEUED:
             return BackendStatus(
