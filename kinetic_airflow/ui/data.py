@@ -25,7 +25,7 @@ from kinetic_airflow.connections import storage_for
 from kinetic_airflow.job.layout import STATE_KEY, JobLayout, output_dir_uri
 from kinetic_airflow.job.tracebacks import clean_remote_traceback, type_name, user_summary
 from kinetic_airflow.jobstore import read_json_object
-from kinetic_airflow.lifecycle import record_job, recorded_jobs
+from kinetic_airflow.lifecycle import JobRecord, decode_record, recorded_jobs
 
 __all__ = ["device_of", "job_details", "run_costs", "task_rows"]
 
@@ -292,14 +292,9 @@ def _records(
     return list(session.execute(query).all())
 
 
-def _record_of(store: Any) -> dict[str, Any] | None:
-    from kinetic_airflow.lifecycle import decode_record  # the record's one decoder
-
+def _record_of(store: Any) -> JobRecord | None:
     try:
-        record = decode_record(store.value)
-        if record is not None:
-            record_job(record)  # its job reference too (JobRefError is a ValueError)
-        return record
+        return decode_record(store.value)  # the record's one decoder (a bad job reference too)
     except ValueError as exc:  # one damaged record must not blank the page
         log.warning("kinetic view: %s/%s/%s: %s", store.dag_id, store.run_id, store.task_id, exc)
         return None
@@ -333,7 +328,7 @@ def task_rows(session: Any, *, all_jobs: bool = False, **filters: Any) -> list[d
     """One row per task instance with a kinetic job: its current job, its attempts' sums, and
     (``all_jobs``) every job it ran."""
     decoded = [
-        (ti, logical_date, run_after, record_job(record), recorded_jobs(record))
+        (ti, logical_date, run_after, record.job, recorded_jobs(record))
         for store, ti, logical_date, run_after in _records(session, **filters)
         if (record := _record_of(store)) is not None
     ]
