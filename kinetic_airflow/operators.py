@@ -49,6 +49,7 @@ from kinetic_airflow.job.integrity import IntegrityError, new_key
 from kinetic_airflow.job.layout import JobIdentity, JobLayout
 from kinetic_airflow.job.ref import K8sFields
 from kinetic_airflow.job.requirements import resolve_requirements
+from kinetic_airflow.job.states import EVENT_PREEMPTED, EVENT_SUCCESS, EVENT_TIMEOUT
 from kinetic_airflow.job.storage import Storage, uri_to_local_path
 from kinetic_airflow.lifecycle import (
     Action,
@@ -763,12 +764,12 @@ class KineticRunOperator(BaseOperator):
             ref = record.job  # the full reference: an event names its job briefly
         key = self._integrity_of(record, ref).get("key")
         status = event.get("status")
-        if status == "preempted":
+        if status == EVENT_PREEMPTED:
             return self._resubmit_after_preemption(context, event, record, ref)
-        if status != "success":
+        if status != EVENT_SUCCESS:
             # Recorded (and its usage line logged) first: the job's traceback, which
             # _raise_failure logs, is then the last thing above the task's error.
-            self._delivered(context, ref, "timeout" if status == "timeout" else "failed", record)
+            self._delivered(context, ref, "timeout" if status == EVENT_TIMEOUT else "failed", record)
             self._raise_failure(ref, event, key)
         try:
             value = self._outcome(ref, event, key)
