@@ -7,8 +7,8 @@ alone, with the same connections as the operator. Jobs written before ``job.json
 existed are still listed from their manifest (without the cluster, so without a live
 backend state).
 
-A job's state, from its files and (while it has no outcome) its backend
-(``backends.registry.backend_states``)::
+A job's state (``kinetic_airflow.job.states.JobStatus``), from its files and (while it has no
+outcome) its backend (``backends.registry.backend_states``)::
 
     pending    created, not started (scheduling, pulling, waiting for its payload)
     running    the backend says so
@@ -29,6 +29,7 @@ from typing import Any
 
 from kinetic_airflow.job.layout import RECORD_NAME, JobIdentity, JobLayout
 from kinetic_airflow.job.ref import JobRef, JobRefError
+from kinetic_airflow.job.states import FINAL, LIVE, JobStatus, status_of
 from kinetic_airflow.job.storage import FileStorage, Storage, join_uri, uri_to_local_path
 from kinetic_airflow.job.tracebacks import user_summary
 
@@ -43,8 +44,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-LIVE_STATES = ("pending", "running")
-FINAL_STATES = ("succeeded", "failed", "cancelled", "lost")
+LIVE_STATES = LIVE  # kept for the callers that import these names from here
+FINAL_STATES = FINAL
 
 
 def record_uri(job_uri: str) -> str:
@@ -149,23 +150,16 @@ class JobInfo:
         return self.markers.get("cancelled")
 
     @property
-    def state(self) -> str:
-        if self.summary is not None:
-            return "succeeded" if self.summary.get("ok") else "failed"
-        if self.cancelled is not None:
-            return "cancelled"
-        started = any(name.startswith("started") for name in self.markers)
-        if self.backend_state == "running":
-            return "running"
-        if self.backend_state == "pending":
-            return "running" if started else "pending"
-        if self.backend_state in ("failed", "succeeded"):
-            return "failed"
-        if self.backend_state == "not_found":
-            if any(name.startswith("finished") for name in self.markers):
-                return "failed"
-            return "lost" if started or self.manifest is not None else "pending"
-        return "unknown"
+    def state(self) -> JobStatus:
+        """What the job is (``kinetic_airflow.job.states``): its result, a cancellation, its backend."""
+        return status_of(
+            ok=bool(self.summary.get("ok")) if self.summary is not None else None,
+            cancelled=self.cancelled is not None,
+            backend_state=self.backend_state,
+            started=any(name.startswith("started") for name in self.markers),
+            finished=any(name.startswith("finished") for name in self.markers),
+            shipped=self.manifest is not None,
+        )
 
     @property
     def task_instance(self) -> str:

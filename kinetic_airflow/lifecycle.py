@@ -51,12 +51,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import json
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kinetic_airflow.job.layout import STATE_KEY, JobLayout
@@ -65,6 +66,7 @@ from kinetic_airflow.job.ref import JobRef
 __all__ = [
     "Action",
     "Decision",
+    "JobRecord",
     "Phase",
     "TryInfo",
     "UnwatchedJobGuard",
@@ -75,6 +77,7 @@ __all__ = [
     "decide",
     "decode_record",
     "history_entry",
+    "integrity_of_job",
     "job_history",
     "job_integrity",
     "load_record",
@@ -147,15 +150,138 @@ class Decision:
 
 
 # The record ----------------------------------------------------------------------------------
-def decode_record(value: Any) -> dict[str, Any] | None:
+_BASE_KEYS = ("version", "phase", "job", "try_number", "ti_id", "max_tries", "deadline", "updated")
+_EXTRA_KEYS = ("outcome", "usage", "cancelled", "integrity")  # what a transition may add
+_KNOWN_KEYS = (*_BASE_KEYS, *_EXTRA_KEYS, "jobs")
+
+
+def _refuse(key: str, value: Any, wanted: str) -> ValueError:
+    return ValueError(f"the kinetic job record's {key!r} is {value!r}, not {wanted}")
+
+
+def _typed(record: dict[str, Any], key: str, types: tuple[type, ...], wanted: str) -> Any:
+    """``record[key]`` if it is absent, None or one of ``types`` (a bool is no number)."""
+    value = record.get(key)
+    if value is None or (isinstance(value, types) and not isinstance(value, bool)):
+        return value
+    raise _refuse(key, value, wanted)
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """The job record of one task instance, as the worker keeps it in ``task_state_store``.
+
+    One decoder (``from_dict``) and one encoder (``to_dict``) for every process that reads or
+    writes it. Every earlier stored form must keep decoding, and re-encoding must give back what
+    was stored: a field that was absent stays absent (``keys`` remembers which were there, in
+    their stored order), a key this version does not know is kept (``unknown``) and a value of
+    the wrong type is refused, naming the field, rather than read as "no job".
+
+    ``phase`` is None in the records written before the lifecycle existed (``current_phase``
+    says what that means). ``jobs`` is the history (``job_history``), its entries kept as stored.
+    """
+
+    job: JobRef
+    phase: Phase | None = None
+    version: int | None = None
+    try_number: int | None = None
+    ti_id: str | None = None
+    max_tries: int | None = None
+    deadline: float | None = None
+    updated: float | None = None
+    outcome: str | None = None
+    usage: dict[str, Any] | None = None
+    cancelled: dict[str, Any] | None = None
+    integrity: dict[str, Any] | None = None
+    jobs: tuple[dict[str, Any], ...] | None = None
+    unknown: dict[str, Any] = field(default_factory=dict)
+    # The stored keys, in their order ((): a new record, in the usual order). Not compared: a
+    # decoded record equals the one that was saved.
+    keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
+
+    @property
+    def current_phase(self) -> Phase:
+        """Records written before the lifecycle existed had no phase: they were written just
+        before the job was created and never updated, so their job may be running."""
+        return self.phase or Phase.WAITING
+
+    @property
+    def present(self) -> frozenset[str]:
+        """The keys the stored form has (``"outcome" in record`` of the dict it was)."""
+        return frozenset(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> JobRecord:
+        """The record from its stored JSON object; ``ValueError`` names the field that is wrong."""
+        job = record.get("job")
+        if not isinstance(job, dict):
+            raise _refuse("job", job, "an object (the job reference)")
+        phase = record.get("phase")
+        if phase not in (None, "") and phase not in {p.value for p in Phase}:
+            raise _refuse("phase", phase, "one of " + ", ".join(p.value for p in Phase))
+        jobs = record.get("jobs")
+        if jobs is not None and not (isinstance(jobs, list) and all(isinstance(j, dict) for j in jobs)):
+            raise _refuse("jobs", jobs, "a list of objects (the job history)")
+        return cls(
+            job=JobRef.from_dict(job),
+            phase=Phase(phase) if phase else None,
+            version=_typed(record, "version", (int,), "a number"),
+            try_number=_typed(record, "try_number", (int,), "a number"),
+            ti_id=_typed(record, "ti_id", (str,), "a string"),
+            max_tries=_typed(record, "max_tries", (int,), "a number"),
+            deadline=_typed(record, "deadline", (int, float), "a time"),
+            updated=_typed(record, "updated", (int, float), "a time"),
+            outcome=_typed(record, "outcome", (str,), "a string"),
+            usage=_typed(record, "usage", (dict,), "an object"),
+            cancelled=_typed(record, "cancelled", (dict,), "an object"),
+            integrity=_typed(record, "integrity", (dict,), "an object"),
+            jobs=tuple(jobs) if jobs is not None else None,
+            unknown={key: value for key, value in record.items() if key not in _KNOWN_KEYS},
+            keys=tuple(record),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored JSON object: the stored keys in their order, then any a change added."""
+        values: dict[str, Any] = {
+            "version": self.version,
+            "phase": self.phase.value if self.phase else None,
+            "job": self.job.to_dict(),
+            "try_number": self.try_number,
+            "ti_id": self.ti_id,
+            "max_tries": self.max_tries,
+            "deadline": self.deadline,
+            "updated": self.updated,
+            "outcome": self.outcome,
+            "usage": self.usage,
+            "cancelled": self.cancelled,
+            "integrity": self.integrity,
+            "jobs": [dict(j) for j in self.jobs] if self.jobs is not None else None,
+        }
+        present = set(self.keys) if self.keys else {"job", *_BASE_KEYS}
+        out: dict[str, Any] = {}
+        for key in (*self.keys, *_KNOWN_KEYS):
+            if key in out:
+                continue
+            if key in self.unknown:
+                out[key] = self.unknown[key]
+            elif key in values and (key in present or values[key] is not None):
+                out[key] = values[key]
+        return out
+
+    def replace(self, **changes: Any) -> JobRecord:
+        return dataclasses.replace(self, **changes)
+
+
+def decode_record(value: Any) -> JobRecord | None:
     """The job record from whatever form it was read in; None when there is no job record.
 
     The one decoder of the record, for every reader (operator, listener, Kinetic view): the
     ``task_state_store`` client hands back the object, the ``task_state_store`` table holds
     JSON text, and some stores encode the JSON text once more (a JSON string of the JSON
     object). A reader that missed one of these forms would see no job, and a mark-failed
-    would leave it running. Text that is not JSON raises ``ValueError``: a damaged record
-    must not pass for "no job yet" (the operator would start a second job).
+    would leave it running. Text that is not JSON, or a record with a wrong value, raises
+    ``ValueError``: a damaged record must not pass for "no job yet" (the operator would start
+    a second job).
     """
     for _ in range(3):  # object, JSON text, JSON text of JSON text
         if isinstance(value, (bytes, bytearray)):
@@ -168,22 +294,26 @@ def decode_record(value: Any) -> dict[str, Any] | None:
             raise ValueError(
                 f"the kinetic job record ({STATE_KEY!r} in task_state_store) is not JSON: {value[:200]!r}"
             ) from None
-    return value if isinstance(value, dict) and isinstance(value.get("job"), dict) else None
+    if isinstance(value, JobRecord):
+        return value
+    if not (isinstance(value, dict) and isinstance(value.get("job"), dict)):
+        return None  # another key's value, or no record
+    return JobRecord.from_dict(value)
 
 
-def record_job(record: dict[str, Any]) -> JobRef:
-    """The job a (decoded) record names: the record keeps the reference's JSON form."""
-    return JobRef.from_dict(record["job"])
+def record_job(record: JobRecord) -> JobRef:
+    """The job a record names (``record.job``; kept for the callers that pass it as a function)."""
+    return record.job
 
 
-def load_record(store: Any) -> dict[str, Any] | None:
+def load_record(store: Any) -> JobRecord | None:
     """The record in a task instance's ``task_state_store`` (None without a store or a record)."""
     if store is None:
         return None
     return decode_record(store.get(STATE_KEY))
 
 
-def read_record_from_db(dag_id: str, run_id: str, task_id: str, map_index: int) -> dict[str, Any] | None:
+def read_record_from_db(dag_id: str, run_id: str, task_id: str, map_index: int) -> JobRecord | None:
     """The record of a task instance read straight from the metadata DB, for the processes that
     have no task instance's store in hand (the listener in the scheduler, the CLI)."""
     # Airflow start-up cost: its models load when used, not when this module is imported.
@@ -211,58 +341,65 @@ def save_record(
     job: JobRef,
     now: TryInfo,
     deadline: float | None,
-    previous: dict[str, Any] | None = None,
-    **extra: Any,
-) -> dict[str, Any]:
+    previous: JobRecord | None = None,
+    outcome: str | None = None,
+    usage: dict[str, Any] | None = None,
+    cancelled: dict[str, Any] | None = None,
+    integrity: dict[str, Any] | None = None,
+) -> JobRecord:
     """Write the record in ``phase``; refuses transitions the table above does not allow.
 
     Without a store (no ``task_state_store``) nothing persists, so there is nothing to keep
     consistent: the record is only handed back.
     """
-    record = {
-        "version": RECORD_VERSION,
-        "phase": phase.value,
-        "job": job.to_dict(),
-        "try_number": now.try_number,
-        "ti_id": now.ti_id,
-        "max_tries": now.max_tries,
-        "deadline": deadline,
-        "updated": time.time(),
-        **extra,
-    }
+    earlier = previous if previous is not None else load_record(store)
     # ``integrity`` (kinetic_airflow.integrity): the job's key and payload digest. It lives in the
     # record only (the metadata DB), never in ``job`` (the reference trigger kwargs carry).
-    earlier = previous if previous is not None else load_record(store)
-    if "integrity" not in record:  # the job's key (and payload digest) stay with its record
-        carried = (earlier or {}).get("integrity")
-        if isinstance(carried, dict) and carried.get("job_id") == job.job_id:
-            record["integrity"] = carried
-    record["jobs"] = job_history(earlier, job, phase, extra)
+    if integrity is None:  # the job's key (and payload digest) stay with its record
+        integrity = job_integrity(earlier, job.job_id) or None
+    extra = {"outcome": outcome, "usage": usage, "cancelled": cancelled}
+    record = JobRecord(
+        job=job,
+        phase=phase,
+        version=RECORD_VERSION,
+        try_number=now.try_number,
+        ti_id=now.ti_id,
+        max_tries=now.max_tries,
+        deadline=deadline,
+        updated=time.time(),
+        **extra,
+        integrity=integrity,
+        jobs=tuple(job_history(earlier, job, phase, {k: v for k, v in extra.items() if v is not None})),
+    )
     if store is None:
         return record
-    before = _phase(previous) if previous and record_job(previous).job_id == job.job_id else None
+    before = previous.current_phase if previous and previous.job.job_id == job.job_id else None
     if phase not in _ALLOWED[before]:
         was = before.value if before else "no record"
         raise RuntimeError(f"kinetic job record: {was} -> {phase.value} is not a lifecycle transition")
-    store.set(STATE_KEY, record)
+    store.set(STATE_KEY, record.to_dict())
     return record
 
 
-def job_integrity(record: dict[str, Any] | None, job_id: str) -> dict[str, Any]:
+def job_integrity(record: JobRecord | None, job_id: str) -> dict[str, Any]:
     """``{"job_id", "key", "payload_sha256"}`` of job ``job_id`` from its record; {} when the record
     has none (the CLI knows only a job's id, from storage)."""
-    found = (record or {}).get("integrity")
-    if isinstance(found, dict) and found.get("job_id") == job_id:
-        return found
+    return integrity_of_job(record.integrity if record else None, job_id)
+
+
+def integrity_of_job(integrity: Any, job_id: str) -> dict[str, Any]:
+    """``integrity`` if it is job ``job_id``'s (a record's, or a worker's memory of it), else {}."""
+    if isinstance(integrity, dict) and integrity.get("job_id") == job_id:
+        return integrity
     return {}
 
 
 def job_history(
-    earlier: dict[str, Any] | None, job: JobRef, phase: Phase, extra: dict[str, Any]
+    earlier: JobRecord | None, job: JobRef, phase: Phase, extra: dict[str, Any]
 ) -> list[dict[str, Any]]:
     """Every job this task instance ran (all tries and attempts, newest last), for the Kinetic
     view: the record itself names only the current one, and the store survives clears."""
-    jobs = [dict(j) for j in ((earlier or {}).get("jobs") or []) if isinstance(j, dict)]
+    jobs = [dict(j) for j in ((earlier.jobs if earlier else None) or ())]
     entry = next((j for j in jobs if j.get("job_id") == job.job_id), None)
     if entry is None:
         entry = history_entry(job)
@@ -288,20 +425,11 @@ def history_entry(job: JobRef) -> dict[str, Any]:
     }
 
 
-def recorded_jobs(record: dict[str, Any]) -> list[dict[str, Any]]:
+def recorded_jobs(record: JobRecord) -> list[dict[str, Any]]:
     """The jobs of a record, its current one last with the record's phase and outcome (records
     written before the history existed name only the current job)."""
-    extra = {key: record[key] for key in ("outcome", "usage", "cancelled") if key in record}
-    return job_history(record, record_job(record), _phase(record), extra)
-
-
-def _phase(record: dict[str, Any]) -> Phase:
-    # Records written before the lifecycle existed had no phase: they were written just
-    # before the job was created and never updated.
-    try:
-        return Phase(record.get("phase") or Phase.WAITING.value)
-    except ValueError:
-        return Phase.WAITING
+    extra = {key: getattr(record, key) for key in ("outcome", "usage", "cancelled") if key in record.present}
+    return job_history(record, record.job, record.current_phase, extra)
 
 
 # Cancellation --------------------------------------------------------------------------------
@@ -419,9 +547,9 @@ def _record_cancelled(
     if store is None:
         return
     record = load_record(store)
-    if record is None or record_job(record).job_id != job.job_id:
+    if record is None or record.job.job_id != job.job_id:
         return
-    if _phase(record) in (Phase.DELIVERED, Phase.CANCELLED):
+    if record.current_phase in (Phase.DELIVERED, Phase.CANCELLED):
         return
     save_record(
         store,
@@ -435,7 +563,7 @@ def _record_cancelled(
 
 
 # The decision --------------------------------------------------------------------------------
-def decide(record: dict[str, Any] | None, now: TryInfo) -> Decision:
+def decide(record: JobRecord | None, now: TryInfo) -> Decision:
     """What a new ``execute`` of this task instance does, from the record alone.
 
     WATCH of an earlier try's job is only a candidate: the caller observes that job and
@@ -443,10 +571,10 @@ def decide(record: dict[str, Any] | None, now: TryInfo) -> Decision:
     """
     if record is None:
         return Decision(Action.NEW_JOB, "first job of this task instance")
-    job = record_job(record)
-    phase = _phase(record)
-    recorded_try = int(record.get("try_number") or 0)
-    recorded_id = record.get("ti_id") or ""
+    job = record.job
+    phase = record.current_phase
+    recorded_try = record.try_number or 0
+    recorded_id = record.ti_id or ""
     same_incarnation = not recorded_id or not now.ti_id or recorded_id == now.ti_id
 
     if recorded_try == now.try_number and same_incarnation:
@@ -466,8 +594,8 @@ def decide(record: dict[str, Any] | None, now: TryInfo) -> Decision:
         )
 
     earlier = f"try {recorded_try}'s job {job.job_id}"
-    recorded_max = record.get("max_tries")
-    if recorded_max is not None and now.max_tries is not None and int(recorded_max) != now.max_tries:
+    recorded_max = record.max_tries
+    if recorded_max is not None and now.max_tries is not None and recorded_max != now.max_tries:
         return Decision(
             Action.NEW_JOB,
             f"the task instance was cleared (a re-run was asked for): running a new job instead of "
@@ -482,7 +610,7 @@ def decide(record: dict[str, Any] | None, now: TryInfo) -> Decision:
             f"{earlier} never got its payload (the earlier try died while submitting it); replacing it",
             replaces=job,
         )
-    if phase is Phase.DELIVERED and record.get("outcome") != "success":
+    if phase is Phase.DELIVERED and record.outcome != "success":
         return Decision(Action.NEW_JOB, f"{earlier} failed; this retry runs a new job")
     if phase is Phase.DELIVERED:
         return Decision(

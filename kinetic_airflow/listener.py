@@ -21,7 +21,7 @@ from airflow.listeners import hookimpl
 from kinetic_airflow.backends.registry import get_backend
 from kinetic_airflow.connections import storage_for
 from kinetic_airflow.job.ref import JobRef
-from kinetic_airflow.lifecycle import cancel_job, read_record_from_db, record_job
+from kinetic_airflow.lifecycle import cancel_job, read_record_from_db
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def _recorded_job(task_instance: Any) -> JobRef | None:
     record = read_record_from_db(
         task_instance.dag_id, task_instance.run_id, task_instance.task_id, task_instance.map_index
     )
-    return record_job(record) if record else None
+    return record.job if record else None
 
 
 def _cancel(job: JobRef) -> None:

@@ -49,15 +49,17 @@ from kinetic_airflow.job.integrity import IntegrityError, new_key
 from kinetic_airflow.job.layout import JobIdentity, JobLayout
 from kinetic_airflow.job.ref import K8sFields
 from kinetic_airflow.job.requirements import resolve_requirements
+from kinetic_airflow.job.states import EVENT_PREEMPTED, EVENT_SUCCESS, EVENT_TIMEOUT
 from kinetic_airflow.job.storage import Storage, uri_to_local_path
 from kinetic_airflow.lifecycle import (
     Action,
+    JobRecord,
     Phase,
     TryInfo,
     decide,
     history_entry,
+    integrity_of_job,
     load_record,
-    record_job,
     recorded_jobs,
     save_record,
 )
@@ -468,7 +470,7 @@ class KineticRunOperator(BaseOperator):
         assert job is not None and record is not None
         if decision.action is Action.COLLECT:
             return self._collect(context, job)
-        return self._run_job(context, job, record.get("deadline"), record, decision.action)
+        return self._run_job(context, job, record.deadline, record, decision.action)
 
     def _execute_without_store(
         self, context: Context, identity: JobIdentity, backend: str, base_uri: str, deadline: float | None
@@ -481,7 +483,12 @@ class KineticRunOperator(BaseOperator):
         return self._run_job(context, ref, deadline, None, action)
 
     def _run_job(
-        self, context: Context, ref: JobRef, deadline: float | None, previous: Any, action: Action
+        self,
+        context: Context,
+        ref: JobRef,
+        deadline: float | None,
+        previous: JobRecord | None,
+        action: Action,
     ) -> Any:
         """Create (``NEW_JOB``/``SUBMIT``), ship (``SHIP``) or just take over (``WATCH``) a job, and
         watch it: in the worker, or by deferring to the trigger.
@@ -548,8 +555,13 @@ class KineticRunOperator(BaseOperator):
 
     @staticmethod
     def _record(
-        context: Context, phase: Phase, ref: JobRef, deadline: float | None, previous: Any, **extra: Any
-    ) -> dict[str, Any]:
+        context: Context,
+        phase: Phase,
+        ref: JobRef,
+        deadline: float | None,
+        previous: JobRecord | None,
+        **extra: Any,
+    ) -> JobRecord:
         """Move the job record to ``phase``; returns the record, for the next step's ``previous``."""
         now = TryInfo.of(context["ti"])
         store = context.get("task_state_store")
@@ -560,9 +572,9 @@ class KineticRunOperator(BaseOperator):
         context: Context,
         ref: JobRef,
         deadline: float | None,
-        previous: Any,
+        previous: JobRecord | None,
         guard: lifecycle.UnwatchedJobGuard,
-    ) -> dict[str, Any]:
+    ) -> JobRecord:
         """Record the job, create it, then ship the payload.
 
         Creating first lets the cluster's scheduling, node scale-up and image pull overlap the
@@ -590,9 +602,9 @@ class KineticRunOperator(BaseOperator):
         context: Context,
         ref: JobRef,
         deadline: float | None,
-        previous: Any,
+        previous: JobRecord | None,
         guard: lifecycle.UnwatchedJobGuard,
-    ) -> dict[str, Any]:
+    ) -> JobRecord:
         """Upload the payload of a created job (an error stops the job: ``guard``)."""
         identity = ref.job_identity
         integrity = self._integrity_of(previous, ref)
@@ -618,12 +630,10 @@ class KineticRunOperator(BaseOperator):
         )
         return record
 
-    def _integrity_of(self, record: dict[str, Any] | None, ref: JobRef) -> dict[str, Any]:
+    def _integrity_of(self, record: JobRecord | None, ref: JobRef) -> dict[str, Any]:
         """The job's key and payload digest: from its record, or (no state store) this instance's memory."""
         found = lifecycle.job_integrity(record, ref.job_id)
-        if not found:
-            found = lifecycle.job_integrity({"integrity": getattr(self, "_integrity", None)}, ref.job_id)
-        return found
+        return found or integrity_of_job(getattr(self, "_integrity", None), ref.job_id)
 
     def _ship_payload(
         self, context: Context, ref: JobRef, identity: JobIdentity, key: str
@@ -750,16 +760,16 @@ class KineticRunOperator(BaseOperator):
         self._active_job = None
         record = lifecycle.load_record(context.get("task_state_store"))
         ref = JobRef.from_dict(event["job"])
-        if record is not None and record_job(record).job_id == ref.job_id:
-            ref = record_job(record)  # the full reference: an event names its job briefly
+        if record is not None and record.job.job_id == ref.job_id:
+            ref = record.job  # the full reference: an event names its job briefly
         key = self._integrity_of(record, ref).get("key")
         status = event.get("status")
-        if status == "preempted":
+        if status == EVENT_PREEMPTED:
             return self._resubmit_after_preemption(context, event, record, ref)
-        if status != "success":
+        if status != EVENT_SUCCESS:
             # Recorded (and its usage line logged) first: the job's traceback, which
             # _raise_failure logs, is then the last thing above the task's error.
-            self._delivered(context, ref, "timeout" if status == "timeout" else "failed", record)
+            self._delivered(context, ref, "timeout" if status == EVENT_TIMEOUT else "failed", record)
             self._raise_failure(ref, event, key)
         try:
             value = self._outcome(ref, event, key)
@@ -770,7 +780,7 @@ class KineticRunOperator(BaseOperator):
         self._publish_metrics(context, ref, record)
         return value
 
-    def _publish_metrics(self, context: Context, ref: JobRef, record: dict[str, Any] | None) -> None:
+    def _publish_metrics(self, context: Context, ref: JobRef, record: JobRecord | None) -> None:
         """What the function reported (``kinetic_airflow.report``): XCom ``kinetic_metrics``, gauges
         and the outlets' Asset-event extra (``kinetic_airflow.reported_metrics``)."""
         try:
@@ -782,14 +792,14 @@ class KineticRunOperator(BaseOperator):
         except Exception as exc:  # the job succeeded: its metrics must not fail the task
             log.warning("could not publish the metrics of job %s: %s", ref.job_id, exc)
 
-    def _delivered(self, context: Context, ref: JobRef, outcome: str, record: dict[str, Any] | None) -> None:
+    def _delivered(self, context: Context, ref: JobRef, outcome: str, record: JobRecord | None) -> None:
         """Record that this job's outcome reached Airflow (unless a newer job owns the record),
         with what it cost (``kinetic_airflow.usage``)."""
-        if record is not None and record_job(record).job_id != ref.job_id:
+        if record is not None and record.job.job_id != ref.job_id:
             log.warning(
                 "not recording the outcome of job %s: the record now names job %s",
                 ref.job_id,
-                record_job(record).job_id,
+                record.job.job_id,
             )
             return
         try:
@@ -798,7 +808,7 @@ class KineticRunOperator(BaseOperator):
                 context,
                 Phase.DELIVERED,
                 ref,
-                (record or {}).get("deadline"),
+                record.deadline if record else None,
                 record,
                 outcome=outcome,
                 usage=usage,
@@ -827,11 +837,11 @@ class KineticRunOperator(BaseOperator):
         return usage
 
     @staticmethod
-    def _push_usage(context: Context, record: dict[str, Any], usage: dict[str, Any]) -> None:
+    def _push_usage(context: Context, record: JobRecord, usage: dict[str, Any]) -> None:
         """XCom ``kinetic_usage``: this try's attempts (preemptions included) and their sums."""
         attempts = [
             j["usage"]
-            for j in record.get("jobs") or []
+            for j in record.jobs or ()
             if j.get("usage") and j["usage"].get("try_number") == usage["try_number"]
         ]
         context["ti"].xcom_push(key=USAGE_XCOM_KEY, value=totals(attempts or [usage]))
@@ -904,7 +914,7 @@ class KineticRunOperator(BaseOperator):
         return {**event["summary"], "error_message": event.get("message")}
 
     def _resubmit_after_preemption(
-        self, context: Context, event: dict[str, Any], record: dict[str, Any] | None, ref: JobRef
+        self, context: Context, event: dict[str, Any], record: JobRecord | None, ref: JobRef
     ) -> Any:
         """A preempted attempt runs again as a new attempt of the same try: no Airflow retry used."""
         identity = ref.job_identity
@@ -915,9 +925,9 @@ class KineticRunOperator(BaseOperator):
                 describe_failure(event)
                 + f"\nThe job was preempted {identity.attempt} times (preemption_retries={limit})."
             )
-        deadline = (record or {}).get("deadline")
+        deadline = record.deadline if record else None
         usage = self._account(context, ref, "preempted")
-        if record is not None and record_job(record).job_id == ref.job_id:
+        if record is not None and record.job.job_id == ref.job_id:
             record = self._record(
                 context, Phase.WAITING, ref, deadline, record, outcome="preempted", usage=usage
             )

@@ -43,8 +43,9 @@ from kinetic_airflow.backends.registry import backend_states
 from kinetic_airflow.config import local_state_root
 from kinetic_airflow.connections import storage_for
 from kinetic_airflow.job.interop import interop_prefix
+from kinetic_airflow.job.states import JobStatus
 from kinetic_airflow.job.storage import FileStorage, Storage, join_uri, uri_to_local_path
-from kinetic_airflow.jobstore import LIVE_STATES, JobInfo, list_job_ids, load_job
+from kinetic_airflow.jobstore import JobInfo, list_job_ids, load_job
 from kinetic_airflow.lifecycle import _marker
 
 __all__ = ["GcPlan", "apply_plan", "find_orphans", "make_plan", "parse_age"]
@@ -201,9 +202,9 @@ class GcPlan:
 
 def _verdict(info: JobInfo, facts: AirflowFacts | None, cutoff: float) -> JobVerdict:
     # Liveness first: a live job is kept whatever its age (a quiet long job may look old).
-    if info.state in LIVE_STATES:
+    if info.state.live:
         return JobVerdict(info, False, f"live ({info.state}): its files are in use")
-    if info.state == "unknown":
+    if info.state is JobStatus.UNKNOWN:
         return JobVerdict(info, False, "no job.json and no outcome: cannot tell whether it still runs")
     last = info.last_activity
     if last is None:
@@ -213,7 +214,7 @@ def _verdict(info: JobInfo, facts: AirflowFacts | None, cutoff: float) -> JobVer
     layout_results = [u for u in facts.referenced if u.startswith(info.job_uri + "/")] if facts else []
     if layout_results:
         return JobVerdict(info, False, f"its result is referenced by {facts.referenced[layout_results[0]]}")
-    if facts is not None and facts.xcom_elsewhere and info.state == "succeeded":
+    if facts is not None and facts.xcom_elsewhere and info.state is JobStatus.SUCCEEDED:
         return JobVerdict(
             info,
             False,
@@ -222,7 +223,7 @@ def _verdict(info: JobInfo, facts: AirflowFacts | None, cutoff: float) -> JobVer
         )
     identity = info.identity
     if facts is None:
-        if info.state == "succeeded":
+        if info.state is JobStatus.SUCCEEDED:
             return JobVerdict(info, False, "succeeded, and without Airflow's DB its result may be referenced")
     elif identity is not None:
         ti = facts.ti(identity.ti_key)

@@ -33,6 +33,7 @@ from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobSta
 from kinetic_airflow.config import DEFAULTS, local_state_root
 from kinetic_airflow.job.layout import JobLayout
 from kinetic_airflow.job.multihost import host_label
+from kinetic_airflow.job.states import EVENT_FAILED, EVENT_PREEMPTED, EVENT_SUCCESS, EVENT_TIMEOUT
 from kinetic_airflow.job.storage import Storage, StorageError, is_storage_error
 from kinetic_airflow.job.tracebacks import StreamedTracebackFilter, type_name, user_names
 from kinetic_airflow.lifecycle import acancel_job, cancelled_marker
@@ -104,9 +105,9 @@ def event_job(job: JobRef) -> dict[str, Any]:
 def final_progress(event: dict[str, Any]) -> Progress:
     """The last progress line of a job, from the event that ends its wait."""
     status = str(event.get("status"))
-    if status == "success":
+    if status == EVENT_SUCCESS:
         return Progress("finished", "finished: succeeded", outcome=status)
-    if status == "preempted":
+    if status == EVENT_PREEMPTED:
         text = f"preempted: {event.get('message')}; a new attempt follows"
         return Progress("preempted", text, outcome=status)
     cause = event.get("cause") or status
@@ -528,7 +529,7 @@ class JobWatcher:
         if brief.get("error_type"):
             brief["error_type"] = user_names(brief["error_type"])  # a runner of an older image
         if summary.get("ok"):
-            return self._event("success", summary=brief)
+            return self._event(EVENT_SUCCESS, summary=brief)
         phase = summary.get("phase")
         user = phase == "execute"
         where = ""
@@ -540,7 +541,7 @@ class JobWatcher:
             extra = {"host": host, "other_failed_hosts": list(others or []), "where": where}
         error = _short(str(summary.get("error_message") or ""))
         return self._event(
-            "failed",
+            EVENT_FAILED,
             summary=brief,
             cause="user_error" if user else f"{phase}_error",
             message=(f"{where}: " if where else "")
@@ -584,7 +585,7 @@ class JobWatcher:
                 self.job.job_id,
             )
         event = self._event(
-            "failed",
+            EVENT_FAILED,
             cause="storage_error",
             message=f"{exc}. The job was stopped, since its end could not be observed",
             hint="Check that the job storage is reachable and writable from the Airflow workers and "
@@ -679,7 +680,7 @@ class JobWatcher:
                 await self.backend.acancel(self.job)
             cause, message, hint = _classify_exit(status)
             return self._event(
-                "preempted" if cause == "preempted" else "failed",
+                EVENT_PREEMPTED if cause == "preempted" else EVENT_FAILED,
                 cause=cause,
                 message=message,
                 hint=hint,
@@ -700,7 +701,7 @@ class JobWatcher:
             stuck = None
         if stuck is not None:
             await self.backend.acancel(self.job)
-            return self._event("failed", cause=stuck[0], message=stuck[1], hint=stuck[2])
+            return self._event(EVENT_FAILED, cause=stuck[0], message=stuck[1], hint=stuck[2])
         if (
             status.state is JobState.RUNNING
             and self.heartbeat_timeout
@@ -727,7 +728,7 @@ class JobWatcher:
                 await self.backend.acancel(self.job)
                 who = f"host {host}'s runner's" if self.hosts > 1 else "the runner's"
                 return self._event(
-                    "preempted",
+                    EVENT_PREEMPTED,
                     cause="heartbeat_stale",
                     message=f"{who} heartbeat stopped {age:.0f}s ago while its pod still looked "
                     "alive: the node was most likely lost",
@@ -753,7 +754,7 @@ class JobWatcher:
         if silent:
             codes = status.details.get("exit_codes") or {}
             return self._event(
-                "failed",
+                EVENT_FAILED,
                 cause="exit",
                 host=silent[0],
                 other_failed_hosts=silent[1:],
@@ -769,7 +770,7 @@ class JobWatcher:
         if leader is not None:
             return self._result_event(leader)
         return self._event(
-            "failed",
+            EVENT_FAILED,
             cause="exit",
             message="every host ended, but host 0 wrote no result envelope",
             hint="Check host 0's log lines.",
@@ -787,7 +788,7 @@ class JobWatcher:
         self.not_found_since = self.not_found_since or time.monotonic()
         if time.monotonic() - self.not_found_since > _NOT_FOUND_GRACE_SECONDS:
             return self._event(
-                "failed",
+                EVENT_FAILED,
                 cause="not_found",
                 message="the job does not exist (deleted, or never created)",
                 hint="Clear the task to start a new job.",
@@ -797,7 +798,7 @@ class JobWatcher:
     def _timeout_event(self) -> dict[str, Any]:
         """The same event (and so the same AirflowTaskTimeout) whoever enforced the timeout."""
         return self._event(
-            "timeout",
+            EVENT_TIMEOUT,
             cause="timeout",
             message="the task's execution_timeout passed while the job was running; the job was stopped",
             hint="Raise execution_timeout, or make the function checkpoint to KINETIC_OUTPUT_DIR so a "
@@ -811,7 +812,7 @@ class JobWatcher:
 
     def _cancelled_event(self, marker: dict[str, Any]) -> dict[str, Any]:
         return self._event(
-            "failed",
+            EVENT_FAILED,
             cause="cancelled",
             message=f"the job was cancelled by {marker.get('by')}: {marker.get('reason')}",
             hint="",

@@ -239,9 +239,9 @@ def test_the_key_stays_in_the_job_record_and_its_secret(request, monkeypatch, tm
             )
         )
         record = decode_record(stored)
-        key = record["integrity"]["key"]
-        assert len(key) == 64 and record["integrity"]["payload_sha256"]
-        assert key not in json.dumps(record["job"])  # the reference trigger kwargs carry
+        key = record.integrity["key"]
+        assert len(key) == 64 and record.integrity["payload_sha256"]
+        assert key not in json.dumps(record.job.to_dict())  # the reference trigger kwargs carry
         xcoms = session.scalars(select(XComModel.value).where(XComModel.run_id == dr.run_id)).all()
         assert xcoms and not any(key in str(v) for v in xcoms)
         view = job_details(session, dr.dag_id, dr.run_id, "compute", -1)
@@ -251,7 +251,7 @@ def test_the_key_stays_in_the_job_record_and_its_secret(request, monkeypatch, tm
         for name in files:
             assert key.encode() not in open(os.path.join(root, name), "rb").read(), name
     client = emulator.api_client()
-    job_name = f"kinetic-{record['job']['job_id']}"
+    job_name = f"kinetic-{record.job.job_id}"
     job = client.sanitize_for_serialization(
         kubernetes.client.BatchV1Api(client).read_namespaced_job(job_name, "default")
     )

@@ -23,6 +23,7 @@ from kinetic_airflow.job.ref import JobRef
 from kinetic_airflow.job.storage import open_storage, uri_to_local_path
 from kinetic_airflow.lifecycle import (
     Action,
+    JobRecord,
     Phase,
     TryInfo,
     after_observing,
@@ -58,7 +59,9 @@ def _job(try_number: int = 1, try_id: str = "ti-1") -> JobRef:
     )
 
 
-def _record(phase: Phase, *, try_number: int = 1, ti_id: str = "ti-1", max_tries: int = 0, **extra) -> dict:
+def _record(
+    phase: Phase, *, try_number: int = 1, ti_id: str = "ti-1", max_tries: int = 0, **extra
+) -> JobRecord:
     store = Store()
     job = _job(try_number, ti_id)
     previous = None
@@ -169,7 +172,7 @@ def test_transitions_outside_the_table_are_refused():
     again = save_record(
         store, Phase.RECORDED, job=job, now=TryInfo(1, "ti-1", 0), deadline=None, previous=recorded
     )
-    assert again["phase"] == "recorded"  # a second execute resuming an unfinished submit
+    assert again.phase is Phase.RECORDED  # a second execute resuming an unfinished submit
     delivered = _record(Phase.DELIVERED, outcome="success")
     with pytest.raises(RuntimeError, match="delivered -> waiting"):
         save_record(

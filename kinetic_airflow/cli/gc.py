@@ -83,7 +83,7 @@ def _gc(args: argparse.Namespace) -> int:
         {
             "job_id": d.info.job_id,
             "task_instance": d.info.task_instance,
-            "state": d.info.state,
+            "state": d.info.state.value,
             "age": age(now - d.info.last_activity if d.info.last_activity else None),
             "action": ("would delete" if args.dry_run else "delete") if d.delete else "keep",
             "reason": d.reason,

@@ -44,6 +44,7 @@ from kinetic_airflow.cli.text import described
 from kinetic_airflow.job.integrity import IntegrityError
 from kinetic_airflow.job.layout import JobLayout
 from kinetic_airflow.job.ref import K8sFields
+from kinetic_airflow.job.states import JobStatus
 from kinetic_airflow.job.storage import join_uri
 from kinetic_airflow.jobstore import JobInfo, list_job_ids, load_job, read_json_object
 from kinetic_airflow.results import load_verified_envelope
@@ -60,7 +61,7 @@ def job_row(info: JobInfo, now: float) -> dict[str, Any]:
         "attempt": identity.attempt if identity else "?",
         "backend": info.backend,
         "accelerator": info.accelerator,
-        "state": info.state,
+        "state": info.state.value,
         "age": age(now - info.created if info.created else None),
     }
 
@@ -85,7 +86,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     backend_states(infos)
     states = {s for value in args.state or [] for s in value.split(",") if s}
     if states:
-        infos = [i for i in infos if i.state in states]
+        infos = [i for i in infos if i.state.value in states]
     infos.sort(key=lambda i: i.created or 0, reverse=True)
     if args.limit:
         infos = infos[: args.limit]
@@ -112,7 +113,7 @@ def describe(info: JobInfo, usage: dict[str, Any] | None = None) -> dict[str, An
     details: dict[str, Any] = {
         "job_id": info.job_id,
         "job_uri": info.job_uri,
-        "state": info.state,
+        "state": info.state.value,
         "task_instance": info.task_instance,
         "try_number": identity.try_number if identity else None,
         "attempt": identity.attempt if identity else None,
@@ -293,7 +294,7 @@ def add_job_commands(sub: Any) -> None:
     listing.add_argument(
         "--state",
         action="append",
-        help="pending, running, succeeded, failed, cancelled, lost, unknown (repeat or comma-separate)",
+        help=", ".join(s.value for s in JobStatus) + " (repeat or comma-separate)",
     )
     listing.add_argument("--limit", type=int, default=0, help="at most this many (newest first)")
     for parser, helptext in (

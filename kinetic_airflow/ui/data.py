@@ -23,9 +23,10 @@ from typing import Any
 
 from kinetic_airflow.connections import storage_for
 from kinetic_airflow.job.layout import STATE_KEY, JobLayout, output_dir_uri
+from kinetic_airflow.job.states import EVENT_PREEMPTED, EVENT_SUCCESS, JobStatus
 from kinetic_airflow.job.tracebacks import clean_remote_traceback, type_name, user_summary
 from kinetic_airflow.jobstore import read_json_object
-from kinetic_airflow.lifecycle import record_job, recorded_jobs
+from kinetic_airflow.lifecycle import JobRecord, Phase, decode_record, recorded_jobs
 
 __all__ = ["device_of", "job_details", "run_costs", "task_rows"]
 
@@ -73,10 +74,10 @@ def _job_files(job: dict[str, Any], gcp_conn_id: str | None, watched: bool) -> d
     layout = JobLayout(uri)
     files: dict[str, Any] = {"progress": _read_json(storage, layout.status("progress"))}
     recorded = "usage" in job  # the outcome reached Airflow: nothing about the job changes now
-    cancelled = job.get("phase") == "cancelled"
+    cancelled = job.get("phase") == Phase.CANCELLED.value
     ended = recorded or (files["progress"] or {}).get("outcome") or cancelled or not watched
     files["summary"] = _read_json(storage, layout.result_summary()) if ended else None
-    failed = recorded and job.get("outcome") not in ("success", "preempted")
+    failed = recorded and job.get("outcome") not in (EVENT_SUCCESS, EVENT_PREEMPTED)
     if (cancelled or failed or not (recorded or watched)) and not job.get("cancelled"):
         # who stopped it and why (newer workers put it in the record's history themselves)
         files["cancelled"] = _read_json(storage, layout.status("cancelled"))
@@ -99,6 +100,11 @@ def _type_name(name: str | None) -> str | None:
     return type_name(name)
 
 
+# The view's states are plain strings (its JSON): JobStatus's values, and a few of its own
+# (preempted, submitted, orphaned, and the watcher's progress states while a job is live).
+SUCCEEDED, FAILED, CANCELLED = JobStatus.SUCCEEDED.value, JobStatus.FAILED.value, JobStatus.CANCELLED.value
+
+
 def _state(entry: dict[str, Any], files: dict[str, Any]) -> tuple[str, str]:
     """(state, what it is doing) of one job, for people."""
     summary = user_summary(files.get("summary")) or {}
@@ -107,13 +113,13 @@ def _state(entry: dict[str, Any], files: dict[str, Any]) -> tuple[str, str]:
     if outcome == "preempted":
         return "preempted", progress.get("text") or "preempted"
     if summary.get("ok") is True:
-        return "succeeded", f"returned {_type_name(summary.get('value_type')) or 'a value'}"
+        return SUCCEEDED, f"returned {_type_name(summary.get('value_type')) or 'a value'}"
     if summary.get("ok") is False:
-        return "failed", f"{_type_name(summary.get('error_type'))}: {summary.get('error_message')}"
-    if entry.get("phase") == "cancelled":
-        return "cancelled", "stopped on purpose"
+        return FAILED, f"{_type_name(summary.get('error_type'))}: {summary.get('error_message')}"
+    if entry.get("phase") == Phase.CANCELLED.value:
+        return CANCELLED, "stopped on purpose"
     if outcome:
-        return ("succeeded" if outcome == "success" else "failed"), progress.get("text") or outcome
+        return (SUCCEEDED if outcome == EVENT_SUCCESS else FAILED), progress.get("text") or outcome
     if progress.get("state"):
         return progress["state"], progress.get("text", "")
     return "submitted", "submitted; not observed yet"
@@ -146,10 +152,10 @@ def _cancel_state(cancel: dict[str, Any]) -> tuple[str, str, str]:
     by = str(cancel.get("by") or "someone unknown")
     reason = str(cancel.get("reason") or "no reason recorded")
     if by != _WORKER:
-        return "cancelled", f"cancelled by {by}: {reason}", "cancelled"
+        return CANCELLED, f"cancelled by {by}: {reason}", "cancelled"
     if any(words in reason for words in _PACKAGING):
-        return "failed", f"failed while packaging: {reason}", "failed_while_packaging"
-    return "failed", f"failed before its job started: {reason}", "failed_before_start"
+        return FAILED, f"failed while packaging: {reason}", "failed_while_packaging"
+    return FAILED, f"failed before its job started: {reason}", "failed_before_start"
 
 
 def _ending(
@@ -170,7 +176,7 @@ def _ending(
     outcome = entry.get("outcome") or progress.get("outcome")
     if state == "preempted":
         return state, doing, state
-    delivered = "usage" in entry or entry.get("phase") == "delivered"
+    delivered = "usage" in entry or entry.get("phase") == Phase.DELIVERED.value
     ended = f"its task instance is {ti_state or 'gone'}"
     if summary.get("ok") is not None:  # the job's own ending beats any later cancel
         if delivered or watched:
@@ -179,16 +185,16 @@ def _ending(
     cancel = entry.get("cancelled") or files.get("cancelled")
     if isinstance(cancel, dict) and not cancel.get("unreadable"):
         return _cancel_state(cancel)
-    if entry.get("phase") == "cancelled":
-        return "cancelled", "cancelled (no record of who stopped it or why)", "cancelled"
+    if entry.get("phase") == Phase.CANCELLED.value:
+        return CANCELLED, "cancelled (no record of who stopped it or why)", "cancelled"
     if delivered and outcome:
         return state, doing, state
     if watched:
         return state, doing, ""
     # Nobody watches it: its task instance ended (or runs another job) without its outcome.
-    if entry.get("phase") in ("recorded", "created"):
+    if entry.get("phase") in (Phase.RECORDED.value, Phase.CREATED.value):
         why = f"failed before its job started: {ended}, and the job never got its payload"
-        return "failed", why, "failed_before_start"
+        return FAILED, why, "failed_before_start"
     stop = f"stop it: kinetic-airflow jobs cancel {entry['job_id']}"
     if files.get("started") or progress.get("running_since"):
         why = f"{ended} without its outcome; the job started and may still run ({stop})"
@@ -292,14 +298,9 @@ def _records(
     return list(session.execute(query).all())
 
 
-def _record_of(store: Any) -> dict[str, Any] | None:
-    from kinetic_airflow.lifecycle import decode_record  # the record's one decoder
-
+def _record_of(store: Any) -> JobRecord | None:
     try:
-        record = decode_record(store.value)
-        if record is not None:
-            record_job(record)  # its job reference too (JobRefError is a ValueError)
-        return record
+        return decode_record(store.value)  # the record's one decoder (a bad job reference too)
     except ValueError as exc:  # one damaged record must not blank the page
         log.warning("kinetic view: %s/%s/%s: %s", store.dag_id, store.run_id, store.task_id, exc)
         return None
@@ -333,7 +334,7 @@ def task_rows(session: Any, *, all_jobs: bool = False, **filters: Any) -> list[d
     """One row per task instance with a kinetic job: its current job, its attempts' sums, and
     (``all_jobs``) every job it ran."""
     decoded = [
-        (ti, logical_date, run_after, record_job(record), recorded_jobs(record))
+        (ti, logical_date, run_after, record.job, recorded_jobs(record))
         for store, ti, logical_date, run_after in _records(session, **filters)
         if (record := _record_of(store)) is not None
     ]

@@ -1,0 +1,140 @@
+"""The one vocabulary of job states a person sees (task log, Kinetic view, jobs CLI, gc).
+
+Two parties know something about a job, each in its own words, and both stay as they are
+because they are stored or spoken by other programs:
+
+* the job record's lifecycle phase (``kinetic_airflow.lifecycle.Phase``: what the worker did:
+  recorded, created, shipped, waiting, delivered, cancelled);
+* the backend's observation (``kinetic_airflow.backends.base.JobState``: not_found, pending,
+  running, succeeded, failed: what the process or pod is doing).
+
+``JobStatus`` is what the job *is*, derived from those and from the job's files::
+
+    status     from the files / record              from the backend (no outcome in storage)
+    ---------  -----------------------------------  -----------------------------------------
+    pending    phase recorded, created or shipped   pending and not started; not_found before
+                                                    anything was shipped
+    running    -                                    running; pending once started
+    succeeded  result.json ok                       -
+    failed     result.json not ok; a finished       failed or succeeded without a result;
+               marker without a result              not_found after a finished marker
+    cancelled  status/cancelled.json; phase         -
+               cancelled
+    lost       -                                    not_found once started or shipped
+    unknown    -                                    not asked (no job.json to reach it with)
+
+Every value is the string stored and printed today (job listings, the CLI's JSON, the view),
+so nothing that reads them changes. The watcher's event ``status`` is another, smaller
+vocabulary (how a wait ended, in trigger events): its strings are named here too.
+
+Nothing here imports Airflow or anything outside ``kinetic_airflow.job``: the phase and backend
+state arrive as their string values.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = [
+    "EVENT_FAILED",
+    "EVENT_PREEMPTED",
+    "EVENT_STATUSES",
+    "EVENT_SUCCESS",
+    "EVENT_TIMEOUT",
+    "FINAL",
+    "LIVE",
+    "JobStatus",
+    "from_backend",
+    "from_phase",
+    "status_of",
+]
+
+
+class JobStatus(str, enum.Enum):
+    """What a job is, as a person reads it (its value is what is printed and stored)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+    UNKNOWN = "unknown"
+
+    def __str__(self) -> str:  # printed as its value, as the plain strings it replaces were
+        return self.value
+
+    def __hash__(self) -> int:  # found in a set of the plain strings (``--state running``)
+        return str.__hash__(self)
+
+    @property
+    def live(self) -> bool:
+        return self in LIVE
+
+    @property
+    def final(self) -> bool:
+        return self in FINAL
+
+
+LIVE = frozenset({JobStatus.PENDING, JobStatus.RUNNING})  # its files are in use
+FINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.LOST})
+
+# The lifecycle's phases that say what the job is without asking anyone else; the others
+# (waiting, delivered) leave it to the job's files and its backend.
+_PHASE_STATUS = {
+    "recorded": JobStatus.PENDING,  # the job may not exist yet
+    "created": JobStatus.PENDING,  # it exists but has no payload
+    "shipped": JobStatus.PENDING,  # it can run: the backend says whether it does
+    "cancelled": JobStatus.CANCELLED,
+}
+
+
+def from_phase(phase: str | None) -> JobStatus | None:
+    """The status a lifecycle phase alone implies; None where the files and backend decide."""
+    return _PHASE_STATUS.get(phase or "")
+
+
+def from_backend(backend_state: str | None, *, started: bool, finished: bool, shipped: bool) -> JobStatus:
+    """The status of a job with no outcome in storage, from what its backend observes.
+
+    ``started``/``finished``: the runner's markers exist; ``shipped``: its manifest exists.
+    A job the backend no longer knows is ``lost`` once it had anything to run (it will never
+    write a result) and ``pending`` before (it is still being submitted).
+    """
+    if backend_state == "running":
+        return JobStatus.RUNNING
+    if backend_state == "pending":
+        return JobStatus.RUNNING if started else JobStatus.PENDING
+    if backend_state in ("failed", "succeeded"):  # ended without a result: a failure
+        return JobStatus.FAILED
+    if backend_state == "not_found":
+        if finished:
+            return JobStatus.FAILED
+        return JobStatus.LOST if started or shipped else JobStatus.PENDING
+    return JobStatus.UNKNOWN
+
+
+def status_of(
+    *,
+    ok: bool | None,
+    cancelled: bool,
+    backend_state: str | None,
+    started: bool = False,
+    finished: bool = False,
+    shipped: bool = False,
+) -> JobStatus:
+    """A job's status: its result (``ok``, None without one) first, then a cancellation, then
+    what its backend observes."""
+    if ok is not None:
+        return JobStatus.SUCCEEDED if ok else JobStatus.FAILED
+    if cancelled:
+        return JobStatus.CANCELLED
+    return from_backend(backend_state, started=started, finished=finished, shipped=shipped)
+
+
+# How a watcher's wait ended: the ``status`` of its event (trigger events, execute_complete).
+EVENT_SUCCESS = "success"
+EVENT_FAILED = "failed"
+EVENT_PREEMPTED = "preempted"  # a new attempt of the same try follows
+EVENT_TIMEOUT = "timeout"
+EVENT_STATUSES = frozenset({EVENT_SUCCESS, EVENT_FAILED, EVENT_PREEMPTED, EVENT_TIMEOUT})

@@ -1,0 +1,84 @@
+"""The one vocabulary of job states (``kinetic_airflow.job.states``) and how the others map onto it.
+
+The lifecycle's phases and the backend's observed states keep their own (stored) strings; what a
+person sees is ``JobStatus``, whose values are the strings the CLI, gc and the view always printed.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kinetic_airflow.backends.base import JobState
+from kinetic_airflow.job.states import (
+    EVENT_STATUSES,
+    FINAL,
+    LIVE,
+    JobStatus,
+    from_backend,
+    from_phase,
+    status_of,
+)
+from kinetic_airflow.jobstore import JobInfo
+from kinetic_airflow.lifecycle import Phase
+
+
+def test_the_values_are_the_strings_printed_and_stored_before():
+    assert [s.value for s in JobStatus] == [
+        "pending", "running", "succeeded", "failed", "cancelled", "lost", "unknown"
+    ]  # fmt: skip
+    assert str(JobStatus.RUNNING) == "running" and f"{JobStatus.LOST}" == "lost"
+    assert json.dumps({"state": JobStatus.FAILED}) == '{"state": "failed"}'
+    assert JobStatus.RUNNING in {"running"} and "running" in {JobStatus.RUNNING}  # --state filters
+    assert LIVE | FINAL | {JobStatus.UNKNOWN} == set(JobStatus) and not LIVE & FINAL
+    assert JobStatus.PENDING.live and JobStatus.LOST.final and not JobStatus.UNKNOWN.final
+
+
+def test_every_phase_maps_or_leaves_it_to_the_files_and_backend():
+    mapped = {phase: from_phase(phase.value) for phase in Phase}
+    assert mapped == {
+        Phase.RECORDED: JobStatus.PENDING,
+        Phase.CREATED: JobStatus.PENDING,
+        Phase.SHIPPED: JobStatus.PENDING,
+        Phase.WAITING: None,
+        Phase.DELIVERED: None,
+        Phase.CANCELLED: JobStatus.CANCELLED,
+    }
+    assert from_phase(None) is None  # a record from before the lifecycle
+
+
+@pytest.mark.parametrize(
+    ("backend", "started", "finished", "shipped", "status"),
+    [
+        (JobState.RUNNING, False, False, True, JobStatus.RUNNING),
+        (JobState.PENDING, False, False, True, JobStatus.PENDING),
+        (JobState.PENDING, True, False, True, JobStatus.RUNNING),  # a host started, others pending
+        (JobState.SUCCEEDED, True, True, True, JobStatus.FAILED),  # ended without a result
+        (JobState.FAILED, True, False, True, JobStatus.FAILED),
+        (JobState.NOT_FOUND, True, True, True, JobStatus.FAILED),
+        (JobState.NOT_FOUND, True, False, True, JobStatus.LOST),
+        (JobState.NOT_FOUND, False, False, True, JobStatus.LOST),  # shipped, then gone
+        (JobState.NOT_FOUND, False, False, False, JobStatus.PENDING),  # still being submitted
+        (None, False, False, True, JobStatus.UNKNOWN),  # not asked
+    ],
+)
+def test_every_backend_state_maps(backend, started, finished, shipped, status):
+    value = backend.value if backend else None
+    assert from_backend(value, started=started, finished=finished, shipped=shipped) is status
+
+
+def test_an_outcome_and_a_cancellation_come_before_the_backend():
+    assert status_of(ok=True, cancelled=True, backend_state="running") is JobStatus.SUCCEEDED
+    assert status_of(ok=False, cancelled=False, backend_state="running") is JobStatus.FAILED
+    assert status_of(ok=None, cancelled=True, backend_state="running") is JobStatus.CANCELLED
+
+
+def test_the_job_catalogue_speaks_it():
+    info = JobInfo(job_id="j-1", job_uri="file:///x/j-1", markers={"started-0": {}}, backend_state="pending")
+    assert info.state is JobStatus.RUNNING
+    assert JobInfo(job_id="j-1", job_uri="file:///x/j-1").state is JobStatus.UNKNOWN
+
+
+def test_the_event_statuses_are_named():
+    assert EVENT_STATUSES == {"success", "failed", "preempted", "timeout"}
