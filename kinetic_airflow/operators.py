@@ -33,7 +33,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowTaskTimeout
 
 from kinetic_airflow import lifecycle
-from kinetic_airflow.accelerators import parse_accelerator
+from kinetic_airflow.accelerators import AcceleratorSpec
 from kinetic_airflow.backends import BackendStatus, JobRef, JobState
 from kinetic_airflow.backends.gke.client import gke_access, resolve_gke_cluster
 from kinetic_airflow.backends.gke.console import is_gke_cluster, job_links
@@ -81,6 +81,7 @@ from kinetic_airflow.results import (
 )
 from kinetic_airflow.resume_window import DeferringProcess
 from kinetic_airflow.submission import (
+    Target,
     preflight,
     publish_job,
     resolve_backend,
@@ -88,6 +89,7 @@ from kinetic_airflow.submission import (
     resolve_gcp_conn_id,
     resolve_placement,
     ship_payload,
+    task_spec,
 )
 from kinetic_airflow.triggers import KineticJobTrigger
 from kinetic_airflow.usage import USAGE_XCOM_KEY, attempt_usage, emit_metrics, totals
@@ -325,7 +327,7 @@ class KineticRunOperator(BaseOperator):
 
     # Settings ---------------------------------------------------------------------------------
     def _backend_name(self) -> str:
-        return resolve_backend(self.backend, self.accelerator, self.spot, slices=self.slices)
+        return resolve_backend(self.backend, task_spec(self), slices=self.slices)
 
     def _base_uri(self, backend: str) -> str:
         return resolve_base_uri(self.base_uri, backend, self.project, self.cluster)
@@ -336,7 +338,12 @@ class KineticRunOperator(BaseOperator):
     def _storage(self, uri: str) -> Storage:
         return storage_for(uri, self._gcp_conn_id())
 
-    def _job_ref(self, identity: JobIdentity, backend: str, base_uri: str) -> JobRef:
+    def _job_ref(
+        self, identity: JobIdentity, backend: str, base_uri: str, spec: AcceleratorSpec | None = None
+    ) -> JobRef:
+        """The reference of a new job; ``spec`` is the accelerator preflight parsed (``Target``) or
+        the previous attempt's, so the run parses it once (None: parsed here, as for a test)."""
+        spec = spec or task_spec(self)
         layout = JobLayout.for_job(base_uri, identity.job_id)
         if layout.job_uri.startswith("file://"):
             local_dir = uri_to_local_path(layout.job_uri)
@@ -350,8 +357,9 @@ class KineticRunOperator(BaseOperator):
             identity=identity,
             local_dir=local_dir,
             python=resolve_setting("local_python") or sys.executable,
-            # what the job's chips are counted from (usage), on the local backend too
-            accelerator=parse_accelerator(self.accelerator, spot=self.spot or None).text,
+            # what the job's chips are counted from (usage), on the local backend too; its
+            # ``accelerator`` is the spec's text
+            spec=spec,
         )
         if backend != "local":
             ref = self._on_cluster(ref)
@@ -382,8 +390,8 @@ class KineticRunOperator(BaseOperator):
 
     def _on_cluster(self, ref: JobRef) -> JobRef:
         """``ref`` with what a cluster backend needs; all of it public (ids, names, endpoint, CA)."""
-        spec = parse_accelerator(self.accelerator, spot=self.spot or None)
-        check_backend_fits(self._backend_name(), spec)
+        spec = ref.spec or task_spec(self)  # the spec ``_job_ref`` put there (parsed here for a test)
+        check_backend_fits(ref.backend, spec)
         placement = resolve_placement(self, spec)
         if placement.capacity.model == "spot":  # capacity="spot" is the accelerator's ':spot'
             spec = spec.with_spot(True)
@@ -408,7 +416,7 @@ class KineticRunOperator(BaseOperator):
         )
         check_image_python(image)
         return ref.replace(
-            accelerator=spec.text,
+            spec=spec,  # and its text as ``accelerator``
             hosts=spec.hosts * (self.slices or 1),  # every slice's hosts: one group
             startup_timeout=float(resolve_setting("startup_timeout", self.startup_timeout)),
             heartbeat_timeout=float(resolve_setting("heartbeat_timeout")),
@@ -449,7 +457,7 @@ class KineticRunOperator(BaseOperator):
         deadline = time.time() + self.execution_timeout.total_seconds() if self.execution_timeout else None
         store = context.get("task_state_store")
         if store is None:
-            return self._execute_without_store(context, identity, backend_name, base_uri, deadline)
+            return self._execute_without_store(context, identity, target, deadline)
         record = load_record(store)
         decision = decide(record, now)
         if decision.observe and decision.job is not None:
@@ -465,7 +473,7 @@ class KineticRunOperator(BaseOperator):
         if decision.action is Action.NEW_JOB:
             if decision.replaces is not None:
                 self._cancel(decision.replaces, by="a new try", reason=decision.reason)
-            ref = self._job_ref(identity, backend_name, base_uri)
+            ref = self._job_ref(identity, backend_name, base_uri, target.spec)
             return self._run_job(context, ref, deadline, record, Action.NEW_JOB)
         assert job is not None and record is not None
         if decision.action is Action.COLLECT:
@@ -473,11 +481,11 @@ class KineticRunOperator(BaseOperator):
         return self._run_job(context, job, record.deadline, record, decision.action)
 
     def _execute_without_store(
-        self, context: Context, identity: JobIdentity, backend: str, base_uri: str, deadline: float | None
+        self, context: Context, identity: JobIdentity, target: Target, deadline: float | None
     ) -> Any:
         """Without a state store the deterministic name is the only memory: look before creating."""
         log.warning("task_state_store is not available: crash recovery is limited to the job name")
-        ref = self._job_ref(identity, backend, base_uri)
+        ref = self._job_ref(identity, target.backend, target.base_uri, target.spec)
         summary, status, _ = self._observe(ref)
         action = Action.NEW_JOB if summary is None and status.state is JobState.NOT_FOUND else Action.WATCH
         return self._run_job(context, ref, deadline, None, action)
@@ -931,7 +939,7 @@ class KineticRunOperator(BaseOperator):
             record = self._record(
                 context, Phase.WAITING, ref, deadline, record, outcome="preempted", usage=usage
             )
-        new_ref = self._job_ref(identity.next_attempt(), ref.backend, ref.base_uri)
+        new_ref = self._job_ref(identity.next_attempt(), ref.backend, ref.base_uri, ref.spec)
         log.warning(
             "[kinetic] preempted -> attempt %d: job %s was preempted (%s); resubmitting "
             "(up to %d more) as %s. "

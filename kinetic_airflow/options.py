@@ -420,7 +420,10 @@ def check_options(values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def check_rendered_options(op: Any) -> None:
-    """After templates are rendered: the templated options, checked as they now are."""
+    """After templates are rendered: the templated options, checked as they now are.
+
+    The accelerator is only checked to be a string here: the caller parses it right after
+    (``submission.task_spec``), once, into the spec the job reference carries."""
     for name, spec in OPTIONS.items():
         if not (spec.templated and spec.task) or not hasattr(op, name):
             continue
@@ -432,7 +435,7 @@ def check_rendered_options(op: Any) -> None:
                 f"{name} (as rendered)={value!r} still holds a Jinja expression: fix the template so that "
                 f"it renders to {spec.accepts}"
             )
-        setattr(op, name, _CHECKS[spec.kind](spec, value, f"{name} (as rendered)"))
+        setattr(op, name, _RENDERED_CHECKS[spec.kind](spec, value, f"{name} (as rendered)"))
 
 
 def is_deferred(value: Any) -> bool:
@@ -637,9 +640,14 @@ def _check_base_uri(spec: OptionSpec, value: Any, where: str) -> str:
     return value
 
 
-def _check_accelerator(spec: OptionSpec, value: Any, where: str) -> str:
+def _check_accelerator_text(spec: OptionSpec, value: Any, where: str) -> str:
     if not isinstance(value, str):
         raise _fail(spec, where, value, f"is {_a(value)}, not an accelerator string")
+    return value
+
+
+def _check_accelerator(spec: OptionSpec, value: Any, where: str) -> str:
+    value = _check_accelerator_text(spec, value, where)
     # Start-up cost: config loads this module everywhere (stdlib only at import).
     from kinetic_airflow.accelerators import parse_accelerator
 
@@ -788,6 +796,8 @@ _CHECKS: dict[str, Callable[[OptionSpec, Any, str], Any]] = {
     "capacity": _check_capacity,
     "kueue_name": _check_kueue_name,
 }
+# As rendered (``check_rendered_options``): the accelerator's parse is the caller's, done once.
+_RENDERED_CHECKS = {**_CHECKS, "accelerator": _check_accelerator_text}
 
 
 # The options together -----------------------------------------------------------------------

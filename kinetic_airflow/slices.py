@@ -20,8 +20,10 @@ _FIX = 'e.g. @task.kinetic(accelerator="tpu-v6e-16", slices=2, backend="pathways
 def check_slices(slices: int, accelerator: Any, backend: str | None, *, spot: bool | None = None) -> None:
     """Raise ``ValueError`` naming the problem and the fix when ``slices`` > 1 cannot run.
 
-    ``backend`` None (not given) and a templated ``accelerator`` are checked once known."""
-    from kinetic_airflow.accelerators import parse_accelerator  # (kept off config's import path)
+    ``accelerator`` is the DAG file's string (parse time) or the run's parsed spec (not parsed
+    again). ``backend`` None (not given) and a templated ``accelerator`` are checked once known."""
+    # (kept off config's import path)
+    from kinetic_airflow.accelerators import AcceleratorSpec, parse_accelerator
 
     if slices <= 1:
         return
@@ -35,9 +37,13 @@ def check_slices(slices: int, accelerator: Any, backend: str | None, *, spot: bo
             f"slices={slices} with backend={backend!r}: {why}, not {slices} TPU slices. Multislice jobs "
             f"run as a JobSet on GKE: use backend='pathways' or backend='auto' ({_FIX}), or leave slices out."
         )
-    if not isinstance(accelerator, str) or "{{" in accelerator:
+    if isinstance(accelerator, AcceleratorSpec):
+        spec = accelerator
+        accelerator = spec.text  # as the messages below quote it
+    elif not isinstance(accelerator, str) or "{{" in accelerator:
         return
-    spec = parse_accelerator(accelerator, spot=spot or None)
+    else:
+        spec = parse_accelerator(accelerator, spot=spot or None)
     if spec.kind != "tpu" or not spec.multi_host:
         shape = f"{spec.kind} on one host" if spec.kind == "tpu" else spec.kind
         raise ValueError(

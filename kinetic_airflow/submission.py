@@ -59,6 +59,7 @@ __all__ = [
     "resolve_placement",
     "ship_payload",
     "stage_args",
+    "task_spec",
 ]
 
 log = logging.getLogger(__name__)
@@ -84,29 +85,35 @@ class RenderedTask(Protocol):
 @dataclass(frozen=True)
 class Target:
     """Where a task's job goes, resolved once per ``execute`` (task argument > ``[kinetic]`` >
-    ``KINETIC_*`` > default): the backend, the job storage and the GCP connection for it."""
+    ``KINETIC_*`` > default): the backend, the job storage and the GCP connection for it, and
+    the rendered accelerator parsed (the one parse: the job reference carries this spec)."""
 
     backend: str
     base_uri: str
     gcp_conn_id: str | None
+    spec: AcceleratorSpec
 
 
-def resolve_backend(
-    backend: str | None, accelerator: str, spot: bool | None, *, slices: int | None = None
-) -> str:
+def resolve_backend(backend: str | None, spec: AcceleratorSpec, *, slices: int | None = None) -> str:
     """The backend a job runs on; ``auto`` picks Pathways for a multi-host TPU, else GKE.
-    ``slices`` > 1 on pathways / auto is the internal backend ``multislice`` (a JobSet)."""
+    ``slices`` > 1 on pathways / auto is the internal backend ``multislice`` (a JobSet).
+    ``spec`` is the task's accelerator, parsed once by the caller (``task_spec``)."""
     name = resolve_setting("backend", backend)
     validate_backend(name)
     if name == "auto":
-        spec = parse_accelerator(accelerator, spot=spot or None)
         name = "pathways" if spec.kind == "tpu" and spec.multi_host else "gke"
     if (slices or 1) > 1:
         from kinetic_airflow.slices import check_slices  # (only for a multislice job)
 
-        check_slices(slices, accelerator, name, spot=spot)  # the configured backend, too
+        check_slices(slices, spec, name)  # the configured backend, too
         name = "multislice"
     return name
+
+
+def task_spec(op: RenderedTask) -> AcceleratorSpec:
+    """The task's rendered accelerator (with ``spot=True`` forcing Spot), parsed: the one parse
+    of a run, which ``Target`` and then the job reference carry to the backend."""
+    return parse_accelerator(op.accelerator, spot=op.spot or None)
 
 
 def resolve_base_uri(base_uri: str | None, backend: str, project: str | None, cluster: str | None) -> str:
@@ -145,14 +152,15 @@ def preflight(op: RenderedTask, context: Any) -> Target:
     """Check the rendered task and resolve where its job goes; adds the context arguments the
     function names to ``op.op_kwargs`` and anchors relative ``Data`` paths at the DAG file."""
     check_rendered_options(op)  # templated options, as rendered: the same table as at parse time
-    backend = resolve_backend(op.backend, op.accelerator, op.spot, slices=getattr(op, "slices", None))
+    spec = task_spec(op)  # rendered by now; checked as the option table checks it, parsed once
+    backend = resolve_backend(op.backend, spec, slices=getattr(op, "slices", None))
     check_settings(op, backend)
-    spec = parse_accelerator(op.accelerator, spot=op.spot or None)  # rendered by now
     check_backend_fits(backend, spec)
     target = Target(
         backend,
         resolve_base_uri(op.base_uri, backend, op.project, op.cluster),
         resolve_gcp_conn_id(op.gcp_conn_id),
+        spec,
     )
     base_uri = target.base_uri
     check_base_uri(base_uri, where="the task's base_uri / [kinetic] base_uri")

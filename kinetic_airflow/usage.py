@@ -29,7 +29,6 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from kinetic_airflow.accelerators import parse_accelerator
 from kinetic_airflow.job.layout import USAGE_NAME, JobLayout
 from kinetic_airflow.job.ref import JobRef
 from kinetic_airflow.job.storage import Storage
@@ -48,9 +47,8 @@ def chips_of(ref: JobRef) -> tuple[int, bool]:
     if ref.backend == "local":
         return 0, False
     text = ref.accelerator or "cpu"
-    try:
-        spec = parse_accelerator(text)
-    except Exception:
+    spec = ref.spec  # parsed with the reference; None for no accelerator or one this version does not read
+    if spec is None:
         return 0, text.endswith(":spot")
     slices = int((ref.k8s.slices if ref.k8s is not None else None) or 1)  # multislice: every slice's
     return (spec.count * slices if spec.kind in ("tpu", "gpu") else 0), spec.spot

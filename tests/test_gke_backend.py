@@ -325,3 +325,38 @@ def test_pod_log_survives_stream_errors_and_a_capped_log_names_kubectl(gke_env):
     (notice,) = [line for line in shown if "log_max_lines=40" in line]
     assert f"kubectl logs -n default job/kinetic-{ref.job_id}" in notice
     assert "job.log" not in notice
+
+
+def test_the_accelerator_is_parsed_once_from_preflight_to_the_manifest(gke_env, monkeypatch):
+    """The rendered accelerator is parsed by preflight; the job reference carries that spec to the
+    backend, which reads it instead of parsing ``job.accelerator`` again. Decoding a stored
+    reference parses its string once more: decoding is the boundary."""
+    import kinetic_airflow.job.accelerators as registry
+    from kinetic_airflow.backends.gke.backend import GKEBackend
+    from kinetic_airflow.job.layout import JobIdentity
+    from kinetic_airflow.job.ref import JobRef
+    from kinetic_airflow.operators import KineticRunOperator
+    from kinetic_airflow.submission import preflight
+
+    op = KineticRunOperator(task_id="once", python_callable=print, accelerator="gpu-l4", backend="gke")
+    real, calls = registry.parse_accelerator, []
+
+    def counting(*args, **kwargs):
+        calls.append(args[0])
+        return real(*args, **kwargs)
+
+    for module in list(sys.modules.values()):  # every module's own binding of the function
+        if getattr(module, "__name__", "").startswith("kinetic_airflow"):
+            if getattr(module, "parse_accelerator", None) is real:
+                monkeypatch.setattr(module, "parse_accelerator", counting)
+    target = preflight(op, {})
+    base = os.environ["KINETIC_BASE_URI"]
+    ref = op._job_ref(JobIdentity("d", base, "once"), target.backend, target.base_uri, target.spec)
+    manifest = GKEBackend().manifest(ref)
+    assert calls == ["gpu-l4"], calls
+    assert ref.spec == target.spec == real("gpu-l4") and ref.accelerator == "gpu-l4"
+    pod = manifest["spec"]["template"]["spec"]
+    assert pod["nodeSelector"]["cloud.google.com/gke-accelerator"] == "nvidia-l4"
+    decoded = JobRef.from_dict(json.loads(json.dumps(ref.to_dict())))
+    assert calls == ["gpu-l4", "gpu-l4"] and decoded.spec == ref.spec and decoded == ref
+    assert GKEBackend().manifest(decoded) == manifest and len(calls) == 2

@@ -203,3 +203,38 @@ def test_capacity_and_queue_fields_round_trip_and_are_left_out_when_unset() -> N
     )
     again = JobRef.from_dict(queued.to_dict())
     assert again == queued and again.on_cluster().local_queue == "team-a"
+
+
+def test_the_reference_carries_its_parsed_accelerator_and_writes_only_the_string() -> None:
+    """Decoding parses the stored string once into ``spec``; ``to_dict`` is what it always was."""
+    from kinetic_airflow.accelerators import AcceleratorSpec, parse_accelerator
+
+    ref = JobRef.from_dict(OLD_GKE)
+    assert isinstance(ref.spec, AcceleratorSpec) and ref.spec == parse_accelerator("tpu-v5e-8")
+    assert ref.accelerator_spec is ref.spec and hash(ref.spec) == hash(parse_accelerator("tpu-v5e-8"))
+    assert ref.accelerator == "tpu-v5e-8"  # the stored string, not its normalized text
+    assert ref.to_dict() == OLD_GKE and "spec" not in json.dumps(ref.to_dict())
+    assert JobRef.from_dict(OLD_MINIMAL).spec is None
+    # built from a spec (as the operator does): the string is its text, and the two stay in step
+    spot = parse_accelerator("tpu-v6e-16:spot")
+    built = JobRef(job_id="j", backend="pathways", job_uri="file:///tmp/j", spec=spot)
+    assert built.accelerator == spot.text and built.to_dict()["accelerator"] == spot.text
+    assert built.replace(accelerator="gpu-l4").spec == parse_accelerator("gpu-l4")
+    assert built.replace(spec=parse_accelerator("cpu")).accelerator == "cpu"
+    assert built.replace(hosts=4).spec is spot
+    assert JobRef.from_dict(built.to_dict()) == built and JobRef.from_dict(built.to_dict()).spec == spot
+
+
+def test_an_accelerator_this_version_cannot_read_leaves_the_reference_readable() -> None:
+    """An older record stays listable; only what needs the hardware fails, naming the field."""
+    odd = {**OLD_MINIMAL, "accelerator": "tpu-v99-8"}
+    ref = JobRef.from_dict(odd)
+    assert ref.spec is None and ref.to_dict() == odd
+    with pytest.raises(JobRefError, match=r"field 'accelerator' \('tpu-v99-8'\) names no accelerator"):
+        _ = ref.accelerator_spec
+
+
+def test_a_spec_key_of_a_newer_version_is_kept_as_an_unknown_key() -> None:
+    newer = {**OLD_MINIMAL, "spec": {"kind": "tpu"}}
+    ref = JobRef.from_dict(newer)
+    assert ref.spec is None and ref.extra == {"spec": {"kind": "tpu"}} and ref.to_dict() == newer

@@ -15,6 +15,8 @@ codebundle    the DAG folder's code shipped with a job
 requirements  the job's Python environment (a cached venv)
 inputs        ``Data``: files and gs:// URIs a job needs on its disk
 interop       keras-kinetic's handle and result files
+accelerators  accelerator strings -> the hardware they name (``AcceleratorSpec``); re-exported
+              as ``kinetic_airflow.accelerators``
 ref           the job reference every party names a job by (``JobRef``) and its JSON form
 multihost     JAX's multi-controller start-up inside a multi-host job
 runner        the entry point a pod runs (``python -m kinetic_airflow.runner``)

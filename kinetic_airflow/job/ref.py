@@ -27,6 +27,13 @@ version, and these rules keep it:
 * A value of the wrong type is refused when decoded, by ``JobRefError`` naming the field:
   an error at the boundary says which record is damaged, a ``KeyError`` deep in a backend
   would not.
+* The accelerator string is parsed once, into ``spec`` (an ``AcceleratorSpec``), when the
+  reference is built: by the operator, which passes the spec it parsed, or on decoding, from
+  the stored string. ``spec`` is never written: the string is the stored form, and every
+  reader (older versions, keras-kinetic, the jobs CLI) parses that. A string this version
+  cannot parse leaves ``spec`` None rather than refusing the reference, so a record of an
+  older version stays readable; only code that needs the hardware (``accelerator_spec``)
+  fails, naming it.
 
 Lives in ``kinetic_airflow.job`` (no Airflow): the runner's side and the CLI read it too.
 """
@@ -39,6 +46,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kinetic_airflow.job.accelerators import AcceleratorSpec, InvalidAcceleratorError, parse_accelerator
 from kinetic_airflow.job.layout import JobIdentity
 
 __all__ = ["JobRef", "JobRefError", "K8sFields"]
@@ -162,6 +170,15 @@ class JobRef:
     heartbeat_timeout: float | None = None
     k8s: K8sFields | None = None  # a cluster job's fields; None on the local backend
     extra: dict[str, Any] = field(default_factory=dict)  # keys of a newer version, kept as they were
+    # ``accelerator`` parsed (never written; compared through the string): given by whoever
+    # parsed it already, else parsed once here from ``accelerator`` (see the module's rules)
+    spec: AcceleratorSpec | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.spec is None and isinstance(self.accelerator, str):
+            object.__setattr__(self, "spec", _spec_or_none(self.accelerator))
+        elif self.spec is not None and self.accelerator is None:
+            object.__setattr__(self, "accelerator", self.spec.text)
 
     @property
     def job_identity(self) -> JobIdentity:
@@ -171,6 +188,16 @@ class JobRef:
                 f"kinetic job reference of job {self.job_id!r}: field 'identity' is missing. {_FIX}"
             )
         return self.identity
+
+    @property
+    def accelerator_spec(self) -> AcceleratorSpec:
+        """The parsed accelerator, for code that needs the hardware (a clear error otherwise)."""
+        if self.spec is None:
+            raise JobRefError(
+                f"kinetic job reference of job {self.job_id!r}: field 'accelerator' "
+                f"({self.accelerator!r}) names no accelerator this version knows. {_FIX}"
+            )
+        return self.spec
 
     def on_cluster(self) -> K8sFields:
         """The cluster fields, for code that only runs for cluster jobs (a clear error otherwise)."""
@@ -182,7 +209,15 @@ class JobRef:
         return self.k8s
 
     def replace(self, **changes: Any) -> JobRef:
-        """A copy with ``changes`` (the reference is frozen: a record that names it stays true)."""
+        """A copy with ``changes`` (the reference is frozen: a record that names it stays true).
+
+        ``accelerator`` and ``spec`` stay in step: a new string without a spec is parsed, a new
+        spec without a string writes its normalized text.
+        """
+        if "accelerator" in changes and "spec" not in changes:
+            changes["spec"] = None
+        elif "spec" in changes and "accelerator" not in changes:
+            changes["accelerator"] = changes["spec"].text if changes["spec"] is not None else None
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -190,7 +225,7 @@ class JobRef:
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name in ("k8s", "extra") or value is None:
+            if f.name in ("k8s", "extra", "spec") or value is None:
                 continue
             out[f.name] = value.to_dict() if isinstance(value, JobIdentity) else copy.deepcopy(value)
         if self.k8s is not None:
@@ -210,14 +245,22 @@ class JobRef:
         for name in _REQUIRED:
             if name not in value:
                 raise JobRefError(f"kinetic job reference {owner}: field {name!r} is missing. {_FIX}")
-        fields = _decoded(cls, owner, value, skip=("identity", "k8s", "extra"))
+        fields = _decoded(cls, owner, value, skip=("identity", "k8s", "extra", "spec"))
         if value.get("identity") is not None:
             fields["identity"] = _identity(owner, value["identity"])
         if _K8S_KEYS & value.keys():
             fields["k8s"] = K8sFields(**_decoded(K8sFields, owner, value))
-        known = {f.name for f in dataclasses.fields(cls)} - {"k8s", "extra"} | _K8S_KEYS
+        known = {f.name for f in dataclasses.fields(cls)} - {"k8s", "extra", "spec"} | _K8S_KEYS
         fields["extra"] = {k: copy.deepcopy(v) for k, v in value.items() if k not in known}
-        return cls(**fields)
+        return cls(**fields)  # parses ``accelerator`` into ``spec``: the one parse of a stored reference
+
+
+def _spec_or_none(text: str) -> AcceleratorSpec | None:
+    """``text`` parsed; None for a string this version does not read (see the module's rules)."""
+    try:
+        return parse_accelerator(text)
+    except InvalidAcceleratorError:
+        return None
 
 
 def _identity(owner: str, value: Any) -> JobIdentity:

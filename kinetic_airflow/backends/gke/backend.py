@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kinetic_airflow.accelerators import parse_accelerator
 from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobState
 from kinetic_airflow.backends.gke.classify import classify, with_refusal
 from kinetic_airflow.backends.gke.client import ApiError, KubeApi, cached_kube_api, kube_api
@@ -155,7 +154,7 @@ class GKEBackend(Backend):
                 "kinetic.airflow/task-instance": identity.ti_key,
                 "kinetic.airflow/job-uri": job.job_uri,
             },
-            "spec": parse_accelerator(job.accelerator),
+            "spec": job.accelerator_spec,  # parsed once, when the reference was built or decoded
             "image": k8s.image,
             "job_uri": job.job_uri,
             "python": k8s.runner_python or "python",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from kinetic_airflow.accelerators import parse_accelerator
 from kinetic_airflow.backends.base import BackendStatus, JobRef
 from kinetic_airflow.backends.gke.client import ApiError, KubeApi
 from kinetic_airflow.backends.gke.group_status import HostMemory, classify_group
@@ -49,7 +48,7 @@ def slices_of(job: JobRef) -> int:
 
 def _per_slice(job: JobRef) -> int:
     """Hosts per slice: the accelerator's (``job.hosts`` counts every slice's)."""
-    return int(parse_accelerator(job.accelerator).hosts)
+    return int(job.accelerator_spec.hosts)
 
 
 def _failed(pod: dict[str, Any]) -> bool:

@@ -13,7 +13,6 @@ import functools
 import logging
 from typing import Any
 
-from kinetic_airflow.accelerators import parse_accelerator
 from kinetic_airflow.backends.base import BackendStatus, JobRef
 from kinetic_airflow.backends.gke.backend import GKEBackend, container_running
 from kinetic_airflow.backends.gke.client import ApiError, KubeApi, cluster_key
@@ -53,8 +52,9 @@ def _discovered_version(key: str, api: KubeApi) -> str:
 
 
 def _hosts(job: JobRef) -> int:
-    """The slice's hosts: the reference's, or (a reference without them) its accelerator's."""
-    return int(job.hosts or parse_accelerator(job.accelerator).hosts)
+    """The slice's hosts: the reference's (what the job was submitted with, kept for a job an older
+    version sized differently), or (a reference without them) its accelerator spec's."""
+    return int(job.hosts or job.accelerator_spec.hosts)
 
 
 class PathwaysBackend(GKEBackend):
