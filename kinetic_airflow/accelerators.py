@@ -8,50 +8,7 @@ it from here, so the move changed no import path; see that module for the gramma
 
 from __future__ import annotations
 
-from kinetic_airflow.job.accelerators import (
-    CHIPS_NOTE,
-    DEFAULT_GPU,
-    DEFAULT_TPU,
-    GPU_TYPES,
-    LABEL_ACCELERATOR_COUNT,
-    LABEL_GPU_ACCELERATOR,
-    LABEL_SPOT,
-    LABEL_TPU_ACCELERATOR,
-    LABEL_TPU_TOPOLOGY,
-    RESOURCE_GPU,
-    RESOURCE_TPU,
-    TPU_GENERATIONS,
-    AcceleratorSpec,
-    GpuType,
-    InvalidAcceleratorError,
-    Toleration,
-    TpuGeneration,
-    TpuShape,
-    accelerator_notes,
-    parse_accelerator,
-    valid_choices,
-)
+from kinetic_airflow.job import accelerators as _registry
+from kinetic_airflow.job.accelerators import *  # noqa: F403 (the public names, listed once there)
 
-__all__ = [
-    "CHIPS_NOTE",
-    "DEFAULT_GPU",
-    "DEFAULT_TPU",
-    "GPU_TYPES",
-    "LABEL_ACCELERATOR_COUNT",
-    "LABEL_GPU_ACCELERATOR",
-    "LABEL_SPOT",
-    "LABEL_TPU_ACCELERATOR",
-    "LABEL_TPU_TOPOLOGY",
-    "RESOURCE_GPU",
-    "RESOURCE_TPU",
-    "TPU_GENERATIONS",
-    "AcceleratorSpec",
-    "GpuType",
-    "InvalidAcceleratorError",
-    "Toleration",
-    "TpuGeneration",
-    "TpuShape",
-    "accelerator_notes",
-    "parse_accelerator",
-    "valid_choices",
-]
+__all__ = list(_registry.__all__)
