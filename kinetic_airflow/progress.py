@@ -32,6 +32,7 @@ from typing import Any
 
 from kinetic_airflow.backends.base import BackendStatus, JobState
 from kinetic_airflow.job.ref import JobRef, K8sFields
+from kinetic_airflow.job.states import Stage
 
 __all__ = ["PROGRESS_NAME", "Progress", "ProgressTracker", "progress_of"]
 
@@ -43,7 +44,7 @@ _HISTORY = 50  # changes kept in progress.json
 
 @dataclass(frozen=True)
 class Progress:
-    state: str
+    state: Stage
     text: str
     node: str = ""
     outcome: str = ""  # the ending event's status (success, failed, timeout, ...); "" while live
@@ -65,37 +66,37 @@ def progress_of(status: BackendStatus, job: JobRef) -> Progress | None:
     details = status.details or {}
     if status.state is JobState.RUNNING:
         if job.backend == "local":
-            return Progress("running", "running as a local process")
+            return Progress(Stage.RUNNING, "running as a local process")
         nodes = details.get("nodes") or ([details["node"]] if details.get("node") else [])
         hosts = int(job.hosts or 1)
         if hosts > 1:
             on = f" on {', '.join(nodes)}" if nodes else ""
-            return Progress("running", f"running on all {hosts} hosts{on}", ",".join(nodes))
+            return Progress(Stage.RUNNING, f"running on all {hosts} hosts{on}", ",".join(nodes))
         node = nodes[0] if nodes else ""
-        return Progress("running", f"running on node {node}" if node else "running", node)
+        return Progress(Stage.RUNNING, f"running on node {node}" if node else "running", node)
     if status.state is not JobState.PENDING:
         return None
     if status.reason == "Queued":  # queued in team-a (position 2, pending admission: ...)
-        return Progress("queued", status.message)
+        return Progress(Stage.QUEUED, status.message)
     if status.reason == "Launching":
-        return Progress("launching", "starting the local process")
+        return Progress(Stage.LAUNCHING, "starting the local process")
     if status.reason == "NoPod":
-        return Progress("creating_pod", "waiting for the Job's pod to be created")
+        return Progress(Stage.CREATING_POD, "waiting for the Job's pod to be created")
     if status.reason == "Starting":
         node, image = details.get("node", ""), details.get("image", "")
         if details.get("waiting") == "PodInitializing":
-            return Progress("pulling_image", f"initializing on node {node} ({image})", node)
-        return Progress("pulling_image", f"pulling {image} and starting on node {node}", node)
+            return Progress(Stage.PULLING_IMAGE, f"initializing on node {node} ({image})", node)
+        return Progress(Stage.PULLING_IMAGE, f"pulling {image} and starting on node {node}", node)
     if status.reason == "GroupStarting":
-        return Progress("starting", f"starting the slice: {status.message}")
+        return Progress(Stage.STARTING, f"starting the slice: {status.message}")
     if status.reason in ("Unschedulable", "SchedulingGated"):
         why = f": {status.message}" if status.message else ""
         wanted = "a node with room for it"
         if job.k8s is not None and job.k8s.node_selectors:
             wanted = f"a node matching {_selectors(job.k8s)}"
-        return Progress("waiting_for_node", f"waiting for {wanted} (scale-up){why}")
+        return Progress(Stage.WAITING_FOR_NODE, f"waiting for {wanted} (scale-up){why}")
     why = f": {status.message}" if status.message else ""
-    return Progress("pending", f"pending ({status.reason or 'Pending'}{why})")
+    return Progress(Stage.PENDING, f"pending ({status.reason or 'Pending'}{why})")
 
 
 class ProgressTracker:
@@ -133,7 +134,7 @@ class ProgressTracker:
         now = time.time()
         if progress.state != self.record.get("state"):
             self.record["since"] = now
-        if progress.state == "running" and not self.record.get("running_since"):
+        if progress.state == Stage.RUNNING and not self.record.get("running_since"):
             self.record["running_since"] = now
         self.record.update(
             {

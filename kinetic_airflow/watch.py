@@ -33,7 +33,7 @@ from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobSta
 from kinetic_airflow.config import DEFAULTS, local_state_root
 from kinetic_airflow.job.layout import JobLayout
 from kinetic_airflow.job.multihost import host_label
-from kinetic_airflow.job.states import EVENT_FAILED, EVENT_PREEMPTED, EVENT_SUCCESS, EVENT_TIMEOUT
+from kinetic_airflow.job.states import EVENT_FAILED, EVENT_PREEMPTED, EVENT_SUCCESS, EVENT_TIMEOUT, Stage
 from kinetic_airflow.job.storage import Storage, StorageError, is_storage_error
 from kinetic_airflow.job.tracebacks import StreamedTracebackFilter, type_name, user_names
 from kinetic_airflow.lifecycle import acancel_job, cancelled_marker
@@ -106,16 +106,16 @@ def final_progress(event: dict[str, Any]) -> Progress:
     """The last progress line of a job, from the event that ends its wait."""
     status = str(event.get("status"))
     if status == EVENT_SUCCESS:
-        return Progress("finished", "finished: succeeded", outcome=status)
+        return Progress(Stage.FINISHED, "finished: succeeded", outcome=status)
     if status == EVENT_PREEMPTED:
         text = f"preempted: {event.get('message')}; a new attempt follows"
-        return Progress("preempted", text, outcome=status)
+        return Progress(Stage.PREEMPTED, text, outcome=status)
     cause = event.get("cause") or status
     if event.get("summary") is not None:  # the task's error shows the job's own exception, once
         return Progress(
-            "finished", f"finished: {status} ({cause}; the task's error says why)", outcome=status
+            Stage.FINISHED, f"finished: {status} ({cause}; the task's error says why)", outcome=status
         )
-    return Progress("finished", f"finished: {status} ({cause}: {event.get('message')})", outcome=status)
+    return Progress(Stage.FINISHED, f"finished: {status} ({cause}: {event.get('message')})", outcome=status)
 
 
 def describe_failure(event: dict[str, Any], full_log: str = "") -> str:
@@ -719,7 +719,7 @@ class JobWatcher:
                 who = f"host {host}'s" if self.hosts > 1 else "the runner's"
                 await self.progress.tell(
                     Progress(
-                        "heartbeat_stale",
+                        Stage.HEARTBEAT_STALE,
                         f"heartbeat stale: {who} last heartbeat is {age:.0f}s old and the log is silent "
                         f"(the job is given up as lost at {self.heartbeat_timeout:.0f}s)",
                     )

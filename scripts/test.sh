@@ -2,16 +2,26 @@
 # Set up, lint, and run the whole test suite. Exits non-zero if anything fails or no test ran.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mkdir -p .ci-logs
+# keras-kinetic 0.0.4 in its own venv: the oracle of tests/test_accelerator_parity.py. Installed
+# beside the main venv (pip against uv: mostly network; it installs nothing of this clone).
+bash scripts/setup-kinetic-oracle.sh >.ci-logs/oracle-setup.log 2>&1 &
+oracle_setup=$!
 bash scripts/setup.sh
-# keras-kinetic 0.0.4 in its own venv: the oracle of tests/test_accelerator_parity.py.
-bash scripts/setup-kinetic-oracle.sh
-# Debian's chromium: the headless browser of tests/test_ui_components.py (tests/browser.py).
+# Debian's chromium: the headless browser of tests/test_ui_components.py (tests/browser.py). After
+# setup.sh, whose PostgreSQL and Redis come from apt too (one dpkg at a time).
 bash scripts/setup-browser.sh
+oracle=0
+wait "$oracle_setup" || oracle=$?
+cat .ci-logs/oracle-setup.log
+if [ "$oracle" -ne 0 ]; then
+  echo "the keras-kinetic oracle venv could not be set up (exit $oracle)" >&2
+  exit "$oracle"
+fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 # The floor tier's venv (Airflow's oldest declared release) is installed while the main suite runs:
 # mostly network and disk, where the suite mostly waits on its services.
-mkdir -p .ci-logs
 bash scripts/test-airflow-floor.sh --setup-only >.ci-logs/floor-setup.log 2>&1 &
 floor_setup=$!
 set +e

@@ -82,3 +82,31 @@ def test_the_job_catalogue_speaks_it():
 
 def test_the_event_statuses_are_named():
     assert EVENT_STATUSES == {"success", "failed", "preempted", "timeout"}
+
+
+def test_every_progress_stage_is_a_status_but_finished_which_its_outcome_tells():
+    from kinetic_airflow.job.states import Stage
+
+    assert [s.value for s in Stage] == [
+        "queued", "launching", "creating_pod", "waiting_for_node", "pulling_image", "starting",
+        "pending", "running", "heartbeat_stale", "preempted", "finished",
+    ]  # fmt: skip
+    assert {s for s in Stage if s.status is None} == {Stage.FINISHED}
+    assert Stage.WAITING_FOR_NODE.status is JobStatus.PENDING and Stage.STARTING.status is JobStatus.RUNNING
+    assert json.dumps({"state": Stage.PULLING_IMAGE}) == '{"state": "pulling_image"}'  # progress.json
+    assert Stage.RUNNING in {"running"} and f"{Stage.HEARTBEAT_STALE}" == "heartbeat_stale"
+
+
+def test_the_task_log_and_the_view_speak_the_stages():
+    from kinetic_airflow.backends.base import BackendStatus
+    from kinetic_airflow.job.ref import JobRef
+    from kinetic_airflow.job.states import Stage
+    from kinetic_airflow.progress import progress_of
+    from kinetic_airflow.ui.app import _STATES
+
+    job = JobRef.from_dict(
+        {"job_id": "kn-x", "job_uri": "file:///tmp/jobs/kn-x", "backend": "local", "accelerator": "cpu"}
+    )
+    seen = progress_of(BackendStatus(JobState.PENDING, reason="Launching"), job)
+    assert seen is not None and seen.state is Stage.LAUNCHING
+    assert {s.value for s in Stage} - set(_STATES) == {"pending", "finished"}  # told as their status

@@ -44,13 +44,24 @@ __all__ = [
     "FINAL",
     "LIVE",
     "JobStatus",
+    "Stage",
     "from_backend",
     "from_phase",
     "status_of",
 ]
 
 
-class JobStatus(str, enum.Enum):
+class _Word(str, enum.Enum):
+    """A state's value is the plain string it replaces: printed, stored and hashed as that."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __hash__(self) -> int:  # found in a set of the plain strings (``--state running``)
+        return str.__hash__(self)
+
+
+class JobStatus(_Word):
     """What a job is, as a person reads it (its value is what is printed and stored)."""
 
     PENDING = "pending"
@@ -60,12 +71,6 @@ class JobStatus(str, enum.Enum):
     CANCELLED = "cancelled"
     LOST = "lost"
     UNKNOWN = "unknown"
-
-    def __str__(self) -> str:  # printed as its value, as the plain strings it replaces were
-        return self.value
-
-    def __hash__(self) -> int:  # found in a set of the plain strings (``--state running``)
-        return str.__hash__(self)
 
     @property
     def live(self) -> bool:
@@ -130,6 +135,47 @@ def status_of(
     if cancelled:
         return JobStatus.CANCELLED
     return from_backend(backend_state, started=started, finished=finished, shipped=shipped)
+
+
+class Stage(_Word):
+    """What a live job is doing right now: the task log's progress lines, ``status/progress.json``
+    and the view's finer states (``kinetic_airflow.progress`` says when each is told)."""
+
+    QUEUED = "queued"  # held by Kueue
+    LAUNCHING = "launching"
+    CREATING_POD = "creating_pod"
+    WAITING_FOR_NODE = "waiting_for_node"
+    PULLING_IMAGE = "pulling_image"
+    STARTING = "starting"  # multi-host: some hosts run, others start
+    PENDING = "pending"  # pending for a reason not named above
+    RUNNING = "running"
+    HEARTBEAT_STALE = "heartbeat_stale"
+    PREEMPTED = "preempted"  # a new attempt follows
+    FINISHED = "finished"
+
+    @property
+    def status(self) -> JobStatus | None:
+        """The job's status at this stage; None for ``finished``, which its outcome tells."""
+        return _STAGE_STATUS.get(self)
+
+
+_STAGE_STATUS = {
+    **dict.fromkeys(
+        (
+            Stage.QUEUED,
+            Stage.LAUNCHING,
+            Stage.CREATING_POD,
+            Stage.WAITING_FOR_NODE,
+            Stage.PULLING_IMAGE,
+            Stage.PENDING,
+        ),
+        JobStatus.PENDING,
+    ),
+    # preempted: the attempt is gone, the job (the next attempt) goes on
+    **dict.fromkeys(
+        (Stage.STARTING, Stage.RUNNING, Stage.HEARTBEAT_STALE, Stage.PREEMPTED), JobStatus.RUNNING
+    ),
+}
 
 
 # How a watcher's wait ended: the ``status`` of its event (trigger events, execute_complete).
