@@ -76,8 +76,13 @@ def test_active_deadline_kills_pods(
     apis: tuple[client.BatchV1Api, client.CoreV1Api], k8s_cluster: ClusterEmulator
 ) -> None:
     batch, core = apis
+    # The deadline is generous at creation and cut short once the pod runs: a
+    # 1 s deadline from the start would race a slow pod start on a loaded
+    # machine (the Job fails before any pod is Running). activeDeadlineSeconds
+    # stays mutable on a Job (only the template, selector, completionMode and
+    # podFailurePolicy are not: ValidateJobSpecUpdate in kubernetes/pkg/apis/batch).
     manifest = job_manifest(
-        "slow", "import time; print('start', flush=True); time.sleep(60)", activeDeadlineSeconds=1
+        "slow", "import time; print('start', flush=True); time.sleep(60)", activeDeadlineSeconds=600
     )
     manifest["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 1
     batch.create_namespaced_job(NS, manifest)
@@ -85,6 +90,7 @@ def test_active_deadline_kills_pods(
         lambda: [p.metadata.name for p in job_pods(core, "slow") if p.status.phase == "Running"]
     )[0]
     pid = wait_until(lambda: [p["pid"] for p in k8s_cluster.processes() if p["pod"] == pod_name])[0]
+    batch.patch_namespaced_job("slow", NS, {"spec": {"activeDeadlineSeconds": 1}})
     job = wait_job(batch, "slow", "Failed")
     assert condition(job, "Failed").reason == "DeadlineExceeded"
     assert condition(job, "Failed").message == "Job was active longer than specified deadline"
