@@ -79,8 +79,8 @@ def test_active_deadline_kills_pods(
     # The deadline is generous at creation and cut short once the pod runs: a
     # 1 s deadline from the start would race a slow pod start on a loaded
     # machine (the Job fails before any pod is Running). activeDeadlineSeconds
-    # stays mutable on a Job (only the template, selector, completionMode and
-    # podFailurePolicy are not: ValidateJobSpecUpdate in kubernetes/pkg/apis/batch).
+    # is not among the fields ValidateJobSpecUpdate (kubernetes/pkg/apis/batch)
+    # keeps immutable, so a Job's deadline can be changed while it runs.
     manifest = job_manifest(
         "slow", "import time; print('start', flush=True); time.sleep(60)", activeDeadlineSeconds=600
     )
