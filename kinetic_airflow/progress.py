@@ -124,6 +124,10 @@ class ProgressTracker:
 
     async def observe(self, status: BackendStatus) -> None:
         progress = progress_of(status, self.job)
+        node = (status.details or {}).get("ran_on")
+        if progress is None and node and not self.record.get("running_since"):
+            # it started and ended between two looks: where it ran is still worth saying
+            progress = Progress(Stage.RUNNING, f"running on node {node}", node)
         if progress is not None:
             await self.tell(progress)
 

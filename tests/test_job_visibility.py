@@ -6,19 +6,22 @@ scheduler are in tests/test_ui_components.py.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 import pytest
 
 from kinetic_airflow.backends.base import BackendStatus, JobState
+from kinetic_airflow.backends.gke.classify import classify
 from kinetic_airflow.backends.gke.console import is_gke_cluster
 from kinetic_airflow.job.layout import JobIdentity, JobLayout
 from kinetic_airflow.job.ref import JobRef
+from kinetic_airflow.job.states import Stage
 from kinetic_airflow.job.storage import FileStorage
 from kinetic_airflow.links import LINKS_XCOM_KEY, KineticViewLink, task_tab_url
 from kinetic_airflow.operators import DEFAULT_MAP_INDEX_TEMPLATE, KineticRunOperator, map_label
-from kinetic_airflow.progress import progress_of
+from kinetic_airflow.progress import Progress, ProgressTracker, progress_of
 from kinetic_airflow.usage import attempt_usage, chips_of, totals
 from kinetic_airflow.watch import event_job
 
@@ -187,6 +190,44 @@ def test_progress_words_for_each_state_a_person_acts_on():
     running = BackendStatus(JobState.RUNNING, details={"nodes": ["n1", "n2"]})
     assert progress_of(running, slice_job).text == "running on all 4 hosts on n1, n2"
     assert progress_of(BackendStatus(JobState.SUCCEEDED), job) is None  # the watcher says the end
+
+
+def _pod(node: str, started: str, reason: str = "Completed") -> dict[str, Any]:
+    ended = {"exitCode": 0 if reason == "Completed" else 128, "reason": reason, "startedAt": started}
+    return {
+        "metadata": {"name": "p", "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"nodeName": node, "containers": [{"image": "runner"}]},
+        "status": {
+            "phase": "Succeeded" if reason == "Completed" else "Failed",
+            "containerStatuses": [{"name": "job", "state": {"terminated": ended}}],
+        },
+    }
+
+
+def test_a_job_that_ran_and_ended_between_two_looks_still_says_where_it_ran():
+    """CI once saw waiting -> finished with no node: the pod ran for under a second."""
+    complete = {"metadata": {"name": "j"}, "status": {"conditions": [{"type": "Complete", "status": "True"}]}}
+    ended = classify(complete, [_pod("gke-l4-1", "2026-01-01T00:00:05Z")])
+    assert ended.state is JobState.SUCCEEDED and ended.details["ran_on"] == "gke-l4-1"
+    failed = {"metadata": {"name": "j"}, "status": {"conditions": [{"type": "Failed", "status": "True"}]}}
+    never = classify(failed, [_pod("gke-l4-1", "1970-01-01T00:00:00Z", reason="StartError")])
+    assert "ran_on" not in never.details  # the kubelet could not start it: it ran nowhere
+
+    job = JobRef("j", "gke", "gs://b/jobs/j", hosts=1)
+    told: list[str] = []
+    tracker = ProgressTracker(job, told.append)
+    waiting = BackendStatus(JobState.PENDING, reason="Unschedulable", message="0/3 nodes are available")
+    asyncio.run(tracker.observe(waiting))
+    asyncio.run(tracker.observe(ended))
+    assert told[-1] == "[kinetic] running on node gke-l4-1", told
+    asyncio.run(tracker.observe(ended))  # said once
+    assert len(told) == 2, told
+    seen = ProgressTracker(job, told.append)
+    asyncio.run(seen.observe(BackendStatus(JobState.RUNNING, details={"node": "gke-l4-1"})))
+    stale = Progress(Stage.HEARTBEAT_STALE, "silent")
+    asyncio.run(seen.tell(stale))
+    asyncio.run(seen.observe(ended))  # a look saw it run already: not said again
+    assert told[2:] == ["[kinetic] running on node gke-l4-1", "[kinetic] silent"], told
 
 
 def test_an_event_names_its_job_without_local_paths_or_cluster_secrets_of_any_kind():

@@ -6,6 +6,7 @@ an OOM-killed one was "killed", so the most specific explanation wins.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from kinetic_airflow.backends.base import BackendStatus, JobState
@@ -165,7 +166,32 @@ def pod_status(pod: dict[str, Any]) -> BackendStatus | None:
     return None
 
 
+def ran_on(pod: dict[str, Any] | None) -> str:
+    """The node whose container ran and ended: a job may start and end between two looks.
+
+    A container the kubelet could not start ends with reason ``StartError`` and the zero
+    time as ``startedAt`` (kubelet's ``kuberuntime_container.go``); it never ran.
+    """
+    if pod is None:
+        return ""
+    for cs in _container_states(pod):
+        ended = (cs.get("state") or {}).get("terminated") or {}
+        started = str(ended.get("startedAt") or "")
+        if started and not started.startswith("1970-") and ended.get("reason") != "StartError":
+            return pod.get("spec", {}).get("nodeName") or ""
+    return ""
+
+
 def classify(job: dict[str, Any] | None, pods: list[dict[str, Any]]) -> BackendStatus:
+    status = _classify(job, pods)
+    if status.state in (JobState.SUCCEEDED, JobState.FAILED) and "ran_on" not in status.details:
+        node = ran_on(_newest(pods))
+        if node:
+            return replace(status, details={**status.details, "ran_on": node})
+    return status
+
+
+def _classify(job: dict[str, Any] | None, pods: list[dict[str, Any]]) -> BackendStatus:
     if job is None:
         return BackendStatus(JobState.NOT_FOUND)
     conditions = _conditions(job)
