@@ -14,7 +14,7 @@ import cloudpickle
 import pytest
 from components.emulator_process import DEFAULT_NODE_POOLS
 from emulated_cluster import point_kinetic_at, running_emulator
-from helpers import ti_states, ti_try_numbers, xcom
+from helpers import on_storage, ti_states, ti_try_numbers, xcom
 from jobkit import gke_job
 
 # Jobs built here without the operator run functions of this module: ship them by value.
@@ -123,6 +123,7 @@ def test_cpu_gpu_tpu_jobs_user_error_and_duplicate_execute(gke_env):
     }
 
 
+@on_storage("gs")  # the cluster's side: a pod's causes, API faults, its log
 def test_preemption_oom_image_pull_and_unschedulable(gke_env, capfd):
     emulator, out = gke_env
     emulator.fail_image_pulls("registry.invalid/*")
@@ -181,6 +182,7 @@ def test_preemption_oom_image_pull_and_unschedulable(gke_env, capfd):
     ).items
 
 
+@on_storage("gs")  # the cluster's side: a pod's causes, API faults, its log
 def test_api_faults_are_survived(gke_env):
     emulator, _ = gke_env
     emulator.inject_api_fault("POST", r".*/jobs$", status=500, count=2)
@@ -191,6 +193,7 @@ def test_api_faults_are_survived(gke_env):
     assert xcom(dr, "sleeps_a_while") == 7
 
 
+@on_storage("gs")  # the cluster's side: a pod's causes, API faults, its log
 def test_mark_failed_deletes_the_job(gke_env):
     """BaseTrigger.on_kill (user marks the deferred task failed / clears it) deletes our Job."""
     import asyncio
@@ -256,6 +259,7 @@ def test_stale_heartbeat_counts_as_node_loss(gke_env, base_uri, monkeypatch):
     assert first["history"][-2]["text"].startswith("heartbeat stale: the runner's last heartbeat is")
 
 
+@on_storage("gs")  # the cluster's side: a pod's causes, API faults, its log
 def test_name_clash_with_another_task_instances_job_is_refused(gke_env):
     """A 409 is adopted only for a Job labelled as this task instance's."""
     from kinetic_airflow.backends.gke.backend import GKEBackend, JobOwnershipError, k8s_job_name
@@ -277,6 +281,7 @@ def test_name_clash_with_another_task_instances_job_is_refused(gke_env):
     assert batch.read_namespaced_job(k8s_job_name(ref), "default").metadata.name == k8s_job_name(ref)
 
 
+@on_storage("gs")  # the cluster's side: a pod's causes, API faults, its log
 def test_a_job_past_its_active_deadline_is_the_same_timeout_as_everywhere(gke_env):
     """Kubernetes enforcing activeDeadlineSeconds gives the task the same AirflowTaskTimeout (type and
     message) as the trigger's own deadline and the local backend do."""
@@ -303,6 +308,7 @@ def _count_to(n: int) -> None:
         print(f"count {i}", flush=True)
 
 
+@on_storage("gs")  # the cluster's side: a pod's causes, API faults, its log
 def test_pod_log_survives_stream_errors_and_a_capped_log_names_kubectl(gke_env):
     """A 403 on the log stream used to end following for good; it is retried now. The cap notice
     names where the whole log is on a cluster (no job.log exists there)."""
@@ -327,6 +333,7 @@ def test_pod_log_survives_stream_errors_and_a_capped_log_names_kubectl(gke_env):
     assert "job.log" not in notice
 
 
+@on_storage("gs")  # the cluster's side: a pod's causes, API faults, its log
 def test_the_accelerator_is_parsed_once_from_preflight_to_the_manifest(gke_env, monkeypatch):
     """The rendered accelerator is parsed by preflight; the job reference carries that spec to the
     backend, which reads it instead of parsing ``job.accelerator`` again. Decoding a stored
