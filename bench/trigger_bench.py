@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import os
 import resource
@@ -190,7 +189,7 @@ def _job_refs(count: int, env: dict[str, str]) -> list[dict]:
         for i in range(count):
             identity = JobIdentity("bench", f"run-{time.time_ns()}", f"watched-{i}")
             ref = op._job_ref(identity, "gke", env["KINETIC_BASE_URI"])
-            refs.append(dataclasses.replace(ref, submitted_at=time.time()).to_dict())  # trigger kwargs' form
+            refs.append(ref.replace(submitted_at=time.time()).to_dict())  # JobRef is frozen; kwargs' form
         return refs
     finally:
         os.environ.clear()
