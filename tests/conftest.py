@@ -12,7 +12,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import module_seconds  # beside this file: pytest puts tests/ on sys.path
 import pytest
 
 TESTS = Path(__file__).resolve().parent
@@ -34,17 +33,6 @@ os.environ["KINETIC_LOCAL_STATE_DIR"] = os.path.join(_HOME, "local-jobs")
 os.environ.pop("KINETIC_BASE_URI", None)
 
 pytest_plugins = ["kinetic_airflow.testing.gcs"]
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Longest modules first (tests/module_seconds.py says why); a module's tests keep their order."""
-    seconds = module_seconds.load()
-    root = config.rootpath
-
-    def weight(item: pytest.Item) -> float:
-        return seconds.get(item.path.relative_to(root).as_posix(), float("inf"))
-
-    items.sort(key=weight, reverse=True)  # stable: within a module, the file's order
 
 
 def airflow_bin() -> str:
