@@ -169,22 +169,21 @@ def pod_status(pod: dict[str, Any]) -> BackendStatus | None:
 def ran_on(pod: dict[str, Any] | None) -> str:
     """The node whose container ran and ended: a job may start and end between two looks.
 
-    A container the kubelet could not start ends with reason ``StartError`` and the zero
-    time as ``startedAt`` (kubelet's ``kuberuntime_container.go``); it never ran.
+    A container the kubelet could not start (``StartError``) ends with the zero time as
+    ``startedAt`` (kubelet's ``kuberuntime_container.go``); it never ran.
     """
     if pod is None:
         return ""
     for cs in _container_states(pod):
-        ended = (cs.get("state") or {}).get("terminated") or {}
-        started = str(ended.get("startedAt") or "")
-        if started and not started.startswith("1970-") and ended.get("reason") != "StartError":
+        started = str(((cs.get("state") or {}).get("terminated") or {}).get("startedAt") or "")
+        if started and not started.startswith("1970-"):
             return pod.get("spec", {}).get("nodeName") or ""
     return ""
 
 
 def classify(job: dict[str, Any] | None, pods: list[dict[str, Any]]) -> BackendStatus:
     status = _classify(job, pods)
-    if status.state in (JobState.SUCCEEDED, JobState.FAILED) and "ran_on" not in status.details:
+    if status.state.terminal:
         node = ran_on(_newest(pods))
         if node:
             return replace(status, details={**status.details, "ran_on": node})
