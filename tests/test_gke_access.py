@@ -142,14 +142,15 @@ def _cluster(**access):
 def test_the_endpoint_the_options_ask_for_is_used_by_the_client(
     service_account_key, gke_api, access, endpoint, mode
 ):
-    from kinetic_airflow.backends.gke.client import _api_client, endpoint_mode, resolve_gke_cluster
+    from kinetic_airflow.backends.gke.client import api_server, endpoint_mode, resolve_gke_cluster
 
     cluster = resolve_gke_cluster(_cluster(**access))
     assert cluster["endpoint"] == endpoint and endpoint_mode(cluster) == mode
-    api = _api_client(json.loads(json.dumps(cluster)))  # what a job reference carries, as JSON
-    assert api.configuration.host == f"https://{endpoint}"
+    server = api_server(json.loads(json.dumps(cluster)))  # what a job reference carries, as JSON
+    assert server.host == f"https://{endpoint}"
     # The DNS endpoint's certificate is publicly trusted (as in the google provider): no cluster CA
-    assert (api.configuration.ssl_ca_cert is None) == (mode == "dns")
+    assert (server.ca_data is None) == (mode == "dns")
+    assert server.ca_file is None
 
 
 def test_a_missing_private_or_dns_endpoint_says_how_to_fix_it(service_account_key, gke_api):
@@ -170,7 +171,7 @@ def test_a_missing_private_or_dns_endpoint_says_how_to_fix_it(service_account_ke
 def test_impersonation_chain_reaches_the_gke_hook_and_the_kubernetes_token(service_account_key, gke_api):
     """Ambient credentials (no Airflow connection) impersonating a chain: the GKE API call and the
     Kubernetes client's bearer token both come from the impersonated service account."""
-    from kinetic_airflow.backends.gke.client import _api_client, resolve_gke_cluster
+    from kinetic_airflow.backends.gke.client import api_server, resolve_gke_cluster
 
     _, seen = service_account_key
     calls, _ = gke_api
@@ -179,8 +180,8 @@ def test_impersonation_chain_reaches_the_gke_hook_and_the_kubernetes_token(servi
     assert calls[0]["identity"] == CHAIN[-1]  # the hook's credentials are the impersonated account
     assert cluster["impersonation_chain"] == CHAIN
     seen.clear()
-    api = _api_client(json.loads(json.dumps(cluster)))  # the triggerer rebuilds it from the reference
-    assert api.configuration.api_key["BearerToken"] == "impersonated-token"
+    server = api_server(json.loads(json.dumps(cluster)))  # the triggerer rebuilds it from the reference
+    assert server.headers()["Authorization"] == "Bearer impersonated-token"
     iam = [r for r in seen if r["path"].startswith("/iam/")]
     assert [r["path"] for r in iam] == [f"/iam/{CHAIN[-1]}:generateAccessToken"]
     assert json.loads(iam[0]["body"])["delegates"] == [CHAIN[0]]
@@ -190,13 +191,13 @@ def test_impersonation_chain_reaches_the_gke_hook_and_the_kubernetes_token(servi
 
 
 def test_without_a_chain_the_token_is_the_connections_own(service_account_key, gke_api):
-    from kinetic_airflow.backends.gke.client import _api_client, resolve_gke_cluster
+    from kinetic_airflow.backends.gke.client import api_server, resolve_gke_cluster
 
     _, seen = service_account_key
     calls, _ = gke_api
     cluster = resolve_gke_cluster(_cluster())
     assert calls[0]["chain"] is None and calls[0]["identity"] == "worker@p.iam.gserviceaccount.com"
-    assert _api_client(cluster).configuration.api_key["BearerToken"] == "source-token"
+    assert api_server(cluster).headers()["Authorization"] == "Bearer source-token"
     assert not [r for r in seen if r["path"].startswith("/iam/")]
 
 

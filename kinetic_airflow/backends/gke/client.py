@@ -30,6 +30,14 @@ import threading
 import time
 from typing import Any
 
+from urllib3.exceptions import HTTPError
+
+from kinetic_airflow.backends.gke.transport import (
+    ApiServer,
+    from_client_configuration,
+    from_google_credentials,
+    from_kubernetes_connection,
+)
 from kinetic_airflow.config import resolve_setting
 from kinetic_airflow.gcp_auth import gcp_conn_for_cluster
 from kinetic_airflow.optional import require_providers
@@ -38,6 +46,7 @@ __all__ = [
     "ApiError",
     "KubeApi",
     "akube_api",
+    "api_server",
     "cached_kube_api",
     "cluster_key",
     "endpoint_mode",
@@ -83,25 +92,45 @@ def cluster_key(cluster: dict[str, Any]) -> str:
     return json.dumps({k: cluster.get(k) for k in _KEY_FIELDS}, sort_keys=True)
 
 
-def _api_client(cluster: dict[str, Any]) -> Any:
+def api_server(cluster: dict[str, Any]) -> ApiServer:
+    """The cluster's API server as the reference's identity reaches it (``transport``: without
+    the Kubernetes client library whenever the connection allows)."""
     require_providers("cncf.kubernetes") if cluster.get("kubernetes_conn_id") else require_providers()
     if cluster.get("kubernetes_conn_id"):
-        # Airflow start-up cost: loaded when called, not when this module is imported.
+        conn_id = cluster["kubernetes_conn_id"]
+        server = from_kubernetes_connection(_connection_extras(conn_id))
+        if server is not None:
+            return server
+        # Start-up cost (the Kubernetes client library, about 3.5 s): only for the connection forms
+        # transport.py leaves to the provider (exec plugins, in-cluster, the default kubeconfig...).
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
-        return KubernetesHook(conn_id=cluster["kubernetes_conn_id"]).get_conn()
+        client = KubernetesHook(conn_id=conn_id).get_conn()
+        return from_client_configuration(client.configuration, built_by="KubernetesHook")
     # Airflow start-up cost: loaded when called, not when this module is imported.
-    from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEKubernetesHook
+    from airflow.providers.google.common.hooks.base_google import GoogleBaseHook
 
     if not cluster.get("endpoint"):
         raise ValueError("a GKE cluster reference needs its endpoint; resolve_gke_cluster() fills it in")
-    return GKEKubernetesHook(
-        cluster_url=f"https://{cluster['endpoint']}",
-        ssl_ca_cert=cluster["ca"],
-        use_dns_endpoint=bool(cluster.get("use_dns_endpoint")),
+    credentials = GoogleBaseHook(
         gcp_conn_id=gcp_conn_for_cluster(cluster.get("gcp_conn_id")),
         impersonation_chain=impersonation_chain_of(cluster.get("impersonation_chain")),
-    ).get_conn()
+    ).get_credentials()
+    # The DNS endpoint's certificate is publicly trusted (as in the google provider): no cluster CA.
+    ca = None if cluster.get("use_dns_endpoint") else cluster["ca"]
+    return from_google_credentials(f"https://{cluster['endpoint']}", ca, credentials)
+
+
+def _connection_extras(conn_id: str) -> dict[str, Any]:
+    """A connection's extras; {} when it cannot be read (the provider's hook then says why)."""
+    # Airflow start-up cost: loaded when called, not when this module is imported.
+    from airflow.sdk import BaseHook
+
+    try:
+        extras = BaseHook.get_connection(conn_id).extra_dejson
+    except Exception:  # not found, or a secrets backend's error: KubernetesHook reports it
+        return {}
+    return extras if isinstance(extras, dict) else {}
 
 
 def impersonation_chain_of(value: Any) -> list[str] | None:
@@ -216,8 +245,8 @@ def resolve_gke_cluster_info(cluster: dict[str, Any]) -> tuple[dict[str, Any], A
 class KubeApi:
     """The backend's Kubernetes calls, with retries for transient errors (429/5xx, resets)."""
 
-    def __init__(self, api_client: Any, retries: int = 5) -> None:
-        self.api_client = api_client
+    def __init__(self, server: ApiServer, retries: int = 5) -> None:
+        self.server = server
         self.retries = retries
 
     def request(
@@ -228,34 +257,27 @@ class KubeApi:
         query: dict[str, Any] | None = None,
         body: Any = None,
         stream: bool = False,
-        timeout: float | tuple[float, float] | None = 30,
+        timeout: float | tuple[float, float | None] | None = 30,
         retry: bool = True,
     ) -> Any:
-        """JSON of the response (or the raw streaming response); 429/5xx/resets are retried."""
-        # Start-up cost: the Kubernetes client loads only when a cluster is used.
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
-
+        """JSON of the response (or the unread streaming response); 429/5xx/resets are retried."""
         attempt = 0
         while True:
             attempt += 1
             try:
-                response = self.api_client.call_api(
-                    path,
-                    method,
-                    query_params=[(k, v) for k, v in (query or {}).items() if v is not None],
-                    header_params={"Accept": "application/json", "Content-Type": "application/json"},
-                    body=body,
-                    auth_settings=["BearerToken"],
-                    _return_http_data_only=True,
-                    _preload_content=False,
-                    _request_timeout=timeout,
-                )
-                return response if stream else json.loads(response.data or b"{}")
-            except ApiException as exc:
-                if not retry or exc.status not in _RETRYABLE or attempt > self.retries:
-                    raise ApiError(exc.status, exc.reason or "", exc.body or "") from None
-                retry_after = (exc.headers or {}).get("Retry-After")
+                response = self.server.request(method, path, query=query, body=body, timeout=timeout)
+                if response.status < 400:
+                    if stream:
+                        return response
+                    try:
+                        return json.loads(response.data or b"{}")
+                    finally:
+                        response.release_conn()
+                body_text = response.data.decode("utf-8", "replace")
+                response.release_conn()
+                if not retry or response.status not in _RETRYABLE or attempt > self.retries:
+                    raise ApiError(response.status, response.reason or "", body_text)
+                retry_after = response.headers.get("Retry-After")
                 delay = float(retry_after) if retry_after else min(0.2 * 2 ** (attempt - 1), 5.0)
             except (HTTPError, ConnectionError) as exc:
                 if not retry or attempt > self.retries:
@@ -317,7 +339,7 @@ def kube_api(cluster: dict[str, Any]) -> KubeApi:
     found = cached_kube_api(cluster)
     if found is not None:
         return found
-    built = KubeApi(_api_client(cluster))  # outside the lock: may block, or yield under greenback
+    built = KubeApi(api_server(cluster))  # outside the lock: may block, or yield under greenback
     with _CLIENTS_LOCK:
         return _CLIENTS.setdefault(cluster_key(cluster), built)
 

@@ -43,7 +43,7 @@ from kinetic_airflow.accelerators import InvalidAcceleratorError, parse_accelera
 from kinetic_airflow.backends.gke.client import (
     ApiError,
     KubeApi,
-    _api_client,
+    api_server,
     endpoint_mode,
     gke_access,
     resolve_gke_cluster_info,
@@ -333,7 +333,7 @@ class _Doctor:
                 self.cluster = ref
             else:
                 self.cluster, self.gke_info = resolve_gke_cluster_info(ref)
-            self.api = KubeApi(_api_client(self.cluster), retries=0)
+            self.api = KubeApi(api_server(self.cluster), retries=0)
         except Exception as exc:
             self.add("cluster", FAIL, f"cannot resolve the cluster: {exc}", self._resolve_fix(exc, mode))
             return False

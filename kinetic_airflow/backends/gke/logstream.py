@@ -32,7 +32,6 @@ import ssl
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 import aiohttp  # imported with the backend, in a worker thread: never first on the event loop
 
@@ -48,26 +47,10 @@ GIVE_UP_SECONDS = 600.0
 IDLE_RECONNECT_SECONDS = 120.0
 
 
-def _ssl_context(configuration: Any) -> ssl.SSLContext | bool:
-    if not configuration.host.startswith("https"):
-        return False
-    context = ssl.create_default_context(cafile=configuration.ssl_ca_cert or None)
-    if configuration.cert_file:
-        context.load_cert_chain(configuration.cert_file, configuration.key_file or None)
-    if not configuration.verify_ssl:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    return context
-
-
 def _target(api: KubeApi, path: str) -> tuple[str, dict[str, str], ssl.SSLContext | bool]:
     """URL, headers (a fresh bearer token: GKE's are short-lived) and TLS settings of the client."""
-    configuration = api.api_client.configuration
-    headers = {"Accept": "text/plain"}
-    for setting in configuration.auth_settings().values():  # may refresh the token (blocking)
-        if setting.get("in") == "header" and setting.get("value"):
-            headers[setting["key"]] = setting["value"]
-    return configuration.host.rstrip("/") + path, headers, _ssl_context(configuration)
+    server = api.server
+    return server.url(path), server.headers(accept="text/plain"), server.ssl_context()
 
 
 def _keepalive(response: aiohttp.ClientResponse) -> None:

@@ -1,0 +1,331 @@
+"""HTTP to a Kubernetes API server without loading the Kubernetes client library.
+
+Why: a task process that submits a GKE job used to build its client with the cncf provider's
+``KubernetesHook`` or the google provider's ``GKEKubernetesHook``. Both load the ``kubernetes``
+package (its ``client`` package imports every API and model class) and ``kubernetes_asyncio``:
+about 3.5 s of CPU in *every* task process, before the first request - most of the time a
+deferred GKE task spent in ``execute`` (measured: README, Benchmarks). The backend never used the
+client's model objects (it asked for raw JSON), only an authenticated connection pool, which is
+what ``ApiServer`` is: an address, TLS settings, a fresh ``Authorization`` header, and one
+urllib3 pool.
+
+Where the credentials come from is unchanged, and so is who decides it:
+
+* GKE (a GCP connection): the connection's credentials as the google provider reads them
+  (``GoogleBaseHook.get_credentials``: key file, ADC, impersonation), a bearer token refreshed
+  when it expires, the cluster CA from the job reference (none for the DNS endpoint, whose
+  certificate is publicly trusted) - what ``GKEClusterConnection`` does;
+* a ``kubernetes_conn_id`` whose kubeconfig (``kube_config_path`` or ``kube_config``) has a user
+  with a static token, a token file or a client certificate, and a cluster with a server and a
+  CA (or ``insecure-skip-tls-verify``): read here, with the kubeconfig rules the Kubernetes
+  client applies (relative paths from the file's folder, ``*-data`` fields base64);
+* anything else - exec plugins (``gke-gcloud-auth-plugin``), auth providers, in-cluster or the
+  default kubeconfig, proxies, several options at once: the cncf provider's ``KubernetesHook``
+  builds its client configuration as before (paying the import), and its address, TLS files
+  and ``Authorization`` header (refreshed by the client's own hook) are used the same way.
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import json
+import os
+import shutil
+import socket
+import ssl
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import urllib3
+import yaml
+
+__all__ = ["ApiServer", "from_client_configuration", "from_google_credentials", "from_kubernetes_connection"]
+
+# What the cncf provider's client sets (``configure_tcp_keepalive``): a dead peer under a long
+# watch is noticed, and a NAT keeps the mapping.
+_KEEPALIVE = [
+    (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+    (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 120),
+    (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 30),
+    (socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 6),
+]
+
+
+@dataclass
+class ApiServer:
+    """One API server as one identity sees it: address, TLS, ``Authorization``, a connection pool."""
+
+    host: str  # scheme://address[:port], no trailing slash
+    authorization: Callable[[], str | None]  # the header's value now (may refresh a token: blocking)
+    ca_file: str | None = None
+    ca_data: str | None = None  # PEM
+    cert_file: str | None = None
+    key_file: str | None = None
+    verify: bool = True
+    tls_server_name: str | None = None
+    proxy: str | None = None
+    built_by: str = "kinetic"  # "kinetic", or the hook whose client configuration it comes from
+    _pool: urllib3.PoolManager | None = field(default=None, repr=False)
+    _pool_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def url(self, path: str, query: dict[str, Any] | None = None) -> str:
+        pairs = [(k, v) for k, v in (query or {}).items() if v is not None]
+        return self.host + path + (("?" + urlencode(pairs)) if pairs else "")
+
+    def headers(self, accept: str = "application/json") -> dict[str, str]:
+        headers = {"Accept": accept}
+        token = self.authorization()
+        if token:
+            headers["Authorization"] = token
+        return headers
+
+    def ssl_context(self) -> ssl.SSLContext | bool:
+        """TLS for this server (False over plain HTTP): what the pool and the aiohttp log streams use."""
+        if not self.host.startswith("https"):
+            return False
+        context = ssl.create_default_context(cafile=self.ca_file or None, cadata=self.ca_data or None)
+        if self.cert_file:
+            context.load_cert_chain(self.cert_file, self.key_file or None)
+        if not self.verify:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        return context
+
+    def pool(self) -> urllib3.PoolManager:
+        with self._pool_lock:
+            if self._pool is None:
+                options: dict[str, Any] = {
+                    "num_pools": 4,
+                    "maxsize": 16,  # the triggerer's threads share one client per cluster
+                    "retries": False,  # KubeApi retries what is worth retrying
+                    "socket_options": urllib3.connection.HTTPConnection.default_socket_options + _KEEPALIVE,
+                }
+                context = self.ssl_context()
+                if context is not False:
+                    options["ssl_context"] = context
+                    if not self.verify:
+                        options.update(cert_reqs=ssl.CERT_NONE, assert_hostname=False)
+                    elif self.tls_server_name:
+                        options["server_hostname"] = self.tls_server_name
+                if self.proxy:
+                    self._pool = urllib3.ProxyManager(self.proxy, **options)
+                else:
+                    self._pool = urllib3.PoolManager(**options)
+            return self._pool
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: dict[str, Any] | None = None,
+        body: Any = None,
+        timeout: float | tuple[float | None, float | None] | None = 30,
+    ) -> urllib3.BaseHTTPResponse:
+        """The unread response (``preload_content=False``), whatever its status."""
+        if isinstance(timeout, tuple):
+            limit = urllib3.Timeout(connect=timeout[0], read=timeout[1])
+        else:
+            limit = urllib3.Timeout(total=timeout)
+        headers = self.headers()
+        data = None
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+            data = json.dumps(body).encode()
+        return self.pool().request(
+            method, self.url(path, query), body=data, headers=headers, timeout=limit, preload_content=False
+        )
+
+
+def _static(value: str | None) -> Callable[[], str | None]:
+    return lambda: value
+
+
+class _GoogleToken:
+    """A bearer token from Google credentials, refreshed when it has expired (as the google
+    provider's ``GKEClusterConnection`` does); one refresh at a time per identity."""
+
+    def __init__(self, credentials: Any) -> None:
+        self.credentials = credentials
+        self.lock = threading.Lock()
+
+    def __call__(self) -> str:
+        with self.lock:  # held across the refresh only: a thread's own blocking call, nothing yields
+            if self.credentials.token is None or self.credentials.expired:
+                # Start-up cost: google-auth's transport loads only when a GKE token is minted.
+                import google.auth.transport.requests
+
+                self.credentials.refresh(google.auth.transport.requests.Request())
+            return f"Bearer {self.credentials.token}"
+
+
+def from_google_credentials(host: str, ca_base64: str | None, credentials: Any) -> ApiServer:
+    """A GKE control plane reached as a Google identity; ``ca_base64`` None: a publicly trusted
+    certificate (the DNS endpoint)."""
+    ca = base64.b64decode(ca_base64).decode() if ca_base64 else None
+    return ApiServer(host=host.rstrip("/"), authorization=_GoogleToken(credentials), ca_data=ca)
+
+
+class _TokenFile:
+    """``tokenFile``: re-read when it changes (a projected service-account token rotates)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.seen: tuple[float, str] | None = None
+
+    def __call__(self) -> str:
+        mtime = os.stat(self.path).st_mtime
+        if self.seen is None or self.seen[0] != mtime:
+            self.seen = (mtime, Path(self.path).read_text().strip())
+        return f"Bearer {self.seen[1]}"
+
+
+_NATIVE_USER_FIELDS = {
+    "token",
+    "tokenFile",
+    "client-certificate",
+    "client-certificate-data",
+    "client-key",
+    "client-key-data",
+}
+_NATIVE_CLUSTER_FIELDS = {
+    "server",
+    "certificate-authority",
+    "certificate-authority-data",
+    "insecure-skip-tls-verify",
+    "extensions",
+}
+
+
+def _named(items: Any, name: str) -> dict[str, Any] | None:
+    for item in items or []:
+        if isinstance(item, dict) and item.get("name") == name:
+            return item
+    return None
+
+
+class _Files:
+    """Where a kubeconfig's client certificate and key data are written: ``ssl`` loads them from
+    files only. A folder private to this process (mode 0700), removed when it exits."""
+
+    folder: str | None = None
+
+    @classmethod
+    def write(cls, data_base64: str, suffix: str) -> str:
+        if cls.folder is None:
+            cls.folder = tempfile.mkdtemp(prefix="kinetic-kube-")
+            atexit.register(shutil.rmtree, cls.folder, True)
+        fd, path = tempfile.mkstemp(dir=cls.folder, suffix=suffix)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(base64.b64decode(data_base64))
+        return path
+
+
+def _file_or_data(section: dict[str, Any], key: str, base: Path | None, suffix: str) -> str | None:
+    """A kubeconfig ``<key>`` (a path, relative to the kubeconfig's folder) or ``<key>-data``."""
+    if section.get(f"{key}-data"):
+        return _Files.write(str(section[f"{key}-data"]), suffix)
+    value = section.get(key)
+    if not value:
+        return None
+    path = Path(str(value)).expanduser()
+    if not path.is_absolute() and base is not None:
+        path = base / path
+    return str(path)
+
+
+def from_kubeconfig(
+    config: dict[str, Any], context_name: str | None, base: Path | None, *, verify: bool = True
+) -> ApiServer | None:
+    """The server and user of ``context_name`` (or the current context) of a kubeconfig, or None
+    when it needs more than this module reads (exec plugins, auth providers, proxies...)."""
+    if not isinstance(config, dict):
+        return None
+    name = context_name or config.get("current-context")
+    context = (_named(config.get("contexts"), str(name)) or {}).get("context") if name else None
+    if not isinstance(context, dict):
+        return None
+    cluster = (_named(config.get("clusters"), str(context.get("cluster"))) or {}).get("cluster")
+    user = (_named(config.get("users"), str(context.get("user"))) or {}).get("user") or {}
+    if not isinstance(cluster, dict) or not isinstance(user, dict) or not cluster.get("server"):
+        return None
+    if set(cluster) - _NATIVE_CLUSTER_FIELDS or set(user) - _NATIVE_USER_FIELDS:
+        return None
+    if user.get("token"):
+        authorization: Callable[[], str | None] = _static(f"Bearer {user['token']}")
+    elif user.get("tokenFile"):
+        token_file = _file_or_data({"f": user["tokenFile"]}, "f", base, "")
+        assert token_file is not None
+        authorization = _TokenFile(token_file)
+    else:
+        authorization = _static(None)
+    ca_data = cluster.get("certificate-authority-data")
+    return ApiServer(
+        host=str(cluster["server"]).rstrip("/"),
+        authorization=authorization,
+        ca_data=base64.b64decode(str(ca_data)).decode() if ca_data else None,
+        ca_file=None if ca_data else _file_or_data(cluster, "certificate-authority", base, ".crt"),
+        cert_file=_file_or_data(user, "client-certificate", base, ".crt"),
+        key_file=_file_or_data(user, "client-key", base, ".key"),
+        verify=verify and not cluster.get("insecure-skip-tls-verify"),
+    )
+
+
+def _extra(extras: dict[str, Any], name: str) -> Any:
+    """A kubernetes connection's extra field, with or without its old ``extra__kubernetes__`` prefix
+    (the cncf provider reads both)."""
+    if name in extras:
+        return extras[name] or None
+    return extras.get(f"extra__kubernetes__{name}") or None
+
+
+def _truthy(value: Any) -> bool:
+    return value is True or str(value).strip().lower() in ("true", "1", "yes")
+
+
+def from_kubernetes_connection(extras: dict[str, Any]) -> ApiServer | None:
+    """A kubernetes connection's server when its kubeconfig is one this module reads; None means
+    "let the cncf provider's KubernetesHook build it" (every other form, and every error)."""
+    path, inline = _extra(extras, "kube_config_path"), _extra(extras, "kube_config")
+    if _extra(extras, "in_cluster") or bool(path) == bool(inline):
+        return None
+    try:
+        if path:
+            source = Path(str(path)).expanduser()
+            config, base = yaml.safe_load(source.read_text()), source.parent
+        else:
+            config = inline if isinstance(inline, dict) else yaml.safe_load(str(inline))
+            base = None
+    except (OSError, yaml.YAMLError):
+        return None  # the hook reports it, in its own words
+    verify = not _truthy(_extra(extras, "disable_verify_ssl"))
+    return from_kubeconfig(config, _extra(extras, "cluster_context"), base, verify=verify)
+
+
+def from_client_configuration(configuration: Any, built_by: str) -> ApiServer:
+    """The server a Kubernetes client ``Configuration`` describes; its ``Authorization`` header is
+    read through the configuration each time, so the client's own token refresh keeps working."""
+
+    def authorization() -> str | None:
+        for setting in configuration.auth_settings().values():  # may refresh the token (blocking)
+            if setting.get("in") == "header" and str(setting.get("key")).lower() == "authorization":
+                return str(setting.get("value") or "") or None
+        return None
+
+    return ApiServer(
+        host=str(configuration.host).rstrip("/"),
+        authorization=authorization,
+        ca_file=configuration.ssl_ca_cert or None,
+        cert_file=configuration.cert_file or None,
+        key_file=configuration.key_file or None,
+        verify=bool(configuration.verify_ssl),
+        tls_server_name=getattr(configuration, "tls_server_name", None) or None,
+        proxy=configuration.proxy or None,
+        built_by=built_by,
+    )
