@@ -207,7 +207,7 @@ def test_gke_without_a_connection_uses_ambient_credentials(
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import rsa
 
-    from kinetic_airflow.backends.gke.client import _api_client, resolve_gke_cluster
+    from kinetic_airflow.backends.gke.client import api_server, resolve_gke_cluster
 
     token_uri, seen = token_endpoint
     ambient = "kinetic_ambient_google"  # kinetic_airflow.gcp_auth.AMBIENT_CONN_ID
@@ -249,9 +249,9 @@ def test_gke_without_a_connection_uses_ambient_credentials(
     assert used == [(ambient, "worker@ambient-project.iam.gserviceaccount.com", "kinetic-cluster", "p")]
     assert cluster["gcp_conn_id"] == ambient  # what the job reference (and the triggerer) gets
     # The worker and the triggerer build their Kubernetes client from that reference
-    api = _api_client(cluster)
-    assert api.configuration.host == "https://203.0.113.7"
-    assert api.configuration.api_key["BearerToken"] == "ambient-token"  # minted from the ambient key
+    server = api_server(cluster)
+    assert server.host == "https://203.0.113.7"
+    assert server.headers()["Authorization"] == "Bearer ambient-token"  # minted from the ambient key
     assert len(seen) == 1 and "assertion=" in seen[0]  # the key's own JWT grant, no Airflow connection
 
 

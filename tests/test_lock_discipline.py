@@ -116,7 +116,7 @@ def emulator(tmp_path_factory):
 
 def _suspending_lookups(monkeypatch: pytest.MonkeyPatch, loop_box: dict) -> list[str]:
     """Make building a cluster client suspend as a supervisor look-up does; returns who called it."""
-    real = gke_client._api_client
+    real = gke_client.api_server
     calls: list[str] = []
 
     def looked_up(cluster):
@@ -129,7 +129,7 @@ def _suspending_lookups(monkeypatch: pytest.MonkeyPatch, loop_box: dict) -> list
             asyncio.run_coroutine_threadsafe(asyncio.sleep(0.2), loop).result(timeout=30)
         return real(cluster)
 
-    monkeypatch.setattr(gke_client, "_api_client", looked_up)
+    monkeypatch.setattr(gke_client, "api_server", looked_up)
     return calls
 
 

@@ -98,26 +98,34 @@ class ApiServer:
         return context
 
     def pool(self) -> urllib3.PoolManager:
+        """One pool per server, built on first use. Built outside the lock (nothing but memory is
+        touched under a lock: ``tests/test_lock_discipline.py``); a pool built twice by two
+        threads at once is dropped before it opened a connection."""
+        if self._pool is not None:
+            return self._pool
+        built = self._new_pool()
         with self._pool_lock:
             if self._pool is None:
-                options: dict[str, Any] = {
-                    "num_pools": 4,
-                    "maxsize": 16,  # the triggerer's threads share one client per cluster
-                    "retries": False,  # KubeApi retries what is worth retrying
-                    "socket_options": urllib3.connection.HTTPConnection.default_socket_options + _KEEPALIVE,
-                }
-                context = self.ssl_context()
-                if context is not False:
-                    options["ssl_context"] = context
-                    if not self.verify:
-                        options.update(cert_reqs=ssl.CERT_NONE, assert_hostname=False)
-                    elif self.tls_server_name:
-                        options["server_hostname"] = self.tls_server_name
-                if self.proxy:
-                    self._pool = urllib3.ProxyManager(self.proxy, **options)
-                else:
-                    self._pool = urllib3.PoolManager(**options)
+                self._pool = built
             return self._pool
+
+    def _new_pool(self) -> urllib3.PoolManager:
+        options: dict[str, Any] = {
+            "num_pools": 4,
+            "maxsize": 16,  # the triggerer's threads share one client per cluster
+            "retries": False,  # KubeApi retries what is worth retrying
+            "socket_options": urllib3.connection.HTTPConnection.default_socket_options + _KEEPALIVE,
+        }
+        context = self.ssl_context()
+        if context is not False:
+            options["ssl_context"] = context
+            if not self.verify:
+                options.update(cert_reqs=ssl.CERT_NONE, assert_hostname=False)
+            elif self.tls_server_name:
+                options["server_hostname"] = self.tls_server_name
+        if self.proxy:
+            return urllib3.ProxyManager(self.proxy, **options)
+        return urllib3.PoolManager(**options)
 
     def request(
         self,
@@ -149,20 +157,19 @@ def _static(value: str | None) -> Callable[[], str | None]:
 
 class _GoogleToken:
     """A bearer token from Google credentials, refreshed when it has expired (as the google
-    provider's ``GKEClusterConnection`` does); one refresh at a time per identity."""
+    provider's ``GKEClusterConnection`` does). No lock: two threads that find it expired at
+    once both refresh it, which costs a token request, never a wrong header."""
 
     def __init__(self, credentials: Any) -> None:
         self.credentials = credentials
-        self.lock = threading.Lock()
 
     def __call__(self) -> str:
-        with self.lock:  # held across the refresh only: a thread's own blocking call, nothing yields
-            if self.credentials.token is None or self.credentials.expired:
-                # Start-up cost: google-auth's transport loads only when a GKE token is minted.
-                import google.auth.transport.requests
+        if self.credentials.token is None or self.credentials.expired:
+            # Start-up cost: google-auth's transport loads only when a GKE token is minted.
+            import google.auth.transport.requests
 
-                self.credentials.refresh(google.auth.transport.requests.Request())
-            return f"Bearer {self.credentials.token}"
+            self.credentials.refresh(google.auth.transport.requests.Request())
+        return f"Bearer {self.credentials.token}"
 
 
 def from_google_credentials(host: str, ca_base64: str | None, credentials: Any) -> ApiServer:
