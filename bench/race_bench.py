@@ -21,7 +21,10 @@ in the worker, never deferred. ``brisk`` is the default guard on a deployment wi
 ``select`` sleeps between looks at its process (Task SDK ``supervisor.py``): measured, it changes
 the deferred jobs' overhead by 0.2-0.5 s at most (README, Benchmarks). A third mode,
 ``fixed``, is the guard as it was before it watched the deferring process
-(``watch_deferring_process=false``: every finished job's event held ``min_deferral_seconds``):
+(``watch_deferring_process=false``: every finished job's event held ``min_deferral_seconds``).
+``--exit-report-delay S`` makes the emulator report a container's exit S seconds late, as a real
+kubelet and Job controller do (a second or two); kinetic delivers a result when the job's output
+closes, so the overhead should not grow with it:
 
     .venv/bin/python bench/race_bench.py --runs 3 --tasks 20 --lengths 0 2 5
     .venv/bin/python bench/race_bench.py --modes fixed guarded --runs 1 --lengths 0 2 5 10 15 30
@@ -107,6 +110,8 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[tuple[str, float], dic
         env["AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL"] = "1"
     results: dict[tuple[str, float], dict] = {}
     with PostgresServer() as pg, EmulatorProcess(root / "emulator") as emulator:
+        if args.exit_report_delay:
+            emulator.admin.delay_exit_reports(args.exit_report_delay)
         env = {**emulator.airflow_env(), **env, "KINETIC_BACKEND": "local"}
         services = AirflowServices(
             root / "airflow",
@@ -173,6 +178,13 @@ def main() -> None:
         "--poll", type=float, default=2.0, help="kinetic poll_interval (default: kinetic's 2 s)"
     )
     parser.add_argument("--modes", nargs="+", default=["unguarded", "guarded"])
+    parser.add_argument(
+        "--exit-report-delay",
+        type=float,
+        default=0.0,
+        help="the emulator reports a container's exit this much later, as a real node and Job "
+        "controller do (a second or two); default 0",
+    )
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
 

@@ -296,6 +296,7 @@ class JobWatcher:
         self.emit_progress = emit_progress or self.emit_log
         self.progress = ProgressTracker(job, self.emit_progress, self._write_progress)
         self.stale_told = False
+        self.output_end_looked = False  # the summary was read once the job's output closed
 
     async def _write_progress(self, text: str) -> None:
         await self.storage.awrite_text(self.layout.status(PROGRESS_NAME), text)
@@ -603,7 +604,7 @@ class JobWatcher:
             status = await self.backend.astatus(self.job)
             if not (self.stale_told and status.state is JobState.RUNNING):  # stale, not back
                 await self.progress.observe(status)
-            event = await self._settle(status)
+            event = await self._settle(status) or await self._settle_on_output_end()
             if event is not None:
                 await self.backend.arelease(self.job)
                 await self.progress.tell(final_progress(event))
@@ -735,6 +736,27 @@ class JobWatcher:
                     hint="",
                 )
         return None
+
+    async def _settle_on_output_end(self) -> dict[str, Any] | None:
+        """The result event as soon as a one-host job's output has closed with its result stored.
+
+        The runner writes the result summary last, after the result itself, so a summary is the
+        job's outcome: the backend's word that the process ended (on GKE the kubelet's status
+        update, then the Job controller's batched sync: a second or more) adds only latency.
+        Read once, when the output first closes; without a summary then (the process died, or
+        the log stream was cut) the job's end is awaited as before. Multi-host jobs end host by host
+        (``_settle_group``).
+        """
+        if self.hosts != 1 or self.output_end_looked or not self.backend.output_ended(self.job):
+            return None
+        self.output_end_looked = True
+        summary = await self._summary()
+        if summary is None:
+            return None
+        await self._pump_logs()  # the stream has ended: every line it had is in memory
+        await self._save_cursor(final=True)
+        self._flush_held()
+        return self._result_event(summary)
 
     async def _settle_group(self, status: BackendStatus) -> dict[str, Any]:
         """All hosts ended, or some failed: every failing host's own record decides the event.

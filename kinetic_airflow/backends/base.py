@@ -86,6 +86,13 @@ class Backend:
     async def alog_complete(self, job: JobRef) -> bool:
         return await asyncio.to_thread(self.log_complete, job)
 
+    def output_ended(self, job: JobRef) -> bool:
+        """Whether the job's (single) process has closed its output while the backend may not yet
+        say that it ended. Where this can be told (a pod's followed log ends when the container
+        exits; its Job is complete only after the kubelet and the Job controller have synced,
+        a second or more on a real cluster), the watcher reads the result summary at once."""
+        return False
+
     async def await_change(self, job: JobRef, timeout: float) -> None:
         """Return when the job may have changed (ended, been deleted), or after ``timeout``.
 

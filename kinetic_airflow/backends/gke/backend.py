@@ -388,6 +388,10 @@ class GKEBackend(Backend):
         stream = await self._stream(job)
         return stream is not None and stream.done.is_set()
 
+    def output_ended(self, job: JobRef) -> bool:
+        stream = self._streams.get(self.object_name(job))
+        return stream is not None and stream.ended
+
     async def aread_log(self, job: JobRef, offset: int) -> tuple[str, int]:
         """Offset counts lines: a rebuilt trigger skips what an earlier one already showed."""
         stream = await self._stream(job)

@@ -100,6 +100,7 @@ class PodLogStream:
         self._held: deque[str] = deque()  # lines [received - len(_held), received)
         self._floor = 0  # lines below this number are consumed: never held
         self.done = asyncio.Event()
+        self.ended = False  # a stream reached the end of the log (not an error) at least once
         # Set when lines arrive or the stream ends: what wakes a watcher instead of a timer.
         self.listeners: set[asyncio.Event] = set()
         self._task: asyncio.Task[None] | None = None
@@ -182,6 +183,10 @@ class PodLogStream:
                                     self._wake()
                             if buffer:
                                 self._accept(buffer)
+                        # The kubelet ends a followed log when the container's output has closed:
+                        # usually its process has exited, a moment before the pod's status says so.
+                        self.ended = True
+                        self._wake()
                         if self.previous or self.still_running is None or not self.still_running():
                             return
                         # The stream ended while the container runs: a timeout on the way, not the

@@ -173,6 +173,9 @@ class PathwaysBackend(GKEBackend):
         streams = await self._streams_of(job)
         return bool(streams) and all(stream.done.is_set() for stream in streams.values())
 
+    def output_ended(self, job: JobRef) -> bool:
+        return False  # hosts end one by one: the group's status decides (JobWatcher._settle_group)
+
     def full_log_hint(self, job: JobRef) -> str:
         name = self.object_name(job)
         command = f"kubectl logs -n {job.on_cluster().namespace} -l job-name={name} --prefix --previous"

@@ -462,6 +462,15 @@ class ClusterEmulator:
             faults.scale_up_until = time.monotonic() + seconds if seconds > 0 else 0.0
         self._call(self.cluster.scheduling_changed)
 
+    def delay_exit_reports(self, seconds: float) -> None:
+        """A container's exit reaches its pod's status ``seconds`` after its process ended (its
+        followed log ends at once), as on a real node where the kubelet relists containers once
+        a second and the Job controller batches pod updates for a second (``faults.py``). 0
+        (the default) reports exits at once."""
+        faults = self.cluster.faults
+        with faults.lock:
+            faults.exit_report_delay = max(0.0, float(seconds))
+
     def inject_api_fault(
         self,
         method: str = "*",
@@ -582,6 +591,10 @@ class EmulatorAdminClient:
     def delay_scheduling(self, seconds: float) -> None:
         """``POST /_emulator/faults/scheduling-delay``."""
         self._request("POST", "faults/scheduling-delay", {"seconds": seconds})
+
+    def delay_exit_reports(self, seconds: float) -> None:
+        """``POST /_emulator/faults/exit-report-delay``."""
+        self._request("POST", "faults/exit-report-delay", {"seconds": seconds})
 
     def inject_api_fault(
         self,

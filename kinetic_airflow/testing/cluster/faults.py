@@ -155,6 +155,13 @@ class FaultState:
     image_pull_transient: list[list[object]] = field(default_factory=list)
     # (verb, resource plural or None for every resource) the client's identity may not use.
     denied_verbs: list[tuple[str, str | None]] = field(default_factory=list)
+    # Seconds between a container's exit (its output closed: a followed log ends) and its pod
+    # status saying so. 0 by default, for fast tests; on a real node a second or more: the
+    # kubelet's generic PLEG notices an exit when it relists containers, once a second
+    # (kubernetes pkg/kubelet/kubelet.go, genericPlegRelistPeriod), and the Job controller syncs a
+    # Job after its pod's update with a batch delay of one second (pkg/controller/job/
+    # job_controller.go, syncJobBatchPeriod, enqueueSyncJobBatched).
+    exit_report_delay: float = 0.0
 
     def take_api_fault(self, method: str, path: str) -> ApiFault | None:
         """Consume one matching API fault (decrementing its count)."""
@@ -214,3 +221,4 @@ class FaultState:
             self.watch_drop = None
             self.image_pull_transient.clear()
             self.denied_verbs.clear()
+            self.exit_report_delay = 0.0

@@ -694,6 +694,9 @@ class PodRuntime:
                 self.event("Normal", "Started", f"Started container {state.name}")
                 self._publish()
                 exit_code = await self._wait_exit(run)
+                lag = self.cluster.faults.exit_report_delay  # the exit reaches the status late
+                if lag > 0 and not self.killing:
+                    await self._sleep_or_kill(lag)
                 state.exit_code = exit_code
                 if run.oom:
                     reason = "OOMKilled"

@@ -929,6 +929,10 @@ class ApiServer:
             with faults.lock:
                 faults.denied_verbs.append((str(body.get("verb") or "watch"), body.get("resource")))
             return _json({"status": "ok"})
+        if route == "faults/exit-report-delay" and method == "POST":
+            with faults.lock:
+                faults.exit_report_delay = max(0.0, float(body.get("seconds", 0)))
+            return _json({"status": "ok"})
         if route == "faults/scheduling-delay" and method == "POST":
             seconds = float(body.get("seconds", 0))
             with faults.lock:
