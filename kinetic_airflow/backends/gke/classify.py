@@ -166,18 +166,22 @@ def pod_status(pod: dict[str, Any]) -> BackendStatus | None:
     return None
 
 
-def ran_on(pod: dict[str, Any] | None) -> str:
-    """The node whose container ran and ended: a job may start and end between two looks.
+def ran_and_ended(container_status: dict[str, Any]) -> bool:
+    """Whether a container ran and has ended: it may start and end between two looks.
 
     A container the kubelet could not start (``StartError``) ends with the zero time as
     ``startedAt`` (kubelet's ``kuberuntime_container.go``); it never ran.
     """
+    started = str(((container_status.get("state") or {}).get("terminated") or {}).get("startedAt") or "")
+    return bool(started) and not started.startswith("1970-")
+
+
+def ran_on(pod: dict[str, Any] | None) -> str:
+    """The node whose container ran and ended (``ran_and_ended``)."""
     if pod is None:
         return ""
-    for cs in _container_states(pod):
-        started = str(((cs.get("state") or {}).get("terminated") or {}).get("startedAt") or "")
-        if started and not started.startswith("1970-"):
-            return pod.get("spec", {}).get("nodeName") or ""
+    if any(ran_and_ended(cs) for cs in _container_states(pod)):
+        return pod.get("spec", {}).get("nodeName") or ""
     return ""
 
 

@@ -28,19 +28,14 @@ import asyncio
 import json
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from urllib3.exceptions import HTTPError
-
-from kinetic_airflow.backends.gke.transport import (
-    ApiServer,
-    from_client_configuration,
-    from_google_credentials,
-    from_kubernetes_connection,
-)
 from kinetic_airflow.config import resolve_setting
 from kinetic_airflow.gcp_auth import gcp_conn_for_cluster
 from kinetic_airflow.optional import require_providers
+
+if TYPE_CHECKING:
+    from kinetic_airflow.backends.gke.transport import ApiServer
 
 __all__ = [
     "ApiError",
@@ -96,6 +91,14 @@ def api_server(cluster: dict[str, Any]) -> ApiServer:
     """The cluster's API server as the reference's identity reaches it (``transport``: without
     the Kubernetes client library whenever the connection allows)."""
     require_providers("cncf.kubernetes") if cluster.get("kubernetes_conn_id") else require_providers()
+    # Optional dependency: urllib3 and PyYAML come with Airflow and its providers, not with the bare
+    # package that `kinetic-airflow image` runs from (its CLI imports this module).
+    from kinetic_airflow.backends.gke.transport import (
+        from_client_configuration,
+        from_google_credentials,
+        from_kubernetes_connection,
+    )
+
     if cluster.get("kubernetes_conn_id"):
         conn_id = cluster["kubernetes_conn_id"]
         server = from_kubernetes_connection(_connection_extras(conn_id))
@@ -261,6 +264,9 @@ class KubeApi:
         retry: bool = True,
     ) -> Any:
         """JSON of the response (or the unread streaming response); 429/5xx/resets are retried."""
+        # Optional dependency: urllib3 comes with Airflow, not with the bare package (api_server).
+        from urllib3.exceptions import HTTPError
+
         attempt = 0
         while True:
             attempt += 1

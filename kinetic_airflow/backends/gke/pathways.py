@@ -15,6 +15,7 @@ from typing import Any
 
 from kinetic_airflow.backends.base import BackendStatus, JobRef
 from kinetic_airflow.backends.gke.backend import GKEBackend, container_running
+from kinetic_airflow.backends.gke.classify import ran_and_ended
 from kinetic_airflow.backends.gke.client import ApiError, KubeApi, cluster_key
 from kinetic_airflow.backends.gke.group_status import HostMemory, classify_group, host_index
 from kinetic_airflow.backends.gke.logstream import PodLogStream
@@ -130,7 +131,10 @@ class PathwaysBackend(GKEBackend):
             if host < 0 or host in streams:
                 continue
             statuses = (pod.get("status") or {}).get("containerStatuses") or []
-            started = any((cs.get("state") or {}).get("running") or cs.get("lastState") for cs in statuses)
+            started = any(
+                (cs.get("state") or {}).get("running") or cs.get("lastState") or ran_and_ended(cs)
+                for cs in statuses
+            )
             if not started:
                 continue
             restarted = any(int(cs.get("restartCount") or 0) > 0 for cs in statuses)

@@ -176,7 +176,9 @@ def from_google_credentials(host: str, ca_base64: str | None, credentials: Any) 
     """A GKE control plane reached as a Google identity; ``ca_base64`` None: a publicly trusted
     certificate (the DNS endpoint)."""
     ca = base64.b64decode(ca_base64).decode() if ca_base64 else None
-    return ApiServer(host=host.rstrip("/"), authorization=_GoogleToken(credentials), ca_data=ca)
+    token = _GoogleToken(credentials)
+    token()  # minted now, in the thread that builds the client: its first users find it valid
+    return ApiServer(host=host.rstrip("/"), authorization=token, ca_data=ca)
 
 
 class _TokenFile:
