@@ -12,17 +12,24 @@ So here twenty GKE Jobs and twenty two-host LeaderWorkerSets (forty pods) run at
 every job printing a line a second, until all forty tasks are deferred; then the test
 lets them finish. The emulator's connection is kept in the metadata DB (created over
 REST), so each trigger's client look-up goes through the supervisor as on a real
-deployment. Airflow's blocked-loop warning threshold is lowered to 0.5 s: the test
-fails on any such warning, on the watchdog's deadlock line, and on any task that does
-not succeed with its own value.
+deployment. The test fails on the watchdog's deadlock line, on any callback of the
+triggers' loop that runs for more than 0.5 s (asyncio's debug mode names each one: a lock
+or a synchronous call on the loop), on Airflow's blocked-loop warning past 2 s, and on any
+task that does not succeed with its own value.
 
 The triggerer runs at a higher scheduling priority (``nice -20``) than the rest. On two
 cores shared with sixty pod processes, the emulator and eight task processes starting at
 once, a process that gets no CPU for half a second looks like a blocked loop to Airflow's
-watchdog (it measures how late a 0.1 s sleep wakes). The priority makes the warning
-measure what the triggerer's loop does, not how the machine shares its cores; a lock or
-a synchronous call on the loop still trips it (the old code deadlocked here within a
-minute, and the watchdog line fails the test).
+watchdog (it measures how late a 0.1 s sleep wakes). The priority is not enough when the
+forty jobs end at once beside another test module: each trigger's last steps then ran for
+0.1-0.18 s (the process's own threads contend for the GIL) and their sum showed as a
+0.55-0.93 s "blocked" loop, with or without kinetic's early result delivery, on a machine
+with three busy loops and a disk writer beside it (no single callback was slow). So a
+blocking call is told by the one callback that runs long, which load does not make:
+``PYTHONASYNCIODEBUG=1`` in the triggerer, and asyncio's "Executing ... took N seconds"
+lines (from 0.1 s) of the trigger runner's loop. Airflow's aggregate warning stays as a
+backstop for a stall of 2 s or more (the old code deadlocked here within a minute, and the
+watchdog line fails the test).
 """
 
 from __future__ import annotations
@@ -42,9 +49,13 @@ from components.stack import ComponentStack, started
 DAG_FILE = Path(__file__).resolve().parent / "concurrency_dags" / "kn_concurrency.py"
 DAG_IDS = ("kn_concurrent_gke", "kn_concurrent_pathways")
 WIDTH = 20
-BLOCKED_THRESHOLD = 0.5
+BLOCKED_THRESHOLD = 2.0  # Airflow's aggregate lag: a backstop (see the module docstring)
+SLOW_CALLBACK_SECONDS = 0.5  # one callback of the triggers' loop: a blocking call
 DEADLOCK_LINE = "event loop appears deadlocked"
 BLOCKED_LINE = re.compile(r"async thread was blocked for ([0-9.]+) seconds")
+# asyncio's debug-mode line, forwarded from the trigger runner (the supervisor's own loop, which
+# serves the in-process execution API, logs from base_events.py and is not the triggers' loop)
+SLOW_CALLBACK_LINE = re.compile(r"Executing <.*> took ([0-9.]+) seconds.*loc=triggerer_job_runner\.py")
 
 pytestmark = pytest.mark.timeout(1200)
 
@@ -68,6 +79,7 @@ class Stack(ComponentStack):
             {
                 "KINETIC_BASE_URI": f"file://{self.kinetic_root}",
                 "AIRFLOW__TRIGGERER__BLOCKED_MAIN_THREAD_WARNING_THRESHOLD": str(BLOCKED_THRESHOLD),
+                "PYTHONASYNCIODEBUG": "1",  # names every callback that runs for 0.1 s or more
             }
         )
         self.airflow = AirflowServices(
@@ -114,10 +126,13 @@ def _triggerer_log(stack: Stack) -> str:
 
 
 def _loop_problems(stack: Stack) -> list[str]:
-    """The triggerer's watchdog line and every blocked-loop warning (the threshold is 0.5 s)."""
+    """The watchdog's deadlock line, a blocked-loop warning (past 2 s), a trigger callback past 0.5 s."""
     problems = []
     for line in _triggerer_log(stack).splitlines():
+        slow = SLOW_CALLBACK_LINE.search(line)
         if DEADLOCK_LINE in line or BLOCKED_LINE.search(line):
+            problems.append(line.strip())
+        elif slow and float(slow.group(1)) > SLOW_CALLBACK_SECONDS:
             problems.append(line.strip())
     return problems
 
