@@ -489,6 +489,10 @@ class JobWatcher:
         while not await self.backend.alog_complete(self.job) and time.monotonic() < end:
             await self._pump_logs()
             await asyncio.sleep(0.1)
+        await self._show_the_rest()
+
+    async def _show_the_rest(self) -> None:
+        """The log's last lines (and a capped log's held end), with the final cursor."""
         await self._pump_logs()
         await self._save_cursor(final=True)
         self._flush_held()
@@ -753,9 +757,7 @@ class JobWatcher:
         summary = await self._summary()
         if summary is None:
             return None
-        await self._pump_logs()  # the stream has ended: every line it had is in memory
-        await self._save_cursor(final=True)
-        self._flush_held()
+        await self._show_the_rest()  # the stream has ended: every line it had is in memory
         return self._result_event(summary)
 
     async def _settle_group(self, status: BackendStatus) -> dict[str, Any]:

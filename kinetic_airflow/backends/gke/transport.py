@@ -71,6 +71,7 @@ class ApiServer:
     tls_server_name: str | None = None
     proxy: str | None = None
     built_by: str = "kinetic"  # "kinetic", or the hook whose client configuration it comes from
+    _tls: ssl.SSLContext | bool | None = field(default=None, repr=False)
     _pool: urllib3.PoolManager | None = field(default=None, repr=False)
     _pool_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -86,7 +87,15 @@ class ApiServer:
         return headers
 
     def ssl_context(self) -> ssl.SSLContext | bool:
-        """TLS for this server (False over plain HTTP): what the pool and the aiohttp log streams use."""
+        """TLS for this server (False over plain HTTP): what the pool and the aiohttp log streams use.
+
+        Made once (loading the CAs is the costly part) and shared: a context only configures the
+        connections wrapped with it. Two threads making it at once both succeed; one is kept."""
+        if self._tls is None:
+            self._tls = self._new_ssl_context()
+        return self._tls
+
+    def _new_ssl_context(self) -> ssl.SSLContext | bool:
         if not self.host.startswith("https"):
             return False
         context = ssl.create_default_context(cafile=self.ca_file or None, cadata=self.ca_data or None)
@@ -236,17 +245,17 @@ class _Files:
         return path
 
 
+def _path(value: Any, base: Path | None) -> str:
+    """A path in a kubeconfig: a relative one is read from the kubeconfig's folder."""
+    path = Path(str(value)).expanduser()
+    return str(base / path if not path.is_absolute() and base is not None else path)
+
+
 def _file_or_data(section: dict[str, Any], key: str, base: Path | None, suffix: str) -> str | None:
-    """A kubeconfig ``<key>`` (a path, relative to the kubeconfig's folder) or ``<key>-data``."""
+    """A kubeconfig ``<key>`` (a path) or ``<key>-data`` (base64, written to a private file)."""
     if section.get(f"{key}-data"):
         return _Files.write(str(section[f"{key}-data"]), suffix)
-    value = section.get(key)
-    if not value:
-        return None
-    path = Path(str(value)).expanduser()
-    if not path.is_absolute() and base is not None:
-        path = base / path
-    return str(path)
+    return _path(section[key], base) if section.get(key) else None
 
 
 def from_kubeconfig(
@@ -269,9 +278,7 @@ def from_kubeconfig(
     if user.get("token"):
         authorization: Callable[[], str | None] = _static(f"Bearer {user['token']}")
     elif user.get("tokenFile"):
-        token_file = _file_or_data({"f": user["tokenFile"]}, "f", base, "")
-        assert token_file is not None
-        authorization = _TokenFile(token_file)
+        authorization = _TokenFile(_path(user["tokenFile"], base))
     else:
         authorization = _static(None)
     ca_data = cluster.get("certificate-authority-data")
