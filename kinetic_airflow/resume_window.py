@@ -133,8 +133,9 @@ class DeferringProcess:
 class ResumeWindow:
     """Watches, from the trigger's start, for the window to close; holds the event until then.
 
-    Started when the trigger starts (usually a second after the deferral), so the reaping is
-    seen as it happens, typically while the job still runs: a job that ends later pays nothing.
+    Started when the trigger starts (usually a second after the deferral), so the reaping and,
+    under LocalExecutor, the scheduler's read are seen as they happen, typically while the job
+    still runs: a job that ends later pays nothing.
     ``not_before`` (deferral time + ``min_deferral_seconds``) is the bound used when the
     deferring process cannot be observed.
     """
@@ -153,6 +154,8 @@ class ResumeWindow:
         self._proc = proc
         self._reaped_at: float | None = None  # monotonic, when first seen reaped
         self._watch: asyncio.Task[None] | None = None
+        self._read_watch: asyncio.Task[None] | None = None
+        self._read_seen = False  # the scheduler has read the deferring process's exit event
         self._gave_up = False
         self.state = deferred_by.state(proc) if deferred_by is not None else ProcessState.UNOBSERVABLE
         if self.state is ProcessState.REAPED:
@@ -176,13 +179,17 @@ class ResumeWindow:
         return f"the task resumes once the process that deferred it (pid {pid}) has exited"
 
     def start(self) -> None:
-        """Begin watching for the reaping (on the running loop); a no-op when nothing to watch."""
+        """Begin watching (on the running loop) for the reaping and, under LocalExecutor, for the
+        scheduler's read; a no-op when there is nothing to watch."""
         if self.state is ProcessState.ALIVE and self._watch is None:
             self._watch = asyncio.get_running_loop().create_task(self._watch_reaping())
+        elif self.state is ProcessState.REAPED:
+            self._start_read_watch()
 
     def stop(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
+        for task in (self._watch, self._read_watch):
+            if task is not None:
+                task.cancel()
 
     async def _watch_reaping(self) -> None:
         assert self._process is not None
@@ -193,6 +200,29 @@ class ResumeWindow:
                 break
             await asyncio.sleep(_REAP_POLL_SECONDS)
         self._reaped_at = time.monotonic()
+        if not self._gave_up:
+            self._start_read_watch()
+
+    def _start_read_watch(self) -> None:
+        worker = self._process.worker if self._process is not None else None
+        if worker is not None and self._read_watch is None:
+            self._read_watch = asyncio.get_running_loop().create_task(self._watch_read(worker))
+
+    async def _watch_read(self, worker: LocalExecutorWorker) -> None:
+        """Note the scheduler's read while the job still runs, so a job ending later resumes at
+        once. Read then, not only at the job's end: by then the worker may supervise another task
+        whose event sits unread in the same pipe, which nothing tells from this one's, and the
+        hold would wait a scheduler loop for nothing. Once seen, a read stays true."""
+        bound = self._not_before if self._not_before is not None else time.time() + _UNSEEN_READ_SECONDS
+        while time.time() < bound:
+            if worker.posted(self._proc):
+                unread = worker.unread_events(self._proc)
+                if unread is None:
+                    return
+                if unread == 0:
+                    self._read_seen = True
+                    return
+            await asyncio.sleep(_REAP_POLL_SECONDS)
 
     async def wait(self, log: Callable[[str], None], job_id: str) -> None:
         """Return once the task can resume safely (see the module docstring)."""
@@ -224,6 +254,8 @@ class ResumeWindow:
             )
             return
         assert self._reaped_at is not None
+        if self._read_seen:
+            return
         if self._process is not None and self._process.worker is not None:
             if await self._scheduler_read(self._process.worker, log, job_id):
                 return

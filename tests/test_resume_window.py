@@ -253,3 +253,27 @@ def test_a_worker_that_never_posts_is_waited_for_only_until_the_fixed_bound() ->
         asyncio.run(ResumeWindow(identity, not_before=started + 1.5, margin=0.0).wait(lines.append, "j"))
         assert time.time() >= started + 1.5
         assert any("by the fixed bound" in line for line in lines), lines
+
+
+def test_a_read_seen_while_the_job_ran_costs_nothing_when_the_worker_has_moved_on() -> None:
+    """The scheduler's read is watched from the trigger's start. By the job's end the worker may
+    supervise another task whose event sits unread in the same pipe; the read seen earlier
+    still counts, so the job resumes at once instead of waiting for that other event's read."""
+    with _miniature_local_executor() as (_worker, results, control, identity):
+        window = ResumeWindow(identity, not_before=time.time() + 60, margin=0.0)
+
+        async def scenario() -> float:
+            window.start()
+            control.put("post")
+            while not identity.worker.posted():
+                await asyncio.sleep(0.02)
+            assert results.get() == ("key", "success")  # the scheduler reads the deferring exit
+            await asyncio.sleep(1.0)  # the job runs on; the window sees the read
+            results.put(("another task", "success"))  # the worker's next task ends, unread
+            assert identity.worker.unread_events() > 0
+            ended = time.monotonic()
+            await window.wait(print, "j")
+            window.stop()
+            return time.monotonic() - ended
+
+        assert asyncio.run(scenario()) < 0.2
