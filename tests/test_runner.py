@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -206,3 +207,25 @@ def test_worker_refuses_an_envelope_of_another_format(tmp_path):
     assert f"this worker (kinetic-airflow {__version__}) reads format {FORMAT_VERSION}" in str(caught.value)
     summary = stored({**envelope, "fingerprint": {"format": FORMAT_VERSION}})
     assert load_verified_envelope(storage, uri, summary, key, 0)[0]["value"] == 1
+
+
+def test_a_replacement_pod_of_a_multihost_attempt_refuses_to_run_it_again(tmp_path):
+    """Host 1's first pod ran the function; the pod that replaced it (another pod uid) ends at
+    once with RERUN_REFUSED_EXIT, which its pod's status keeps, instead of waiting silently
+    until a stale heartbeat gives the host up (group_status turns the code into a lost host)."""
+    from kinetic_airflow.job.envelope import RERUN_REFUSED_EXIT
+
+    layout = make_job(f"file://{tmp_path}", _hello, ("x",))
+    storage = open_storage(layout.job_uri)
+    storage.write_text(layout.status("started", 1), json.dumps({"time": 1.0, "pod_uid": "first-pod"}))
+    env = {
+        **os.environ,
+        "KINETIC_NUM_HOSTS": "4",
+        "KINETIC_HOST_INDEX": "1",
+        "KINETIC_POD_UID": "replacement-pod",
+    }
+    proc, summary = run_runner(layout, env=env, timeout=60)
+    assert proc.returncode == RERUN_REFUSED_EXIT, proc.stderr
+    assert "already ran this attempt's function in an earlier pod" in proc.stderr, proc.stderr
+    assert "kinetic starts the next attempt" in proc.stderr, proc.stderr
+    assert summary is None  # the function did not run

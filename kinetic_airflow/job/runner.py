@@ -588,14 +588,28 @@ def _refuse_rerun(runner: JobRunner, earlier: dict[str, Any]) -> int:
     return RERUN_REFUSED_EXIT
 
 
-def _wait_to_be_stopped(runner: JobRunner, earlier: dict[str, Any]) -> int:
+def _stop_rerun_on_a_host(runner: JobRunner, earlier: dict[str, Any]) -> int:
+    """A multi-host runner that finds its host's function already run in this attempt.
+
+    Restarted in the same pod (its container ended; ``restartPolicy: Always``): wait to be
+    stopped, so the pod's ``lastState`` keeps the first run's exit, which decides the attempt.
+    In a replacement pod (the first was preempted or deleted, and the StatefulSet recreated it
+    under the same name): end with ``RERUN_REFUSED_EXIT``, which the pod's status keeps, so any
+    watcher learns the host was lost at once, also one that never saw the first pod's uid (a
+    trigger started after the replacement) and would otherwise wait for a stale heartbeat.
+    """
     same_pod = earlier.get("pod_uid") and earlier.get("pod_uid") == os.environ.get("KINETIC_POD_UID")
-    log(
-        f"host {runner.host} already ran this attempt's function "
-        + ("in this pod" if same_pod else "in an earlier pod (this one replaced it)")
-        + "; not running it again. Waiting for the attempt's LeaderWorkerSet to be deleted."
-    )
     shutil.rmtree(runner.workdir, ignore_errors=True)
+    if not same_pod:
+        log(
+            f"host {runner.host} already ran this attempt's function in an earlier pod (this one "
+            "replaced it); not running it again: the host was lost, kinetic starts the next attempt."
+        )
+        return RERUN_REFUSED_EXIT
+    log(
+        f"host {runner.host} already ran this attempt's function in this pod; not running it again. "
+        "Waiting for the attempt's LeaderWorkerSet to be deleted."
+    )
     while True:
         signal.pause()
 
@@ -607,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
     earlier = _already_ran(runner)
     if earlier is not None:
         if int(os.environ.get("KINETIC_NUM_HOSTS") or 1) > 1:
-            return _wait_to_be_stopped(runner, earlier)
+            return _stop_rerun_on_a_host(runner, earlier)
         return _refuse_rerun(runner, earlier)
     _install_sigterm_marker(runner)
     code = runner.run()

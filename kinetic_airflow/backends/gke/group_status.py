@@ -16,6 +16,7 @@ from typing import Any
 from kinetic_airflow.backends.base import BackendStatus, JobState
 from kinetic_airflow.backends.gke.classify import IMAGE_PULL_REASONS, pod_status
 from kinetic_airflow.backends.gke.lws_manifest import WORKER_INDEX_LABEL
+from kinetic_airflow.job.envelope import RERUN_REFUSED_EXIT
 
 __all__ = ["HostMemory", "classify_group", "host_index"]
 
@@ -42,7 +43,8 @@ class HostMemory:
 
     The LWS controller recreates a deleted pod under the same name, so only its uid tells
     a replacement from the original. Kept per watcher; a watcher started after the
-    replacement learns it from the host's stale heartbeat instead.
+    replacement learns it from the replacement's runner, which ends with
+    ``RERUN_REFUSED_EXIT`` (``classify_group``).
     """
 
     def __init__(self) -> None:
@@ -87,7 +89,13 @@ def classify_group(
     for host, status in decisive.items():
         if status is not None and status.reason == "Preempted":
             return _about(status, host, name_host)
+    ended = {host: _ended(pod) for host, pod in by_host.items()}
+    # A replacement pod's runner refuses to run its host's function twice (RERUN_REFUSED_EXIT):
+    # the host was lost, whether or not this watcher saw the pod it replaced.
+    refused = [host for host, (done, code, _) in sorted(ended.items()) if done and code == RERUN_REFUSED_EXIT]
     lost = memory.lost_host(by_host)
+    if lost is None and refused:
+        lost = (refused[0], "its pod was deleted and recreated, and the new pod found the attempt run there")
     if lost is not None:
         return BackendStatus(
             JobState.FAILED,
@@ -95,7 +103,6 @@ def classify_group(
             message=f"{name_host(lost[0])} was lost: {lost[1]} (preemption, maintenance or node loss)",
             details={"preempted": True, "host": lost[0]},
         )
-    ended = {host: _ended(pod) for host, pod in by_host.items()}
     for host, (done, code, reason) in sorted(ended.items()):
         if done and reason == "OOMKilled":
             return BackendStatus(
