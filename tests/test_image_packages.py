@@ -70,8 +70,15 @@ def test_the_image_package_set_resolves(kind, python, tmp_path):
     for name in {"cloudpickle", "google-cloud-storage", "jax", "jaxlib", "keras"} | RUNTIME[kind]:
         assert name in pins, f"the {kind} image for Python {python} would lack {name}: {sorted(pins)}"
     assert pins["jax"] == pins["jaxlib"], f"jax {pins['jax']} beside jaxlib {pins['jaxlib']}"
-    if kind != "cpu":  # an accelerator's extra must not hold jax back behind the CPU image's
-        cpu = _resolve(_runner_requirements() + EXTRA_PACKAGES["cpu"].split(), python, tmp_path)
-        assert pins["jax"] == cpu["jax"], f"{kind} image: jax {pins['jax']}; cpu image: jax {cpu['jax']}"
+    if kind != "cpu":
+        # The runner's own requirements must not hold the accelerator's jax back behind what its
+        # extra alone gets. Not behind the CPU image's: jax is released first and its CUDA plugin
+        # and libtpu follow, so for a while after a jax release `jax[cuda12]` alone resolves to
+        # the one before it (seen with jax 0.12.1: 0.12.0.1 for Python 3.12), and the images then
+        # differ by upstream's release order, not by anything kinetic pins.
+        alone = _resolve(EXTRA_PACKAGES[kind].split(), python, tmp_path)
+        assert pins["jax"] == alone["jax"], (
+            f"{kind} image: jax {pins['jax']}; {EXTRA_PACKAGES[kind]!r} alone: jax {alone['jax']}"
+        )
     if kind == "gpu":
         assert pins["jax-cuda12-plugin"] == pins["jax"], "the CUDA plugin must match jax's release"
