@@ -55,7 +55,14 @@ def run_runner(layout: JobLayout, python: str = sys.executable, timeout: float =
 
 
 def gke_job(
-    task_id: str, fn: Any, args: list, *, backend: str = "gke", accelerator: str = "cpu", **ref_fields: Any
+    task_id: str,
+    fn: Any,
+    args: list,
+    *,
+    backend: str = "gke",
+    accelerator: str = "cpu",
+    operator_kwargs: dict[str, Any] | None = None,
+    **ref_fields: Any,
 ) -> tuple[Any, dict, Any]:
     """A cluster job as the operator makes it (ref, payload, manifest, Job or LeaderWorkerSet)
     without Airflow running it.
@@ -72,7 +79,12 @@ def gke_job(
     from kinetic_airflow.operators import KineticRunOperator
 
     op = KineticRunOperator(
-        task_id=task_id, python_callable=fn, op_args=args, backend=backend, accelerator=accelerator
+        task_id=task_id,
+        python_callable=fn,
+        op_args=args,
+        backend=backend,
+        accelerator=accelerator,
+        **(operator_kwargs or {}),  # e.g. local_queue="team-a"
     )
     run_id = f"r-{uuid.uuid4().hex[:8]}"
     ref = op._job_ref(JobIdentity("d", run_id, task_id), backend, os.environ["KINETIC_BASE_URI"])

@@ -12,6 +12,7 @@ import time
 import pytest
 from emulated_cluster import point_kinetic_at, running_emulator
 from helpers import ti_states, ti_try_numbers, xcom
+from jobkit import gke_job
 from ops_support import wait_for
 
 from kinetic_airflow.testing.cluster import NodePool
@@ -224,3 +225,35 @@ def test_queued_provisioning_waits_for_its_nodes_and_a_rejected_request_fails_na
     assert ti_states(dr) == {"provisioned": "failed"}
     message = _failure(out, "provisioned")
     assert "ProvisioningRequest " in message and "GCE out of resources in us-central1-a" in message
+
+
+def test_a_pod_failing_right_after_an_eviction_is_told_by_a_fresh_workload_read(kueue_env):
+    """The backend reads a job's Workload at most every QUEUE_LOOK_SECONDS, but not when the job
+    has just failed: the read it holds may predate the eviction that stopped the pod, and would
+    turn Kueue's preemption into the task's failure (exit 143). Evicted within seconds of the
+    Workload's last read, the job must still show as preempted."""
+    from kinetic_airflow.backends.base import JobState
+    from kinetic_airflow.backends.registry import get_backend
+
+    emulator, _ = kueue_env
+    _, ref, _ = gke_job("evicted_look", time.sleep, [120], operator_kwargs={"local_queue": "team-a"})
+    backend = get_backend("gke")
+    name = backend.object_name(ref)
+    try:
+        # Pending looks read the Workload (and keep the read); the last one is the admitted one.
+        wait_for(lambda: backend.status(ref).state is JobState.RUNNING, "the job never ran", 120)
+        (workload,) = [
+            w for w in _workloads(emulator) if name in {r["name"] for r in w["metadata"]["ownerReferences"]}
+        ]
+        backend.status(ref)
+        emulator.evict_workload("default", workload["metadata"]["name"], reason="Preempted")
+
+        def ended():
+            status = backend.status(ref)
+            return status if status.state is JobState.FAILED else None
+
+        status = wait_for(ended, "the evicted job never stopped", 60)
+        assert status.reason == "Preempted", status
+        assert status.details.get("evicted_by") == "kueue", status
+    finally:
+        _delete(emulator, name)

@@ -90,6 +90,11 @@ class Observed:
     changed: asyncio.Event
 
 
+def _decisive(status: BackendStatus) -> bool:
+    """A status the Workload turns into the job's outcome: read it fresh (``_queue_look``)."""
+    return status.state is JobState.FAILED
+
+
 class GKEBackend(Backend):
     name = "gke"
 
@@ -213,7 +218,7 @@ class GKEBackend(Backend):
         if status.state is JobState.PENDING and self.missing_pods(job, pods):
             status = self._with_refusal(found, status, self._listed_refusals(api, job))
         if self._kueue_decides(job, status):
-            status = with_queue(status, self._queue_look(api, job, found))
+            status = with_queue(status, self._queue_look(api, job, found, fresh=_decisive(status)))
         return status
 
     # Kueue ------------------------------------------------------------------------------------
@@ -223,13 +228,22 @@ class GKEBackend(Backend):
         queued, admitted, evicted or refused (a running job's eviction shows as its pods ending)."""
         return bool(job.on_cluster().local_queue) and status.state in (JobState.PENDING, JobState.FAILED)
 
-    def _queue_look(self, api: KubeApi, job: JobRef, found: dict[str, Any]) -> QueueState:
+    def _queue_look(
+        self, api: KubeApi, job: JobRef, found: dict[str, Any], *, fresh: bool = False
+    ) -> QueueState:
         """The Workload read at most every ``QUEUE_LOOK_SECONDS`` per job: the shared watch does
-        not follow Workloads, and a queue wait is long."""
+        not follow Workloads, and a queue wait is long. ``fresh``: read it now, whatever the last
+        read: a pod that has just failed may have been stopped by an eviction the last read
+        predates, and that read would turn a Kueue preemption into the task's failure."""
         name = self.object_name(job)
         cached = self._queue_looks.get(name)
         now = time.monotonic()
-        if cached is not None and now - cached[0] < QUEUE_LOOK_SECONDS and cached[1].workload is not None:
+        if (
+            not fresh
+            and cached is not None
+            and now - cached[0] < QUEUE_LOOK_SECONDS
+            and cached[1].workload is not None
+        ):
             return cached[1]
         k8s = job.on_cluster()
         state = queue_state(api, k8s.namespace, found, str(k8s.local_queue))
@@ -283,7 +297,9 @@ class GKEBackend(Backend):
         if found is not None:
             status = self._from_watch(job, watch, found)
             if self._kueue_decides(job, status):  # one read of the Workload, off the loop
-                state = await asyncio.to_thread(self._queue_look, observed.api, job, found)
+                state = await asyncio.to_thread(
+                    self._queue_look, observed.api, job, found, fresh=_decisive(status)
+                )
                 status = with_queue(status, state)
             return status
         # not listed in time, or just created and not seen yet, or really gone: ask once
