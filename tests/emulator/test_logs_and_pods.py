@@ -188,3 +188,18 @@ def test_bare_python_executable_is_used(core: client.CoreV1Api) -> None:
     core.create_namespaced_pod(NS, pod_manifest("which", "import sys; print(sys.executable)"))
     wait_pod(core, "which", "Succeeded")
     assert read_log(core, "which").strip() == PY
+
+
+def test_a_command_that_cannot_start_fails_the_pod_with_start_error(core: client.CoreV1Api) -> None:
+    """exec fails (no such file): the pod fails with StartError naming the binary, as containerd
+    reports it, and the kubelet goes on running other pods (its error path closes the container's
+    pipes once each)."""
+    manifest = pod_manifest("noexec")
+    manifest["spec"]["containers"][0]["command"] = ["/nonexistent/kinetic-test-binary"]
+    core.create_namespaced_pod(NS, manifest)
+    pod = wait_pod(core, "noexec", "Failed")
+    term = pod.status.container_statuses[0].state.terminated
+    assert (term.exit_code, term.reason) == (128, "StartError"), term
+    assert 'exec: "/nonexistent/kinetic-test-binary"' in term.message, term.message
+    core.create_namespaced_pod(NS, pod_manifest("after-noexec"))
+    assert wait_pod(core, "after-noexec", "Succeeded").status.phase == "Succeeded"

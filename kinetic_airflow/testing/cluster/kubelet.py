@@ -949,7 +949,9 @@ class PodRuntime:
                 close_fds=True,
             )
         except OSError as exc:
-            for fd in (r_out, w_out, r_err, w_err):
+            # Only the read ends: the finally below closes the write ends, and a second close of
+            # a descriptor number another thread may have reused meanwhile would close its file.
+            for fd in (r_out, r_err):
                 os.close(fd)
             log_file.close()
             raise StartError(
