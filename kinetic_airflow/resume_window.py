@@ -213,16 +213,24 @@ class ResumeWindow:
         once. Read then, not only at the job's end: by then the worker may supervise another task
         whose event sits unread in the same pipe, which nothing tells from this one's, and the
         hold would wait a scheduler loop for nothing. Once seen, a read stays true."""
-        bound = self._not_before if self._not_before is not None else time.time() + _UNSEEN_READ_SECONDS
+        bound = self._read_bound()
         while time.time() < bound:
-            if worker.posted(self._proc):
-                unread = worker.unread_events(self._proc)
-                if unread is None:
-                    return
-                if unread == 0:
-                    self._read_seen = True
-                    return
+            read = self._read(worker)
+            if read is not False:
+                self._read_seen = bool(read)
+                return
             await asyncio.sleep(_REAP_POLL_SECONDS)
+
+    def _read_bound(self) -> float:
+        return self._not_before if self._not_before is not None else time.time() + _UNSEEN_READ_SECONDS
+
+    def _read(self, worker: LocalExecutorWorker) -> bool | None:
+        """Whether the scheduler has read the deferring process's exit event: True, False (not
+        yet: unposted, or posted and unread), None where the worker's queues cannot be seen."""
+        if not worker.posted(self._proc):
+            return False
+        unread = worker.unread_events(self._proc)
+        return None if unread is None else unread == 0
 
     async def wait(self, log: Callable[[str], None], job_id: str) -> None:
         """Return once the task can resume safely (see the module docstring)."""
@@ -277,14 +285,13 @@ class ResumeWindow:
         worker's queue by then is past Airflow's own heartbeat limits, and waiting on would
         only keep the task from its result.
         """
-        bound = self._not_before if self._not_before is not None else time.time() + _UNSEEN_READ_SECONDS
+        bound = self._read_bound()
         said = False
         while True:
-            posted = worker.posted(self._proc)
-            unread = worker.unread_events(self._proc) if posted else 1
-            if unread is None:
+            read = self._read(worker)
+            if read is None:
                 return False
-            if unread == 0:
+            if read:
                 if said:
                     log(f"the scheduler has read the exit of the process that deferred job {job_id}'s task")
                 return True

@@ -240,12 +240,11 @@ def test_a_pod_failing_right_after_an_eviction_is_told_by_a_fresh_workload_read(
     backend = get_backend("gke")
     name = backend.object_name(ref)
     try:
-        # Pending looks read the Workload (and keep the read); the last one is the admitted one.
+        # Pending looks read the Workload and keep the read for QUEUE_LOOK_SECONDS.
         wait_for(lambda: backend.status(ref).state is JobState.RUNNING, "the job never ran", 120)
         (workload,) = [
             w for w in _workloads(emulator) if name in {r["name"] for r in w["metadata"]["ownerReferences"]}
         ]
-        backend.status(ref)
         emulator.evict_workload("default", workload["metadata"]["name"], reason="Preempted")
 
         def ended():
