@@ -234,14 +234,19 @@ def test_a_pod_failing_right_after_an_eviction_is_told_by_a_fresh_workload_read(
     Workload's last read, the job must still show as preempted."""
     from kinetic_airflow.backends.base import JobState
     from kinetic_airflow.backends.registry import get_backend
+    from kinetic_airflow.job.layout import JobLayout
 
     emulator, _ = kueue_env
-    _, ref, _ = gke_job("evicted_look", time.sleep, [120], operator_kwargs={"local_queue": "team-a"})
+    _, ref, storage = gke_job("evicted_look", time.sleep, [120], operator_kwargs={"local_queue": "team-a"})
     backend = get_backend("gke")
     name = backend.object_name(ref)
+    started = JobLayout(ref.job_uri).status("started")
     try:
         # Pending looks read the Workload and keep the read for QUEUE_LOOK_SECONDS.
         wait_for(lambda: backend.status(ref).state is JobState.RUNNING, "the job never ran", 120)
+        # ... and the function has started: a pod evicted before its runner began leaves nothing
+        # run, so the pod Kueue starts again runs the attempt as the first one would have.
+        wait_for(lambda: storage.read_text_or_none(started), "the function never started", 60)
         (workload,) = [
             w for w in _workloads(emulator) if name in {r["name"] for r in w["metadata"]["ownerReferences"]}
         ]
