@@ -144,7 +144,7 @@ def triggerer(
 ) -> dict:
     import logging
 
-    from kinetic_airflow.testing.cluster import EmulatorAdminClient
+    from cluster_emulator import EmulatorAdminClient
 
     logging.disable(logging.CRITICAL)  # both sides equally: measure watching, not log formatting
     admin = EmulatorAdminClient(os.environ["BENCH_EMULATOR_URL"])

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv with kinetic-airflow (editable) and its test tools, and make sure the PostgreSQL server
+# Create .venv with kinetic-airflow and the cluster emulator (emulator/, its own distribution; both
+# editable) and their test tools, and make sure the PostgreSQL server
 # binaries and redis-server are on the machine (the real-components tests start private throwaway
 # servers from them, tests/components/postgres.py and redis_server.py). Idempotent: safe to run again
 # on a machine that has everything.
@@ -21,7 +22,7 @@ fi
 # A fresh clone starts from this machine's venv of the same pyproject.toml, if it has one
 # (scripts/venv-cache.sh); pip then only points the editable install at this clone.
 . scripts/venv-cache.sh
-key="$(venv_cache_key main "$PYTHON" pyproject.toml scripts/setup.sh)"
+key="$(venv_cache_key main "$PYTHON" pyproject.toml emulator/pyproject.toml scripts/setup.sh)"
 venv_restore .venv "$key"
 if [ -x .venv/bin/python ] && ! .venv/bin/python -c "import airflow" 2>/dev/null && [ -e .venv/.kinetic-setup ]; then
   venv_discard .venv # a venv this script finished once no longer imports Airflow: broken, start over
@@ -35,17 +36,17 @@ fi
 # restored from the cache (its editable install pointing at the clone that made it) passed.
 done_for="$key $(pwd)"
 if [ "$(cat .venv/.kinetic-setup 2>/dev/null)" = "$done_for" ] &&
-  [ "$(.venv/bin/python -I -c 'import kinetic_airflow, os; print(os.path.dirname(os.path.dirname(kinetic_airflow.__file__)))' 2>/dev/null)" = "$(pwd)" ]; then
+  [ "$(.venv/bin/python -I -c 'import kinetic_airflow, cluster_emulator, os; print(os.path.dirname(os.path.dirname(kinetic_airflow.__file__)))' 2>/dev/null)" = "$(pwd)" ]; then
   echo "kinetic-airflow already installed in $(pwd)/.venv (pyproject.toml unchanged)"
   exit 0
 fi
 # uv when it can be had (a pip package): it installs this set in well under a minute where pip's
 # resolver takes minutes on a 2-core machine without a cache (CI); else pip.
 if .venv/bin/python -m pip install --quiet uv; then
-  .venv/bin/uv pip install --quiet --python .venv/bin/python -e ".[test]"
+  .venv/bin/uv pip install --quiet --python .venv/bin/python -e ".[test]" -e "./emulator[test]"
 else
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e ".[test]"
+  .venv/bin/python -m pip install --quiet -e ".[test]" -e "./emulator[test]"
 fi
 echo "$done_for" >.venv/.kinetic-setup
 venv_save .venv "$key"

@@ -33,7 +33,7 @@ TIER=(
 
 venv=.venv-airflow-floor
 . scripts/venv-cache.sh
-key="$(venv_cache_key "airflow-$floor" "$PYTHON" pyproject.toml scripts/test-airflow-floor.sh)"
+key="$(venv_cache_key "airflow-$floor" "$PYTHON" pyproject.toml emulator/pyproject.toml scripts/test-airflow-floor.sh)"
 venv_restore "$venv" "$key"
 if [ -x "$venv/bin/python" ] && ! "$venv/bin/python" -c "import airflow" 2>/dev/null; then
   venv_discard "$venv"
@@ -42,7 +42,7 @@ if [ ! -x "$venv/bin/python" ]; then
   "$PYTHON" -m venv "$venv"
   # Airflow's meta-package pins its core and task SDK to the same release line. uv when it can be
   # had (a pip package; pip's resolver took 7 min for this set on a busy 2-core machine), else pip.
-  want=(-e ".[test]" "apache-airflow==$floor" "apache-airflow-core==$floor")
+  want=(-e ".[test]" -e "./emulator" "apache-airflow==$floor" "apache-airflow-core==$floor")
   if "$venv/bin/python" -m pip install --quiet uv; then
     "$venv/bin/uv" pip install --quiet --python "$venv/bin/python" "${want[@]}"
   else
@@ -53,9 +53,9 @@ fi
 # Asked from / : run here, Python would import the package from the working directory whatever the
 # venv's editable install points at (a cached venv made in a clone since deleted passed this check,
 # and its `airflow` then could not import kinetic_airflow).
-here="$(cd / && "$OLDPWD/$venv/bin/python" -c 'import kinetic_airflow, os; print(os.path.dirname(os.path.dirname(kinetic_airflow.__file__)))' 2>/dev/null || true)"
+here="$(cd / && "$OLDPWD/$venv/bin/python" -c 'import kinetic_airflow, cluster_emulator, os; print(os.path.dirname(os.path.dirname(kinetic_airflow.__file__)))' 2>/dev/null || true)"
 if [ "$here" != "$(pwd)" ]; then # a cached venv made in another clone: point it at this one
-  "$venv/bin/python" -m pip install --quiet --no-deps -e .
+  "$venv/bin/python" -m pip install --quiet --no-deps -e . -e ./emulator
 fi
 got="$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("apache-airflow-core"))')"
 if [ "$got" != "$floor" ]; then

@@ -30,7 +30,7 @@ set +e
 # Four processes took 12m47 instead of 20m26 here, but a fresh-clone run then lost a four-host
 # JAX collective to the load (a host aborted, exit 134): two until that is understood.
 # The 25 slowest tests are listed at the end: where the suite's time goes, in every CI log.
-.venv/bin/python -m pytest tests -n 2 --dist loadfile --durations=25 "$@"
+.venv/bin/python -m pytest tests emulator/tests -n 2 --dist loadfile --durations=25 "$@"
 code=$?
 set -e
 if [ "$code" -eq 5 ]; then

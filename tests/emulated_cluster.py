@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from kinetic_airflow.testing.cluster import ClusterEmulator
+from cluster_emulator import ClusterEmulator
 
 __all__ = ["point_kinetic_at", "running_emulator"]
 

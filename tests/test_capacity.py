@@ -8,6 +8,8 @@ import hashlib
 
 import kubernetes_validate
 import pytest
+from cluster_emulator import NodePool
+from cluster_emulator.validation import validate_jobset, validate_lws
 from emulated_cluster import point_kinetic_at, running_emulator
 from helpers import ti_states, xcom
 
@@ -16,8 +18,6 @@ from kinetic_airflow.backends.gke.jobset_manifest import build_jobset_manifest
 from kinetic_airflow.backends.gke.lws_manifest import build_lws_manifest
 from kinetic_airflow.backends.gke.manifest import build_job_manifest
 from kinetic_airflow.capacity import InvalidCapacityError, check_placement, parse_capacity, placement_of
-from kinetic_airflow.testing.cluster import NodePool
-from kinetic_airflow.testing.cluster.validation import validate_jobset, validate_lws
 
 L4 = {"cloud.google.com/gke-accelerator": "nvidia-l4"}
 FLEX = "cloud.google.com/gke-flex-start"

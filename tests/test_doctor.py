@@ -16,9 +16,9 @@ from pathlib import Path
 
 import kubernetes
 import pytest
+from cluster_emulator import ClusterEmulator, NodePool
 
 from kinetic_airflow.backends.gke.doctor import FAIL, OK, SKIP, WARN, rbac_yaml, run_doctor
-from kinetic_airflow.testing.cluster import ClusterEmulator, NodePool
 
 ROOT = Path(__file__).resolve().parent.parent
 NS, SA = "ml", "kinetic"

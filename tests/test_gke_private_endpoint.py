@@ -20,12 +20,12 @@ import types
 import cloudpickle
 import kubernetes
 import pytest
+from cluster_emulator import ClusterEmulator, NodePool
 from emulated_cluster import point_kinetic_at
 from jobkit import gke_job
 from test_gke_access import CHAIN, google_endpoints, service_account_key  # noqa: F401 (fixtures)
 
 from kinetic_airflow.backends.gke.doctor import FAIL, OK, run_doctor
-from kinetic_airflow.testing.cluster import ClusterEmulator, NodePool
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

@@ -2,7 +2,7 @@
 
 Three rules keep the layout honest:
 
-* the import graph has no cycle (the Kubernetes emulator under ``kinetic_airflow/testing/cluster``
+* the import graph has no cycle (the Kubernetes emulator under ``emulator/cluster_emulator``
   is its own room and is left out): not among the imports at the top of the modules, nor once
   the imports inside functions are added - a cycle that only works because one side imports
   inside a function is a layering mistake waiting to bite;
@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "kinetic_airflow"
-EMULATOR = f"{PACKAGE}.testing.cluster"
+EMULATOR = "cluster_emulator"  # its own distribution (emulator/), outside the package
 JOB = f"{PACKAGE}.job"
 
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cluster_emulator import ClusterEmulator, NodePool
 
 from kinetic_airflow.backends.gke import client
 from kinetic_airflow.backends.gke.client import ApiError, KubeApi, api_server
-from kinetic_airflow.testing.cluster import ClusterEmulator, NodePool
 
 SERVICE_ACCOUNT = "/api/v1/namespaces/default/serviceaccounts/kinetic"
 

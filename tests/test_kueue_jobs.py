@@ -10,13 +10,12 @@ import threading
 import time
 
 import pytest
+from cluster_emulator import NodePool
+from cluster_emulator.kueue_setup import kueue_queue, provisioning_check
 from emulated_cluster import point_kinetic_at, running_emulator
 from helpers import ti_states, ti_try_numbers, xcom
 from jobkit import gke_job
 from ops_support import wait_for
-
-from kinetic_airflow.testing.cluster import NodePool
-from kinetic_airflow.testing.cluster.kueue_setup import kueue_queue, provisioning_check
 
 L4 = {"cloud.google.com/gke-accelerator": "nvidia-l4"}
 NODE_POOLS = [

@@ -29,13 +29,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cluster_emulator.kueue_setup import kueue_queue
 from components.airflow_services import AirflowServices, poll, process_alive
 from components.dag_runs import parsed, run_path, trigger
 from components.stack import ComponentStack
 
 from kinetic_airflow.job.layout import MAX_JOB_ID, JobIdentity, dns_label, output_dir_uri
 from kinetic_airflow.job.storage import uri_to_local_path
-from kinetic_airflow.testing.cluster.kueue_setup import kueue_queue
 
 DAG_FILE = Path(__file__).resolve().parent / "lifecycle_dags" / "kn_lifecycle.py"
 RUN_TIMEOUT = 240.0

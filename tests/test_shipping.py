@@ -76,7 +76,7 @@ def where(request, tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def _cluster(tmp_path_factory):
-    from kinetic_airflow.testing.cluster.nodes import NodePool
+    from cluster_emulator.nodes import NodePool
 
     # One node: the requirements cache is per node (a hostPath), so both jobs must share it.
     with running_emulator(tmp_path_factory, [NodePool("cpu", {})]) as running:

@@ -1,6 +1,8 @@
-"""Test helpers for kinetic-airflow and for users' own DAG tests: a fake GCS server
-(``kinetic_airflow.testing.gcs``) and a local Kubernetes cluster emulator
-(``kinetic_airflow.testing.cluster``). Use them as pytest plugins::
+"""Test helpers for users' own DAG tests: a fake GCS server (``kinetic_airflow.testing.gcs``).
+Use it as a pytest plugin::
 
     pytest_plugins = ["kinetic_airflow.testing.gcs"]
+
+The Kubernetes cluster emulator is its own distribution (``emulator/`` in the repository,
+``pip install ./emulator``), never part of this package.
 """

@@ -3,7 +3,7 @@
 The in-process ``ClusterEmulator`` serves the test process only; the scheduler,
 triggerer and task workers of ``AirflowServices`` are other processes and need a
 cluster they can reach through a kubeconfig, as they would reach GKE. This runs
-``python -m kinetic_airflow.testing.cluster`` (see that package's README),
+``python -m cluster_emulator`` (see that package's README),
 waits for its ``READY <url>`` line, and gives the tests:
 
 * ``kubeconfig`` and ``airflow_env()``: what the services need so kinetic's GKE
@@ -38,8 +38,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from kinetic_airflow.testing.cluster import NodePool
-from kinetic_airflow.testing.cluster.emulator import EmulatorAdminClient
+from cluster_emulator import NodePool
+from cluster_emulator.emulator import EmulatorAdminClient
 
 from .processes import MARKER_VAR, kill_marked, marked_processes, new_marker
 
@@ -104,7 +104,7 @@ def _tail(path: Path, lines: int = 40) -> str:
 
 
 class EmulatorProcess:
-    """``python -m kinetic_airflow.testing.cluster`` in its own session, with a kubeconfig in ``root``."""
+    """``python -m cluster_emulator`` in its own session, with a kubeconfig in ``root``."""
 
     def __init__(
         self,
@@ -155,7 +155,7 @@ class EmulatorProcess:
         command = [
             sys.executable,
             "-m",
-            "kinetic_airflow.testing.cluster",
+            "cluster_emulator",
             "--port",
             "0",
             "--kubeconfig",

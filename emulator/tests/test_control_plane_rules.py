@@ -8,11 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from cluster_emulator import ClusterEmulator, wait_until
 from emu_helpers import NS, PY, api_error, job_manifest, pod_manifest, wait_pod
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-
-from kinetic_airflow.testing.cluster import ClusterEmulator, wait_until
 
 GROUP, VERSION, PLURAL = "leaderworkerset.x-k8s.io", "v1", "leaderworkersets"
 
@@ -226,7 +225,7 @@ def test_an_identity_without_list_gets_403_on_list_and_watch_still_works(apis, k
 
 def test_the_new_faults_over_http(apis, k8s_cluster: ClusterEmulator):
     """The same faults for an emulator in another process (``EmulatorAdminClient``)."""
-    from kinetic_airflow.testing.cluster import EmulatorAdminClient
+    from cluster_emulator import EmulatorAdminClient
 
     core, _, _, _ = apis
     admin = EmulatorAdminClient(k8s_cluster.url)

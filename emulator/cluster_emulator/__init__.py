@@ -12,8 +12,8 @@ watches) can be injected from Python or over ``/_emulator`` HTTP.
 Entry points:
 
 * :class:`ClusterEmulator` - in-process (background thread), context manager.
-* ``python -m kinetic_airflow.testing.cluster --port 0 --kubeconfig PATH`` - separate process.
-* :mod:`kinetic_airflow.testing.cluster.fixtures` - pytest fixtures ``k8s_cluster`` etc.
+* ``python -m cluster_emulator --port 0 --kubeconfig PATH`` - separate process.
+* :mod:`cluster_emulator.fixtures` - pytest fixtures ``k8s_cluster`` etc.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``python -m kinetic_airflow.testing.cluster``: kubeconfig, READY line, admin API, kubectl, SIGTERM."""
+"""``python -m cluster_emulator``: kubeconfig, READY line, admin API, kubectl, SIGTERM."""
 
 from __future__ import annotations
 
@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cluster_emulator import EmulatorAdminClient, wait_until
 from emu_helpers import NS, PY, job_manifest, pid_alive, pod_manifest
 from kubernetes import client, config
-
-from kinetic_airflow.testing.cluster import EmulatorAdminClient, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,7 +39,7 @@ def cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     with (
         open(workdir / "stderr.txt", "w+") as stderr,
         subprocess.Popen(
-            [PY, "-m", "kinetic_airflow.testing.cluster", "--port", "0", "--kubeconfig", str(kubeconfig)],
+            [PY, "-m", "cluster_emulator", "--port", "0", "--kubeconfig", str(kubeconfig)],
             stdout=subprocess.PIPE,
             stderr=stderr,
             text=True,

@@ -7,19 +7,18 @@ import urllib.request
 from typing import Any
 
 import pytest
-from emu_helpers import NS, PY, api_error, condition, job_manifest, wait_job
-from kubernetes import client
-from kubernetes.client.rest import ApiException
-
-from kinetic_airflow.testing.cluster import ClusterEmulator, EmulatorAdminClient, NodePool, wait_until
-from kinetic_airflow.testing.cluster.kueue import workload_name
-from kinetic_airflow.testing.cluster.kueue_setup import (
+from cluster_emulator import ClusterEmulator, EmulatorAdminClient, NodePool, wait_until
+from cluster_emulator.kueue import workload_name
+from cluster_emulator.kueue_setup import (
     kueue_queue,
     provisioning_check,
     workload_priority_class,
 )
-from kinetic_airflow.testing.cluster.resources import JOBS, JOBSETS, LWS, PROVISIONINGREQUESTS, WORKLOADS
-from kinetic_airflow.testing.cluster.validation import validate_crd_object
+from cluster_emulator.resources import JOBS, JOBSETS, LWS, PROVISIONINGREQUESTS, WORKLOADS
+from cluster_emulator.validation import validate_crd_object
+from emu_helpers import NS, PY, api_error, condition, job_manifest, wait_job
+from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 G, V = "kueue.x-k8s.io", "v1beta1"
 

@@ -1,4 +1,4 @@
-"""``python -m kinetic_airflow.testing.cluster --port 0 --kubeconfig PATH``.
+"""``python -m cluster_emulator --port 0 --kubeconfig PATH``.
 
 Runs the emulator in the foreground (for Airflow processes, kubectl or other
 languages to talk to), writes a kubeconfig, prints ``READY http://127.0.0.1:PORT``
@@ -49,7 +49,7 @@ def _load_pools(path: str | None) -> list[NodePool] | None:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command line of the emulator."""
     parser = argparse.ArgumentParser(
-        prog="python -m kinetic_airflow.testing.cluster",
+        prog="kinetic-cluster-emulator",
         description="Local Kubernetes API emulator that runs pod commands as local processes.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")

@@ -10,14 +10,13 @@ from typing import Any
 
 import pytest
 import yaml
+from cluster_emulator import ClusterEmulator
+from cluster_emulator.resources import PODS
+from cluster_emulator.selectors import parse_field_selector, parse_label_selector
+from cluster_emulator.store import Store
 from emu_helpers import NS, api_error, job_manifest, pod_manifest, read_log, wait_job, wait_pod
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
-
-from kinetic_airflow.testing.cluster import ClusterEmulator
-from kinetic_airflow.testing.cluster.resources import PODS
-from kinetic_airflow.testing.cluster.selectors import parse_field_selector, parse_label_selector
-from kinetic_airflow.testing.cluster.store import Store
 
 
 def _get(url: str, headers: dict[str, str] | None = None) -> Any:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from cluster_emulator import ClusterEmulator, wait_until
 from emu_helpers import NS, api_error, condition, job_manifest, job_pods, pid_alive, read_log, wait_job
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-
-from kinetic_airflow.testing.cluster import ClusterEmulator, wait_until
 
 
 @pytest.fixture

@@ -7,11 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cluster_emulator import ClusterEmulator, lws_schema_path, wait_until
 from emu_helpers import NS, PY, api_error, pid_alive, read_log
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-
-from kinetic_airflow.testing.cluster import ClusterEmulator, lws_schema_path, wait_until
 
 GROUP, VERSION, PLURAL = "leaderworkerset.x-k8s.io", "v1", "leaderworkersets"
 ENV_DUMP = (

@@ -9,11 +9,10 @@ import subprocess
 from typing import Any
 
 import pytest
+from cluster_emulator import wait_until
 from emu_helpers import NS, PY, api_error
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-
-from kinetic_airflow.testing.cluster import wait_until
 
 GROUP, VERSION, PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 ANNOTATED = (

@@ -7,10 +7,9 @@ import os
 import sys
 from typing import Any
 
+from cluster_emulator import wait_until
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-
-from kinetic_airflow.testing.cluster import wait_until
 
 PY = sys.executable
 NS = "default"

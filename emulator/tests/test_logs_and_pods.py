@@ -6,11 +6,10 @@ import datetime as dt
 import urllib.request
 
 import pytest
+from cluster_emulator import ClusterEmulator, wait_until
 from emu_helpers import NS, PY, api_error, container, pod_manifest, read_log, wait_pod
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-
-from kinetic_airflow.testing.cluster import ClusterEmulator, wait_until
 
 
 @pytest.fixture

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from cluster_emulator.dns import resolves, rewrite
+from cluster_emulator.kubelet import expand_vars, expand_vars_spans
 from emu_helpers import NS, pod_manifest, read_log, wait_pod
 from kubernetes import client
-
-from kinetic_airflow.testing.cluster.dns import resolves, rewrite
-from kinetic_airflow.testing.cluster.kubelet import expand_vars, expand_vars_spans
 
 HEADLESS = {("default", "trainer"), ("other", "peers")}
 

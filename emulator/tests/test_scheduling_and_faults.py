@@ -8,11 +8,10 @@ from typing import Any
 
 import pytest
 import urllib3
+from cluster_emulator import ClusterEmulator, NodePool, Taint, wait_until
 from emu_helpers import NS, api_error, condition, pid_alive, pod_manifest, read_log, wait_pod
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
-
-from kinetic_airflow.testing.cluster import ClusterEmulator, NodePool, Taint, wait_until
 
 TPU_SELECTOR = {
     "cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",

@@ -1,6 +1,6 @@
 """pytest fixtures for the cluster emulator.
 
-Use them with ``pytest_plugins = ["kinetic_airflow.testing.cluster.fixtures"]``
+Use them with ``pytest_plugins = ["cluster_emulator.fixtures"]``
 in the top-level ``conftest.py`` (or import the fixture names into a conftest).
 """
 

@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 try:
-    import kinetic_airflow.testing.cluster  # noqa: F401
+    import cluster_emulator  # noqa: F401
 except ImportError:  # running from outside the repo root without an installed package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kinetic_airflow.testing.cluster.fixtures import (  # noqa: F401
+from cluster_emulator.fixtures import (  # noqa: F401
     k8s_api_client,
     k8s_cluster,
     k8s_cluster_session,

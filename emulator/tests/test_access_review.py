@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import kubernetes
 import pytest
-
-from kinetic_airflow.testing.cluster import EmulatorAdminClient
+from cluster_emulator import EmulatorAdminClient
 
 
 def _review(api_client, verb: str, resource: str, subresource: str | None = None, group: str = ""):
