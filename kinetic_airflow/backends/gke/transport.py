@@ -122,7 +122,7 @@ class ApiServer:
         options: dict[str, Any] = {
             "num_pools": 4,
             "maxsize": 16,  # the triggerer's threads share one client per cluster
-            "retries": False,  # KubeApi retries what is worth retrying
+            "retries": False,  # per request: KubeApi passes the Retry it wants
             "socket_options": urllib3.connection.HTTPConnection.default_socket_options + _KEEPALIVE,
         }
         context = self.ssl_context()
@@ -144,8 +144,10 @@ class ApiServer:
         query: dict[str, Any] | None = None,
         body: Any = None,
         timeout: float | tuple[float | None, float | None] | None = 30,
+        retries: urllib3.util.Retry | bool = False,
     ) -> urllib3.BaseHTTPResponse:
-        """The unread response (``preload_content=False``), whatever its status."""
+        """The unread response (``preload_content=False``), whatever its status; ``retries``:
+        urllib3's ``Retry`` for this request (False: one attempt)."""
         if isinstance(timeout, tuple):
             limit = urllib3.Timeout(connect=timeout[0], read=timeout[1])
         else:
@@ -156,7 +158,13 @@ class ApiServer:
             headers["Content-Type"] = "application/json"
             data = json.dumps(body).encode()
         return self.pool().request(
-            method, self.url(path, query), body=data, headers=headers, timeout=limit, preload_content=False
+            method,
+            self.url(path, query),
+            body=data,
+            headers=headers,
+            timeout=limit,
+            retries=retries,
+            preload_content=False,
         )
 
 
