@@ -2,9 +2,9 @@
 
 Against the emulator serving HTTPS: each kubeconfig form kinetic reads itself reaches it and
 verifies its certificate, with the header the form says; a form it leaves to the cncf provider
-(an exec plugin) still works, through the provider's client configuration; and a process that
-talks to a cluster through a connection kinetic reads never loads ``kubernetes`` (the 3.5 s of
-CPU per task process this module exists to save).
+(an exec plugin) still works, through the provider's client configuration; transient errors
+are retried; and a process that talks to a cluster through a connection kinetic reads never loads
+``kubernetes`` (the per-task cost this module exists to save: bench/kube_client_bench.py).
 """
 
 from __future__ import annotations

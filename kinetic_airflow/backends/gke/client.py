@@ -103,7 +103,7 @@ def api_server(cluster: dict[str, Any]) -> ApiServer:
         server = from_kubernetes_connection(_connection_extras(conn_id))
         if server is not None:
             return server
-        # Start-up cost (the Kubernetes client library, about 3.5 s): only for the connection forms
+        # Start-up cost (the cncf hook module and the Kubernetes client, seconds): only for the forms
         # transport.py leaves to the provider (exec plugins, in-cluster, the default kubeconfig...).
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 

@@ -1,13 +1,16 @@
 """HTTP to a Kubernetes API server without loading the Kubernetes client library.
 
-Why: a task process that submits a GKE job used to build its client with the cncf provider's
-``KubernetesHook`` or the google provider's ``GKEKubernetesHook``. Both load the ``kubernetes``
-package (its ``client`` package imports every API and model class) and ``kubernetes_asyncio``:
-about 3.5 s of CPU in *every* task process, before the first request - most of the time a
-deferred GKE task spent in ``execute`` (measured: README, Benchmarks). The backend never used the
-client's model objects (it asked for raw JSON), only an authenticated connection pool, which is
-what ``ApiServer`` is: an address, TLS settings, a fresh ``Authorization`` header, and one
-urllib3 pool.
+Why: every deferred GKE task builds one connection in a fresh process, and what it costs there is
+paid once per task. The provider hooks' modules (``KubernetesHook``, ``GKEKubernetesHook``, which
+load ``kubernetes_asyncio`` too) cost seconds; the maintained clients alone still cost more than
+this module, measured side by side (``bench/kube_client_bench.py``: from a GKE task process's
+imports to three answered requests, the kubernetes client adds 0.34-0.65 s and lightkube 0.44-0.51 s
+over this module on the shared 2-core machine, more than the 0.3 s per task the project allows
+for the choice; ``bench/race_bench.py --transports handwritten kubernetes`` runs whole tasks). The
+backend never uses a client's model objects (it asks for raw JSON), only an authenticated
+connection pool, which is what ``ApiServer`` is: an address, TLS settings, a proxy, a fresh
+``Authorization`` header, and one urllib3 pool (its retries are urllib3's ``Retry``, chosen per
+request by ``client.KubeApi``).
 
 Where the credentials come from is unchanged, and so is who decides it:
 
