@@ -315,6 +315,7 @@ class KubeApi:
                 body=body,
                 timeout=timeout,
                 retries=self._retry_policy() if retry else False,
+                preload_content=not stream,  # a body cut short is retried too, as the headers are
             )
         except HTTPError as exc:
             cause = exc.reason if isinstance(exc, MaxRetryError) and exc.reason is not None else exc

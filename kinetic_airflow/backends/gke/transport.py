@@ -159,9 +159,11 @@ class ApiServer:
         body: Any = None,
         timeout: float | tuple[float | None, float | None] | None = 30,
         retries: urllib3.util.Retry | bool = False,
+        preload_content: bool = False,
     ) -> urllib3.BaseHTTPResponse:
-        """The unread response (``preload_content=False``), whatever its status; ``retries``:
-        urllib3's ``Retry`` for this request (False: one attempt)."""
+        """The response, whatever its status: unread, or read whole with ``preload_content`` (then a
+        connection lost while reading the body is retried like one lost before the headers);
+        ``retries``: urllib3's ``Retry`` for this request (False: one attempt)."""
         if isinstance(timeout, tuple):
             limit = urllib3.Timeout(connect=timeout[0], read=timeout[1])
         else:
@@ -178,7 +180,7 @@ class ApiServer:
             headers=headers,
             timeout=limit,
             retries=retries,
-            preload_content=False,
+            preload_content=preload_content,
         )
 
 
