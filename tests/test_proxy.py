@@ -397,7 +397,7 @@ def test_the_hook_fallback_keeps_its_proxy_no_proxy_and_headers(squid, http_clus
 
 def test_proxy_credentials_become_a_header_and_are_never_shown(squid, http_cluster, clean_env, tmp_path):
     """A proxy URL with a user and password: sent as Proxy-Authorization, absent from the
-    server's repr and from the URL urllib3 and aiohttp are given."""
+    server's repr, from the URL urllib3 and aiohttp are given, and from connection errors."""
     k8s, gate = http_cluster
     monkeypatch = clean_env
     point_kinetic_at(k8s, _gated_kubeconfig(k8s, gate, tmp_path), monkeypatch)
@@ -408,3 +408,11 @@ def test_proxy_credentials_become_a_header_and_are_never_shown(squid, http_clust
     assert server.proxy_headers == {"proxy-authorization": expected}
     assert "s3cr" not in repr(server) and "ml-team" not in repr(server)
     assert KubeApi(server, retries=0).request("GET", SERVICE_ACCOUNT)["metadata"]["name"] == "kinetic"
+    # a proxy that cannot be reached: the error (which lands in the task log) names it, not its secret
+    monkeypatch.setenv("HTTP_PROXY", f"http://ml-team:s3cr%40t@127.0.0.1:{_free_port()}")
+    with pytest.raises(ApiError) as unreachable:
+        KubeApi(api_server({"kubernetes_conn_id": "kinetic_emulator"}), retries=0).request(
+            "GET", SERVICE_ACCOUNT
+        )
+    assert "127.0.0.1" in str(unreachable.value)
+    assert "s3cr" not in str(unreachable.value) and "ml-team" not in str(unreachable.value)
