@@ -337,6 +337,7 @@ class KubeApi:
         connection and a read timeout, for every method (a repeated create meets the object
         the first made: 409, which the callers handle); pauses 0.2 s doubling to 5 s, or what
         ``Retry-After`` asks. Redirects are not followed: the API server sends none."""
+        # Optional dependency: urllib3 comes with Airflow, not with the bare package (api_server).
         from urllib3.util.retry import Retry
 
         return Retry(

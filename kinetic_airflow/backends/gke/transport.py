@@ -193,7 +193,8 @@ def _environment_proxy(host: str) -> str | None:
     names the host: what ``requests`` (Google's clients) decides for the same URL."""
     if not any(os.environ.get(name) or os.environ.get(name.upper()) for name in _PROXY_VARIABLES[:3]):
         return None  # the common case, without loading requests
-    # requests comes with Airflow; its rules are the ones the Kubernetes python client applies.
+    # Start-up cost: requests (it comes with Airflow; its rules are the ones the Kubernetes python
+    # client applies) loads only when a proxy is configured.
     from requests.utils import get_environ_proxies, select_proxy
 
     return select_proxy(host, get_environ_proxies(host)) or None
@@ -204,6 +205,7 @@ def _configured_proxy(host: str, proxy: str | None, no_proxy: str | None) -> str
     Kubernetes python client's ``RESTClientObject`` decides)."""
     if not proxy:
         return None
+    # Start-up cost: requests loads only when a proxy is configured.
     from requests.utils import should_bypass_proxies
 
     return None if should_bypass_proxies(host, no_proxy=no_proxy or "") else proxy
