@@ -20,6 +20,8 @@ if [ "$oracle" -ne 0 ]; then
 fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+# The layers: import-linter's contracts ([tool.importlinter] in pyproject.toml; about a second).
+.venv/bin/lint-imports
 # The floor tier's venv (Airflow's oldest declared release) is installed while the main suite runs:
 # mostly network and disk, where the suite mostly waits on its services.
 bash scripts/test-airflow-floor.sh --setup-only >.ci-logs/floor-setup.log 2>&1 &
