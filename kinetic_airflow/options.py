@@ -1225,7 +1225,8 @@ def _check_requirements(spec: OptionSpec, value: Any, where: str) -> str | list[
 
 
 def _check_impersonation(spec: OptionSpec, value: Any, where: str) -> str | list[str]:
-    from kinetic_airflow.validation import check_gke_access  # validation imports this module
+    # Start-up cost: config loads this module everywhere (stdlib only at import).
+    from kinetic_airflow.validation import check_gke_access
 
     try:
         check_gke_access(impersonation_chain=value)
