@@ -77,7 +77,6 @@ from kinetic_airflow.links import (
 from kinetic_airflow.optional import require_airflow
 from kinetic_airflow.options import (
     OPTIONS,
-    KineticOptionError,
     is_deferred,
     parse_bool,
     task_option_names,
@@ -172,16 +171,14 @@ class KineticRunOperator(BaseOperator):
         self.op_kwargs = op_kwargs if op_kwargs is not None else {}
         # One row of kinetic_airflow.options per option: a wrong value is a DAG import error
         # naming the option and the fix; durations become seconds, mappings and lists copies.
-        for name, value in validate_options(values).items():
+        for name, value in check_task_options(values).items():
             setattr(self, name, value)
         self.capture_env_vars = self.capture_env_vars or []
         self.volumes = self.volumes or {}
         self.container_env = self.container_env or {}
         trial_accelerator = self.accelerator if not is_deferred(self.accelerator) else "cpu"
-        self.pod_override = _pod_override_at_parse(
-            lambda: validate_at_parse(
-                self.pod_override, trial_accelerator, self.spot, configured=resolve_setting("pod_override")
-            )
+        self.pod_override = validate_at_parse(
+            self.pod_override, trial_accelerator, self.spot, configured=resolve_setting("pod_override")
         )
         if _parse_time_backend(self.backend) == "local":  # no cluster: no GKE console or Cloud Logging
             self.operator_extra_links = (KineticViewLink(),)
@@ -908,18 +905,12 @@ def check_task_options(values: Mapping[str, Any]) -> dict[str, Any]:
     checked = validate_options(values)
     override = checked.get("pod_override")
     if override is not None:
-        checked["pod_override"] = _pod_override_at_parse(lambda: normalize_pod_override(override))
+        try:
+            checked["pod_override"] = normalize_pod_override(override)
+        except PodOverrideError as exc:  # it names the field; add what a right one looks like
+            example = OPTIONS["pod_override"].example
+            raise PodOverrideError(f"{exc}. A pod override looks like {example}") from None
     return checked
-
-
-def _pod_override_at_parse(check: Callable[[], Any]) -> Any:
-    """``check()``, a refused pod override shown with what a right one looks like."""
-    try:
-        return check()
-    except PodOverrideError as exc:
-        raise KineticOptionError(
-            f"{exc}. A pod override looks like {OPTIONS['pod_override'].example}"
-        ) from None
 
 
 def _flag(value: Any) -> bool:
