@@ -1280,7 +1280,7 @@ _RENDERED_CHECKS = {**_CHECKS, "accelerator": _check_accelerator_text}
 
 # The options together -----------------------------------------------------------------------
 def validate_backend(backend: Any, where: str = "backend") -> None:
-    """``backend`` is one of ``config.BACKENDS`` (None: not given); a typo gets a "did you mean"."""
+    """``backend`` is one of ``BackendName`` (None: not given); a typo gets a "did you mean"."""
     if backend is None:
         return
     check_option("backend", backend, where=where)
@@ -1293,7 +1293,8 @@ def validate_options(values: Mapping[str, Any]) -> dict[str, Any]:
     Each option is checked by its row of the option table above, then
     the options are checked together (the accelerator fits the backend; no volumes on the
     local backend). Shared by the decorator (checked when it is applied) and the operator
-    (checked when it is built), so a DAG file learns about a bad option at import either way.
+    (checked when it is built), so a DAG file learns about a bad option at import either way;
+    the operator layer adds the pod override's shape (``operators.check_task_options``).
     """
     # Not at the top: config loads this module in every Airflow process (see the docstring).
     from kinetic_airflow.accelerators import parse_accelerator
