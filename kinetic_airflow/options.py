@@ -847,9 +847,23 @@ def reference_markdown() -> str:
         default = _code(setting_text(spec.default)) if spec.default is not None else ""
         lines.append(
             f"| `{name}` | {env} | {_CONFIG_TYPES.get(spec.kind, 'string')} | {default} | "
-            f"{_cell(spec.accepts)} | {_cell(spec.doc)} |"
+            f"{_cell(_setting_accepts(spec))} | {_cell(spec.doc)} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _setting_accepts(spec: OptionSpec) -> str:
+    """What a ``[kinetic]`` value (text) may be, as ``parse_setting`` reads it."""
+    bound = ""
+    if spec.minimum is not None:
+        bound = f", more than {spec.minimum:g}" if spec.above else f", {spec.minimum:g} or more"
+    if spec.kind == "duration":
+        return "a number of seconds, no unit" + bound
+    if spec.kind == "count":
+        return "a whole number" + bound
+    if spec.kind == "bool":
+        return "true or false (also 1/0, yes/no, on/off, t/f, y/n)"
+    return spec.accepts
 
 
 def _code(text: str | None) -> str:
