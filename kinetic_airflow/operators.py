@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowTaskTimeout
@@ -39,12 +39,17 @@ from kinetic_airflow.backends.gke.client import gke_access, resolve_gke_cluster
 from kinetic_airflow.backends.gke.console import is_gke_cluster, job_links
 from kinetic_airflow.backends.gke.image_choice import runner_image
 from kinetic_airflow.backends.gke.images import check_image_python
-from kinetic_airflow.backends.gke.pod_override import combined_override, validate_at_parse
+from kinetic_airflow.backends.gke.pod_override import (
+    PodOverrideError,
+    combined_override,
+    normalize_pod_override,
+    validate_at_parse,
+)
 from kinetic_airflow.backends.registry import get_backend
 from kinetic_airflow.config import KineticSettingError, local_state_root, resolve_setting
 from kinetic_airflow.connections import storage_for
 from kinetic_airflow.context_args import check_context_parameters
-from kinetic_airflow.job.inputs import Data, data_in
+from kinetic_airflow.job.inputs import data_in
 from kinetic_airflow.job.integrity import IntegrityError, new_key
 from kinetic_airflow.job.layout import JobIdentity, JobLayout
 from kinetic_airflow.job.ref import K8sFields
@@ -70,7 +75,15 @@ from kinetic_airflow.links import (
     KineticViewLink,
 )
 from kinetic_airflow.optional import require_airflow
-from kinetic_airflow.options import is_deferred, validate_options
+from kinetic_airflow.options import (
+    OPTIONS,
+    is_deferred,
+    parse_bool,
+    task_option_names,
+    task_parameters,
+    templated_option_names,
+    validate_options,
+)
 from kinetic_airflow.reported_metrics import gauge_tags, publish, read_attempts
 from kinetic_airflow.results import (
     KineticJobError,
@@ -107,7 +120,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
     from typing_extensions import Unpack
 
-    from kinetic_airflow.typed_args import BackendName, OperatorArgs
+    from kinetic_airflow.typed_args import OperatorOptions
 
 __all__ = ["KineticRunOperator"]
 
@@ -124,110 +137,33 @@ class KineticRunOperator(BaseOperator):
     :param python_callable: any callable (function, lambda, ``functools.partial``, callable object).
     :param op_args: positional arguments (templated).
     :param op_kwargs: keyword arguments (templated).
-    :param accelerator: kinetic accelerator string: ``cpu``, ``gpu-l4``, ``tpu-v6e-8``, ``...:spot``.
-    :param backend: ``local``, ``gke``, ``pathways`` or ``auto``; default from ``[kinetic] backend``.
-    :param base_uri: where job files live (``gs://bucket/prefix`` or ``file:///path``).
-    :param output_dir: ``KINETIC_OUTPUT_DIR`` for the function; default is stable per task instance.
-    :param capture_env_vars: worker env var names or wildcards to send to the job.
-    :param volumes: ``{"/abs/mount": Data(...)}`` made available before the function runs.
-    :param spot: ``True`` for Spot VMs (as the ``:spot`` suffix); a bool, never a string.
-    :param deferrable: wait in the triggerer (default) or, if False, in the worker.
-    :param poll_interval: seconds (or a ``timedelta``) between status checks (``[kinetic] poll_interval``).
-    :param heartbeat_seconds: seconds (or a ``timedelta``) between the runner's heartbeats.
-    :param startup_timeout: cluster backends: seconds (or a ``timedelta``) a job may stay unschedulable
-        (node scale-up).
-    :param preemption_retries: cluster backends: resubmissions after preemption, not counted as retries.
-    :param container_env: plain (non-secret) environment variables for the job's container.
-    :param pod_override: cluster backends: a dict (Kubernetes JSON) or ``kubernetes.client.V1Pod`` merged
-        over the generated pod (``kinetic_airflow.backends.gke.pod_override``; ``[kinetic] pod_override``
-        is the default).
-    :param requirements: packages the job needs beyond its image: requirement strings and/or
-        paths of requirements files. Without it, a ``requirements.txt`` (or ``pyproject.toml``
-        dependencies) beside the DAG file or at the bundle root is used. Installed by the runner
-        into an environment cached by their hash, so the next job on that machine installs nothing.
-    :param use_internal_ip: GKE: reach the control plane on its private endpoint (Airflow inside the
-        cluster's VPC, Composer 3); default from [kinetic] use_internal_ip.
-    :param use_dns_endpoint: GKE: reach the control plane on its DNS endpoint; default from
-        [kinetic] use_dns_endpoint.
-    :param impersonation_chain: GKE: service account(s) to impersonate for the GKE and Kubernetes
-        API calls (the last is used, the others are delegates), as in the google provider's GKE
-        operators; default from [kinetic] impersonation_chain. Job storage keeps the connection's
-        own identity.
-    :param capacity: cluster backends: where the nodes come from: ``on-demand``, ``spot``,
-        ``flex-start`` (Dynamic Workload Scheduler), ``queued`` (queued provisioning through
-        Kueue; needs ``local_queue``), ``reservation:<name>`` / ``reservation:<project>/<name>``
-        or ``any-reservation``; default from [kinetic] capacity (README, "Capacity").
-    :param max_run_duration: flex-start / queued: seconds (or a ``timedelta``) the VMs may run,
-        at most 7 days.
-    :param local_queue: the Kueue LocalQueue that admits the job (``kueue.x-k8s.io/queue-name``);
-        the task log shows its place in the queue while Kueue holds it.
-    :param priority_class: the Kueue WorkloadPriorityClass of the job.
-    :param queue_timeout: seconds (or a ``timedelta``) the job may wait in its Kueue queue before
-        the task fails; ``startup_timeout`` counts from admission.
+    :param kwargs: the task options (``accelerator``, ``backend``, ``spot``, ...): the rows of
+        ``kinetic_airflow.options`` (``reference_markdown()`` renders them for the docs), and
+        BaseOperator's arguments. Every task option becomes an attribute of the same name holding
+        its checked value (durations in seconds).
 
     Every option is checked when the operator is built (at DAG import), by its row in
     ``kinetic_airflow.options``; templated ones again once rendered, before any job exists.
     """
 
-    template_fields: Sequence[str] = (
-        "op_args",
-        "op_kwargs",
-        "accelerator",
-        "container_image",
-        "base_uri",
-        "output_dir",
-        "project",
-        "zone",
-        "cluster",
-        "namespace",
-        "container_env",
-        "impersonation_chain",
-    )
+    template_fields: Sequence[str] = ("op_args", "op_kwargs", *templated_option_names())
     template_fields_renderers = {"op_args": "py", "op_kwargs": "py"}
     ui_color = "#d7e9f7"
     operator_extra_links = (KineticViewLink(), KineticJobConsoleLink(), KineticJobLogsLink())
     shallow_copy_attrs: Sequence[str] = ("python_callable",)
 
+    @task_parameters  # the options' names, types and defaults, where Airflow reads them
     def __init__(
         self,
         *,
         python_callable: Callable[..., Any],
         op_args: Collection[Any] | None = None,
         op_kwargs: Mapping[str, Any] | None = None,
-        accelerator: str = "cpu",
-        container_image: str | None = None,
-        zone: str | None = None,
-        project: str | None = None,
-        cluster: str | None = None,
-        namespace: str | None = None,
-        backend: BackendName | None = None,
-        capture_env_vars: list[str] | tuple[str, ...] | None = None,
-        volumes: Mapping[str, Data] | None = None,
-        spot: bool = False,
-        output_dir: str | None = None,
-        base_uri: str | None = None,
-        gcp_conn_id: str | None = None,
-        kubernetes_conn_id: str | None = None,
-        deferrable: bool = True,
-        poll_interval: float | timedelta | None = None,
-        heartbeat_seconds: float | timedelta | None = None,
-        startup_timeout: float | timedelta | None = None,
-        preemption_retries: int | None = None,
-        container_env: Mapping[str, str] | None = None,
-        pod_override: Any = None,
-        requirements: str | Sequence[str] | None = None,
-        use_internal_ip: bool | None = None,
-        use_dns_endpoint: bool | None = None,
-        impersonation_chain: str | Sequence[str] | None = None,
-        capacity: str | None = None,
-        max_run_duration: float | timedelta | None = None,
-        local_queue: str | None = None,
-        priority_class: str | None = None,
-        queue_timeout: float | timedelta | None = None,
-        slices: int | None = None,
-        **kwargs: Unpack[OperatorArgs],
+        **kwargs: Unpack[OperatorOptions],
     ) -> None:
-        super().__init__(**kwargs)
+        given = cast("dict[str, Any]", kwargs)
+        values = {name: given.pop(name, OPTIONS[name].parameter_default) for name in task_option_names()}
+        super().__init__(**given)
         validate_callable(python_callable)
         check_context_parameters(python_callable, callable_name(python_callable))
         self.python_callable = ensure_name(python_callable)
@@ -235,76 +171,16 @@ class KineticRunOperator(BaseOperator):
         self.op_kwargs = op_kwargs if op_kwargs is not None else {}
         # One row of kinetic_airflow.options per option: a wrong value is a DAG import error
         # naming the option and the fix; durations become seconds, mappings and lists copies.
-        options = validate_options(
-            {
-                "accelerator": accelerator,
-                "container_image": container_image,
-                "zone": zone,
-                "project": project,
-                "cluster": cluster,
-                "namespace": namespace,
-                "backend": backend,
-                "capture_env_vars": capture_env_vars,
-                "volumes": volumes,
-                "spot": spot,
-                "output_dir": output_dir,
-                "base_uri": base_uri,
-                "gcp_conn_id": gcp_conn_id,
-                "kubernetes_conn_id": kubernetes_conn_id,
-                "deferrable": deferrable,
-                "poll_interval": poll_interval,
-                "heartbeat_seconds": heartbeat_seconds,
-                "startup_timeout": startup_timeout,
-                "preemption_retries": preemption_retries,
-                "container_env": container_env,
-                "pod_override": pod_override,
-                "requirements": requirements,
-                "use_internal_ip": use_internal_ip,
-                "use_dns_endpoint": use_dns_endpoint,
-                "impersonation_chain": impersonation_chain,
-                "capacity": capacity,
-                "max_run_duration": max_run_duration,
-                "local_queue": local_queue,
-                "priority_class": priority_class,
-                "queue_timeout": queue_timeout,
-                "slices": slices,
-            }
-        )
-        self.accelerator = accelerator
-        self.container_image = container_image
-        self.zone = zone
-        self.project = project
-        self.cluster = cluster
-        self.namespace = namespace
-        self.backend = backend
-        self.capture_env_vars: list[str] = options["capture_env_vars"] or []
-        self.volumes: dict[str, Data] = options["volumes"] or {}
-        self.spot: bool = options["spot"]
-        self.output_dir = output_dir
-        self.base_uri = base_uri
-        self.gcp_conn_id = gcp_conn_id
-        self.kubernetes_conn_id = kubernetes_conn_id
-        self.deferrable: bool = options["deferrable"]
-        self.poll_interval: float | None = options["poll_interval"]
-        self.heartbeat_seconds: float | None = options["heartbeat_seconds"]
-        self.startup_timeout: float | None = options["startup_timeout"]
-        self.preemption_retries: int | None = options["preemption_retries"]
-        self.container_env = options["container_env"] if container_env is not None else {}
-        trial_accelerator = accelerator if not is_deferred(accelerator) else "cpu"
+        for name, value in check_task_options(values).items():
+            setattr(self, name, value)
+        self.capture_env_vars = self.capture_env_vars or []
+        self.volumes = self.volumes or {}
+        self.container_env = self.container_env or {}
+        trial_accelerator = self.accelerator if not is_deferred(self.accelerator) else "cpu"
         self.pod_override = validate_at_parse(
-            options["pod_override"], trial_accelerator, self.spot, configured=resolve_setting("pod_override")
+            self.pod_override, trial_accelerator, self.spot, configured=resolve_setting("pod_override")
         )
-        self.requirements = options["requirements"]
-        self.use_internal_ip: bool | None = options["use_internal_ip"]
-        self.use_dns_endpoint: bool | None = options["use_dns_endpoint"]
-        self.impersonation_chain = options["impersonation_chain"]
-        self.capacity: str | None = options["capacity"]
-        self.max_run_duration: float | None = options["max_run_duration"]
-        self.local_queue: str | None = options["local_queue"]
-        self.priority_class: str | None = options["priority_class"]
-        self.queue_timeout: float | None = options["queue_timeout"]
-        self.slices: int | None = options["slices"]
-        if _parse_time_backend(backend) == "local":  # no cluster: no GKE console or Cloud Logging
+        if _parse_time_backend(self.backend) == "local":  # no cluster: no GKE console or Cloud Logging
             self.operator_extra_links = (KineticViewLink(),)
 
     @classmethod
@@ -314,7 +190,7 @@ class KineticRunOperator(BaseOperator):
         kwargs.setdefault("map_index_template", DEFAULT_MAP_INDEX_TEMPLATE)
         # A mapped operator is built when the task runs: check the options given here at parse
         # time (expanded ones are checked when each mapped instance is built, before it runs).
-        validate_options(kwargs)
+        check_task_options(kwargs)
         return super().partial(**kwargs)
 
     def kinetic_map_label(self) -> str:
@@ -1023,9 +899,23 @@ def _number(
     return number
 
 
+def check_task_options(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``validate_options`` (the option table's checks), and a pod override's shape checked by
+    ``backends/gke/pod_override``, which knows a pod's fields and sits above the table."""
+    checked = validate_options(values)
+    override = checked.get("pod_override")
+    if override is not None:
+        try:
+            checked["pod_override"] = normalize_pod_override(override)
+        except PodOverrideError as exc:  # it names the field; add what a right one looks like
+            example = OPTIONS["pod_override"].example
+            raise PodOverrideError(f"{exc}. A pod override looks like {example}") from None
+    return checked
+
+
 def _flag(value: Any) -> bool:
     """A boolean setting as the option table hands it over (checked there): a bool or its text."""
-    return value is True or str(value).strip().lower() in ("1", "true", "yes", "on")
+    return parse_bool(value) is True
 
 
 def _deferring_process() -> dict[str, Any] | None:

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobState
+from kinetic_airflow.backends.base import QUEUE_LOOK_SECONDS, Backend, BackendStatus, JobRef, JobState
 from kinetic_airflow.config import DEFAULTS, local_state_root
 from kinetic_airflow.job.layout import JobLayout
 from kinetic_airflow.job.multihost import host_label
@@ -38,7 +38,7 @@ from kinetic_airflow.job.storage import Storage, StorageError, is_storage_error
 from kinetic_airflow.job.tracebacks import StreamedTracebackFilter, type_name, user_names
 from kinetic_airflow.lifecycle import acancel_job, cancelled_marker
 from kinetic_airflow.progress import PROGRESS_NAME, Progress, ProgressTracker
-from kinetic_airflow.startup import QUEUE_LOOK_SECONDS, startup_failure
+from kinetic_airflow.startup import startup_failure
 
 __all__ = [
     "EVENT_JOB_FIELDS",

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobState
+from kinetic_airflow.backends.base import QUEUE_LOOK_SECONDS, Backend, BackendStatus, JobRef, JobState
 from kinetic_airflow.backends.gke.classify import classify, with_refusal
 from kinetic_airflow.backends.gke.client import ApiError, KubeApi, cached_kube_api, kube_api
 from kinetic_airflow.backends.gke.console import job_links
@@ -42,7 +42,6 @@ from kinetic_airflow.backends.gke.watch_cache import (
 from kinetic_airflow.capacity import placement_of
 from kinetic_airflow.config import resolve_setting
 from kinetic_airflow.job.layout import JOB_PREFIX, check_derived_names
-from kinetic_airflow.startup import QUEUE_LOOK_SECONDS
 
 __all__ = ["GKEBackend", "JobOwnershipError", "Observed", "k8s_job_name"]
 

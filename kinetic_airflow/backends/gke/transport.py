@@ -56,6 +56,8 @@ from urllib.parse import unquote, urlencode, urlsplit, urlunsplit
 import urllib3
 import yaml
 
+from kinetic_airflow.options import parse_bool
+
 __all__ = ["ApiServer", "from_client_configuration", "from_google_credentials", "from_kubernetes_connection"]
 
 # What the cncf provider's client sets (``configure_tcp_keepalive``): a dead peer under a long
@@ -384,7 +386,7 @@ def _extra(extras: dict[str, Any], name: str) -> Any:
 
 
 def _truthy(value: Any) -> bool:
-    return value is True or str(value).strip().lower() in ("true", "1", "yes")
+    return parse_bool(value) is True
 
 
 def from_kubernetes_connection(extras: dict[str, Any]) -> ApiServer | None:
