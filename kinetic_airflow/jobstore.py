@@ -113,7 +113,18 @@ class JobInfo:
         if ref is not None and ref.identity is not None:
             return ref.identity
         data = (self.manifest or {}).get("identity")
-        return JobIdentity.from_dict(data) if data else None
+        if not data:
+            return None
+        try:  # the manifest is in job storage: a forged one must not stop the listing or gc
+            identity = JobIdentity.from_dict(data)
+        except (TypeError, AttributeError):
+            identity = None
+        ints = (identity.map_index, identity.try_number, identity.attempt) if identity else ()
+        strs = (identity.dag_id, identity.run_id, identity.task_id, identity.try_id) if identity else ()
+        if identity is None or not all(type(v) is int for v in ints) or not all(type(v) is str for v in strs):
+            log.warning("ignoring the malformed identity in the manifest of %s", self.job_uri)
+            return None
+        return identity
 
     @property
     def backend(self) -> str:
