@@ -55,7 +55,7 @@ from kinetic_airflow.job.layout import JobIdentity, JobLayout
 from kinetic_airflow.job.ref import K8sFields
 from kinetic_airflow.job.requirements import resolve_requirements
 from kinetic_airflow.job.states import EVENT_PREEMPTED, EVENT_SUCCESS, EVENT_TIMEOUT
-from kinetic_airflow.job.storage import Storage, uri_to_local_path
+from kinetic_airflow.job.storage import Storage, parse_json, uri_to_local_path
 from kinetic_airflow.lifecycle import (
     Action,
     JobRecord,
@@ -414,8 +414,9 @@ class KineticRunOperator(BaseOperator):
     def _observe(self, ref: JobRef) -> tuple[dict[str, Any] | None, BackendStatus, bool]:
         """(result summary, backend status, cancelled on purpose) of a job."""
         storage = self._storage(ref.job_uri)
-        text = storage.read_text_or_none(JobLayout(ref.job_uri).result_summary())
-        summary = json.loads(text) if text else None
+        uri = JobLayout(ref.job_uri).result_summary()
+        text = storage.read_text_or_none(uri)
+        summary = parse_json(text, uri) if text else None  # bounded: never RecursionError
         cancelled = storage.read_text_or_none(lifecycle.cancelled_marker(ref)) is not None
         return summary, get_backend(ref.backend).status(ref), cancelled
 

@@ -34,7 +34,7 @@ from kinetic_airflow.config import DEFAULTS, local_state_root
 from kinetic_airflow.job.layout import JobLayout
 from kinetic_airflow.job.multihost import host_label
 from kinetic_airflow.job.states import EVENT_FAILED, EVENT_PREEMPTED, EVENT_SUCCESS, EVENT_TIMEOUT, Stage
-from kinetic_airflow.job.storage import Storage, StorageError, is_storage_error
+from kinetic_airflow.job.storage import Storage, StorageError, UnreadableObject, is_storage_error, parse_json
 from kinetic_airflow.job.tracebacks import StreamedTracebackFilter, type_name, user_names
 from kinetic_airflow.lifecycle import acancel_job, cancelled_marker
 from kinetic_airflow.progress import PROGRESS_NAME, Progress, ProgressTracker
@@ -314,12 +314,12 @@ class JobWatcher:
         try:
             text = await self.storage.aread_text_or_none(self.layout.status(PROGRESS_NAME))
         except Exception as exc:
-            if not is_storage_error(exc):
+            if not (is_storage_error(exc) or isinstance(exc, UnreadableObject)):
                 raise
             log.warning("could not read the progress record of job %s: %s", self.job.job_id, exc)
             return  # only costs the first progress line being said again
-        with contextlib.suppress(ValueError, TypeError):
-            record = json.loads(text) if text else None
+        with contextlib.suppress(ValueError, TypeError):  # parse_json: bounded, never RecursionError
+            record = parse_json(text, self.layout.status(PROGRESS_NAME)) if text else None
             if isinstance(record, dict):
                 self.progress.resume(record)
 
@@ -339,7 +339,7 @@ class JobWatcher:
         try:
             shared = await self.storage.aread_text_or_none(self._cursor_uri)
         except Exception as exc:  # a lost cursor only means some lines are shown again
-            if not is_storage_error(exc):
+            if not (is_storage_error(exc) or isinstance(exc, UnreadableObject)):
                 raise
             log.warning("could not read the log cursor %s: %s", self._cursor_uri, exc)
             shared = None
@@ -347,11 +347,14 @@ class JobWatcher:
         found = [shared, await asyncio.to_thread(_read_local, self._local_cursor)]
         for text in found:
             if text:
-                cursor = json.loads(text)
-                if _progress(cursor.get("offset", 0)) > _progress(self.log_offset):
-                    self.log_offset = cursor.get("offset", 0)
-                    lines = cursor.get("lines", 0)
-                    self.lines_emitted = dict(lines) if isinstance(lines, dict) else {"": int(lines)}
+                try:  # a cursor someone else wrote is ignored: some lines are shown again
+                    cursor = parse_json(text, self._cursor_uri)
+                    if _progress(cursor.get("offset", 0)) > _progress(self.log_offset):
+                        lines = cursor.get("lines", 0)
+                        self.lines_emitted = dict(lines) if isinstance(lines, dict) else {"": int(lines)}
+                        self.log_offset = cursor.get("offset", 0)
+                except (ValueError, TypeError, AttributeError) as exc:
+                    log.warning("ignoring the log cursor of job %s: %s", self.job.job_id, exc)
         self.saved_offset = self.shared_offset = self.log_offset
 
     async def _save_cursor(self, *, final: bool = False) -> None:
@@ -504,12 +507,24 @@ class JobWatcher:
         await self._save_cursor(final=True)
         self._flush_held()
 
+    async def _started_marker(self) -> bool:
+        """Whether the runner's started marker is there (one too large to read is there too)."""
+        try:
+            return bool(await self.storage.aread_text_or_none(self.layout.status("started")))
+        except UnreadableObject:
+            return True
+
     async def _heartbeat_age(self, host: int = 0) -> float | None:
         """Seconds since a runner's last heartbeat, or None before it started beating."""
-        text = await self._read(self.layout.status("heartbeat", host), "heartbeat")
-        if not text:
+        uri = self.layout.status("heartbeat", host)
+        try:
+            text = await self._read(uri, "heartbeat")
+            if not text:
+                return None
+            return time.time() - float(parse_json(text, uri).get("time", 0))
+        except (ValueError, TypeError, AttributeError) as exc:  # not a heartbeat a runner wrote
+            log.warning("ignoring the heartbeat of job %s: %s", self.job.job_id, exc)
             return None
-        return time.time() - float(json.loads(text).get("time", 0))
 
     async def _stalest_heartbeat(self, status: BackendStatus) -> tuple[float | None, int]:
         """(age, host) of the oldest heartbeat among the hosts still running their function."""
@@ -524,8 +539,18 @@ class JobWatcher:
         return stalest
 
     async def _summary(self, host: int = 0) -> dict[str, Any] | None:
-        text = await self._read(self.layout.result_summary(host), "result summary")
-        return json.loads(text) if text else None
+        """The result summary; one no runner wrote (too large, too deep, not a JSON object) is
+        a failure of the job that names the file, not an error of the watcher."""
+        uri = self.layout.result_summary(host)
+        try:
+            text = await self._read(uri, "result summary")
+            summary = parse_json(text, uri) if text else None
+            if summary is not None and not isinstance(summary, dict):
+                raise UnreadableObject(f"{uri} is not a JSON object: kinetic-airflow did not write it")
+        except UnreadableObject as exc:
+            return {"ok": False, "phase": "verify", "host": host, "error_type": "kinetic.UnreadableResult",
+                    "error_message": f"the job's result cannot be read: {exc}"}  # fmt: skip
+        return summary
 
     def _event(self, status: str, **fields: Any) -> dict[str, Any]:
         """The one event; the triggerer logs it whole and the metadata DB keeps it, so it is
@@ -708,7 +733,7 @@ class JobWatcher:
             if self.started
             else startup_failure(self.job, status, self.startup_timeout, self.submitted_at)
         )
-        if stuck is not None and await self.storage.aread_text_or_none(self.layout.status("started")):
+        if stuck is not None and await self._started_marker():
             self.started = True  # it ran before this watcher (a rebuilt trigger): not a startup problem
             stuck = None
         if stuck is not None:
@@ -838,8 +863,15 @@ class JobWatcher:
 
     async def _cancelled(self) -> dict[str, Any] | None:
         """The cancelled marker (who stopped the job, and why), if someone stopped it on purpose."""
-        text = await self._read(cancelled_marker(self.job), "cancelled marker")
-        return json.loads(text) if text else None
+        uri = cancelled_marker(self.job)
+        try:
+            text = await self._read(uri, "cancelled marker")
+            marker = parse_json(text, uri) if text else None
+            if marker is None or isinstance(marker, dict):
+                return marker
+            raise UnreadableObject(f"{uri} is not a JSON object")
+        except UnreadableObject as exc:  # it is there: the job was stopped, by whom is unknown
+            return {"by": "someone (the cancelled marker cannot be read)", "reason": str(exc)}
 
     def _cancelled_event(self, marker: dict[str, Any]) -> dict[str, Any]:
         return self._event(

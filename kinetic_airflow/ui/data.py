@@ -25,8 +25,8 @@ from kinetic_airflow.connections import storage_for
 from kinetic_airflow.job.layout import STATE_KEY, JobLayout, output_dir_uri
 from kinetic_airflow.job.states import EVENT_PREEMPTED, EVENT_SUCCESS, JobStatus
 from kinetic_airflow.job.tracebacks import clean_remote_traceback, type_name, user_summary
-from kinetic_airflow.jobstore import read_json_object
 from kinetic_airflow.lifecycle import JobRecord, Phase, decode_record, recorded_jobs
+from kinetic_airflow.usage import ended_usage
 
 __all__ = ["device_of", "job_details", "run_costs", "task_rows"]
 
@@ -40,12 +40,53 @@ _CACHE_SIZE = 5000
 _READERS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kinetic-view")
 
 
-def _read_json(storage: Any, uri: str) -> dict[str, Any] | None:
+def _read_json(storage: Any, uri: str, check: Any = None) -> dict[str, Any] | None:
+    """A job's JSON file, bounded in bytes and depth (``Storage.read_json_or_none``); one that
+    cannot be read, or whose values are not as kinetic-airflow writes them (``check`` names
+    the wrong fields), is ``{"unreadable": why}``: that job's row says so, the page stays."""
     try:
-        return read_json_object(storage, uri)
+        value = storage.read_json_or_none(uri)
+        if value is not None and not isinstance(value, dict):
+            raise ValueError(f"{uri} is not a JSON object")
+        wrong = check(value) if check is not None and value is not None else []
+        if wrong:
+            raise ValueError(f"{uri}: {', '.join(wrong)} not as kinetic-airflow writes them")
+        return value
     except Exception as exc:  # one unreadable job must not blank the page
         log.warning("kinetic view: could not read %s: %s", uri, exc)
         return {"unreadable": str(exc)}
+
+
+def _is_time(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1e11
+
+
+def _wrong_progress(progress: dict[str, Any]) -> list[str]:
+    """The fields of a progress record the page could not show (``progress.ProgressTracker``)."""
+    times, texts = ("time", "since", "running_since"), ("job_id", "state", "text", "node", "outcome")
+    wrong = [k for k in times if progress.get(k) is not None and not _is_time(progress[k])]
+    wrong += [k for k in texts if not isinstance(progress.get(k, ""), str)]
+    history = progress.get("history", [])
+    if not isinstance(history, list) or not all(
+        isinstance(h, dict) and _is_time(h.get("time")) and isinstance(h.get("state"), str)
+        and isinstance(h.get("text", ""), str) for h in history
+    ):  # fmt: skip
+        wrong.append("history")
+    return wrong
+
+
+def _wrong_summary(summary: dict[str, Any]) -> list[str]:
+    """The fields of a result summary the page could not show (``job.envelope``)."""
+    text = ("phase", "error_type", "error_message", "traceback", "value_type", "value_repr")
+    wrong = [k for k in text if summary.get(k) is not None and not isinstance(summary[k], str)]
+    if summary.get("ok") not in (None, True, False):
+        wrong.append("ok")
+    timings = summary.get("timings")
+    if timings is not None and not (
+        isinstance(timings, dict) and all(isinstance(v, (int, float)) for v in timings.values())
+    ):
+        wrong.append("timings")
+    return wrong
 
 
 def _job_files(job: dict[str, Any], gcp_conn_id: str | None, watched: bool) -> dict[str, Any]:
@@ -72,11 +113,11 @@ def _job_files(job: dict[str, Any], gcp_conn_id: str | None, watched: bool) -> d
     uri = job["job_uri"]
     storage = storage_for(uri, gcp_conn_id)
     layout = JobLayout(uri)
-    files: dict[str, Any] = {"progress": _read_json(storage, layout.status("progress"))}
+    files: dict[str, Any] = {"progress": _read_json(storage, layout.status("progress"), _wrong_progress)}
     recorded = "usage" in job  # the outcome reached Airflow: nothing about the job changes now
     cancelled = job.get("phase") == Phase.CANCELLED.value
     ended = recorded or (files["progress"] or {}).get("outcome") or cancelled or not watched
-    files["summary"] = _read_json(storage, layout.result_summary()) if ended else None
+    files["summary"] = _read_json(storage, layout.result_summary(), _wrong_summary) if ended else None
     failed = recorded and job.get("outcome") not in (EVENT_SUCCESS, EVENT_PREEMPTED)
     if (cancelled or failed or not (recorded or watched)) and not job.get("cancelled"):
         # who stopped it and why (newer workers put it in the record's history themselves)
@@ -103,6 +144,7 @@ def _type_name(name: str | None) -> str | None:
 # The view's states are plain strings (its JSON): JobStatus's values, and a few of its own
 # (preempted, submitted, orphaned, and the watcher's progress states while a job is live).
 SUCCEEDED, FAILED, CANCELLED = JobStatus.SUCCEEDED.value, JobStatus.FAILED.value, JobStatus.CANCELLED.value
+UNREADABLE = "unreadable"  # a job whose files are not as kinetic-airflow writes them
 
 
 def _state(entry: dict[str, Any], files: dict[str, Any]) -> tuple[str, str]:
@@ -120,6 +162,9 @@ def _state(entry: dict[str, Any], files: dict[str, Any]) -> tuple[str, str]:
         return CANCELLED, "stopped on purpose"
     if outcome:
         return (SUCCEEDED if outcome == EVENT_SUCCESS else FAILED), progress.get("text") or outcome
+    for name in ("summary", "progress"):  # a forged or damaged file: say so, show the rest
+        if (files.get(name) or {}).get("unreadable"):
+            return UNREADABLE, f"its {name} file cannot be read: {files[name]['unreadable']}"
     if progress.get("state"):
         return progress["state"], progress.get("text", "")
     return "submitted", "submitted; not observed yet"
@@ -168,9 +213,12 @@ def _ending(
     undelivered job failed before it started, or is orphaned. ``ending`` is "" while the job is
     live, else one of succeeded, failed, preempted, cancelled, failed_while_packaging,
     failed_before_start and orphaned (a job whose task ended, or moved on to another job,
-    without its outcome: nobody watches it).
+    without its outcome: nobody watches it), or unreadable (its files are not as kinetic-airflow
+    writes them, and its record tells no outcome).
     """
     state, doing = _state(entry, files)
+    if state == UNREADABLE:
+        return state, doing, UNREADABLE
     summary = files.get("summary") or {}
     progress = files.get("progress") or {}
     outcome = entry.get("outcome") or progress.get("outcome")
@@ -209,11 +257,22 @@ def device_of(backend: str | None, accelerator: str) -> str:
     return "local CPU" if backend == "local" else accelerator
 
 
+def _usage_from_files(entry: dict[str, Any], files: dict[str, Any]) -> dict[str, Any]:
+    """An ended attempt no worker counted (its task was marked failed or cleared while deferred:
+    the trigger stopped the job): from the runner's start to who stopped it, as its files say."""
+    progress = files.get("progress") or {}
+    started = (files.get("started") or {}).get("time")
+    started = started if _is_time(started) else progress.get("running_since")
+    ended = (files.get("cancelled") or entry.get("cancelled") or {}).get("time")
+    ended = ended if _is_time(ended) else (progress.get("time") if progress.get("outcome") else None)
+    return ended_usage(entry.get("backend"), entry.get("accelerator"), started, ended)
+
+
 def _job_view(
     entry: dict[str, Any], files: dict[str, Any], watched: bool = True, ti_state: str | None = None
 ) -> dict[str, Any]:
     state, doing, ending = _ending(entry, files, watched, ti_state)
-    usage = entry.get("usage") or {}
+    usage = entry.get("usage") or (_usage_from_files(entry, files) if ending else {})
     accelerator = entry.get("accelerator") or "cpu"
     local = entry.get("backend") == "local"
     progress = files.get("progress") or {}
@@ -368,6 +427,9 @@ def task_rows(session: Any, *, all_jobs: bool = False, **filters: Any) -> list[d
             "duration_seconds": current["duration_seconds"],
             "chip_hours": round(sum(j["chip_hours"] or 0 for j in jobs), 6),
             "run_seconds": round(sum(j["duration_seconds"] or 0 for j in jobs), 3),
+            # the span its jobs ran in: a DAG run's wall time spans its task instances' (run_costs)
+            "first_started_at": min((j["started_at"] for j in jobs if j["started_at"]), default=None),
+            "ended_at": _ended_at(jobs),
             "queue_seconds": current["queue_seconds"],
             "spot": current["spot"],
             "result": current["result"] if all_jobs else _brief(current["result"]),
@@ -382,14 +444,25 @@ def task_rows(session: Any, *, all_jobs: bool = False, **filters: Any) -> list[d
     return out
 
 
+def _ended_at(jobs: list[dict[str, Any]]) -> float | None:
+    """When the last of a task instance's jobs ended; None while its current job is live."""
+    if not jobs[-1]["ending"]:
+        return None
+    return max(j["finished_at"] or 0 for j in jobs) or None
+
+
 def _brief(result: dict[str, Any] | None) -> dict[str, Any] | None:
     """A result for the jobs list: the traceback is for the task-instance tab only."""
     return {k: v for k, v in result.items() if k != "traceback"} if result else result
 
 
 def run_costs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Chip-hours, wall time and states summed per DAG run (what did last night's sweep cost),
-    over the rows given: the rows the page shows, so every filter applies to both tables."""
+    """Chip-hours, job time, wall time and states per DAG run (what did last night's sweep cost),
+    over the rows given: the rows the page shows, so every filter applies to both tables. Job
+    time sums the jobs' run times; wall time runs from the first job's start to the last one's
+    end (now, while one runs): ten jobs of an hour side by side are ten hours of job time and
+    one of wall time."""
+    now = time.time()
     runs: dict[tuple[str, str], dict[str, Any]] = {}
     for row in rows:
         run = runs.setdefault(
@@ -400,7 +473,9 @@ def run_costs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "run_after": row["run_after"],
                 "tasks": 0,
                 "chip_hours": 0.0,
-                "run_seconds": 0.0,  # wall time, on an accelerator or not
+                "run_seconds": 0.0,  # job time: the jobs' run times summed, on an accelerator or not
+                "wall_seconds": None,  # from the first job's start to the last one's end (or now)
+                "_span": [None, 0.0],
                 "preemptions": 0,
                 "states": {},
             },
@@ -410,7 +485,13 @@ def run_costs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         run["run_seconds"] = round(run["run_seconds"] + (row["run_seconds"] or 0), 3)
         run["preemptions"] += row["preemptions"]
         run["states"][row["state"]] = run["states"].get(row["state"], 0) + 1
-    return list(runs.values())
+        start = row.get("first_started_at")
+        if start:
+            span = run["_span"]
+            span[0] = start if span[0] is None else min(span[0], start)
+            span[1] = max(span[1], row.get("ended_at") or now)
+            run["wall_seconds"] = round(max(0.0, span[1] - span[0]), 3)
+    return [{k: v for k, v in run.items() if k != "_span"} for run in runs.values()]
 
 
 def job_details(
