@@ -14,13 +14,32 @@ from cluster_emulator.kueue_setup import (
     provisioning_check,
     workload_priority_class,
 )
-from cluster_emulator.resources import JOBS, JOBSETS, LWS, PROVISIONINGREQUESTS, WORKLOADS
+from cluster_emulator.resources import (
+    JOBS,
+    JOBSETS,
+    KUEUE_14558,
+    LWS,
+    PROVISIONINGREQUESTS,
+    WORKLOADS,
+)
 from cluster_emulator.validation import validate_crd_object
 from emu_helpers import NS, PY, api_error, condition, job_manifest, wait_job
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-G, V = "kueue.x-k8s.io", "v1beta1"
+# The preferred version of the pinned release; every test here runs on a cluster that no longer
+# serves v1beta1 (kubernetes-sigs/kueue#14558), the v1beta1 tests at the end on one that does.
+G, V = "kueue.x-k8s.io", "v1beta2"
+
+
+@pytest.fixture
+def k8s_cluster(tmp_path: Any) -> Any:
+    emulator = ClusterEmulator(work_dir=tmp_path / "k8s-emulator", unserved_versions=[KUEUE_14558])
+    emulator.start()
+    try:
+        yield emulator
+    finally:
+        emulator.stop()
 
 
 def queued_job(
@@ -98,7 +117,9 @@ def test_job_suspended_on_create_and_workload_fields(k8s_cluster: ClusterEmulato
         True,
     )
     assert wl["spec"]["queueName"] == "lq" and wl["spec"]["priority"] == 1000
-    assert wl["spec"]["priorityClassName"] == "high"
+    assert wl["spec"]["priorityClassRef"] == {
+        "group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass", "name": "high",
+    }  # fmt: skip
     ps = wl["spec"]["podSets"][0]
     assert ps["name"] == "main" and ps["count"] == 2
     assert ps["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "1"
@@ -126,7 +147,7 @@ def test_quota_for_one_second_pending_then_runs(k8s_cluster: ClusterEmulator, ap
     )
     summary = visibility(
         k8s_cluster,
-        f"/apis/visibility.kueue.x-k8s.io/v1beta1/namespaces/{NS}/localqueues/lq/pendingworkloads",
+        f"/apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/{NS}/localqueues/lq/pendingworkloads",
     )
     assert summary["kind"] == "PendingWorkloadsSummary"
     assert [
@@ -134,7 +155,7 @@ def test_quota_for_one_second_pending_then_runs(k8s_cluster: ClusterEmulator, ap
         for i in summary["items"]
     ] == [(second, 0, 0)]
     cq_summary = visibility(
-        k8s_cluster, "/apis/visibility.kueue.x-k8s.io/v1beta1/clusterqueues/cq/pendingworkloads"
+        k8s_cluster, "/apis/visibility.kueue.x-k8s.io/v1beta2/clusterqueues/cq/pendingworkloads"
     )
     assert cq_summary["items"][0]["localQueueName"] == "lq"
     # the flavor's node labels were injected into the admitted job
@@ -161,7 +182,7 @@ def test_priority_order(k8s_cluster: ClusterEmulator, apis: Any) -> None:
     high = wl_of(custom, batch, "high1")["metadata"]["name"]
     wait_cond(custom, high, "QuotaReserved", "False")
     summary = visibility(
-        k8s_cluster, "/apis/visibility.kueue.x-k8s.io/v1beta1/clusterqueues/cq/pendingworkloads"
+        k8s_cluster, "/apis/visibility.kueue.x-k8s.io/v1beta2/clusterqueues/cq/pendingworkloads"
     )
     assert [i["metadata"]["name"] for i in summary["items"]] == [high, low]
     assert [i["positionInClusterQueue"] for i in summary["items"]] == [0, 1]
@@ -537,7 +558,7 @@ def test_queueing_strategy(k8s_cluster: ClusterEmulator, apis: Any, strategy: st
                 (
                     v := visibility(
                         k8s_cluster,
-                        "/apis/visibility.kueue.x-k8s.io/v1beta1/clusterqueues/cq/pendingworkloads",
+                        "/apis/visibility.kueue.x-k8s.io/v1beta2/clusterqueues/cq/pendingworkloads",
                     )
                 )
                 and len(v["items"]) == 2
@@ -554,7 +575,7 @@ def test_workload_table_and_discovery(k8s_cluster: ClusterEmulator, apis: Any) -
     batch.create_namespaced_job(NS, queued_job("tbl"))
     wl_of(custom, batch, "tbl")
     req = urllib.request.Request(
-        f"{k8s_cluster.url}/apis/kueue.x-k8s.io/v1beta1/namespaces/{NS}/workloads",
+        f"{k8s_cluster.url}/apis/kueue.x-k8s.io/v1beta2/namespaces/{NS}/workloads",
         headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
     )
     with urllib.request.urlopen(req, timeout=10) as resp:
@@ -563,11 +584,84 @@ def test_workload_table_and_discovery(k8s_cluster: ClusterEmulator, apis: Any) -
         "Name", "Queue", "Reserved in", "Admitted", "Finished", "Age",
     ]  # fmt: skip
     assert table["rows"][0]["cells"][1] == "lq"
-    doc = visibility(k8s_cluster, "/apis/visibility.kueue.x-k8s.io/v1beta1")
+    doc = visibility(k8s_cluster, "/apis/visibility.kueue.x-k8s.io/v1beta2")
     names = {r["name"]: r for r in doc["resources"]}
     assert names["clusterqueues/pendingworkloads"]["kind"] == "PendingWorkloadsSummary"
     assert names["localqueues/pendingworkloads"]["namespaced"] is True
-    kueue_doc = visibility(k8s_cluster, "/apis/kueue.x-k8s.io/v1beta1")
+    kueue_doc = visibility(k8s_cluster, "/apis/kueue.x-k8s.io/v1beta2")
     assert {r["name"]: r.get("shortNames") for r in kueue_doc["resources"]}["workloads"] == [
         "kwl", "kueueworkload", "kueueworkloads",
     ]  # fmt: skip
+
+
+# How kubernetes-sigs/kueue v0.19.2 sets ``Requeued`` after an eviction: the job is stopped, then
+# ``pkg/controller/jobframework/reconciler.go`` ``ReconcileGenericJob`` (step 6) sets it True only
+# for Preempted and NodeFailures, else False with the eviction's reason; the workload controller
+# (``pkg/controller/core/workload_controller.go`` ``Reconcile``) turns it True later: after the
+# backoff (BackoffFinished) or once the stopped queue runs again (...Restarted).
+# reason -> (how the eviction is made, Requeued right after, Requeued when it is admitted again)
+REQUEUED_AFTER = {
+    "Preempted": ("hook", ("True", "Preempted"), ("True", "Preempted")),
+    "NodeFailures": ("hook", ("True", "NodeFailures"), ("True", "NodeFailures")),
+    "PodsReadyTimeout": ("hook", ("False", "PodsReadyTimeout"), ("True", "BackoffFinished")),
+    "AdmissionCheck": ("hook", ("False", "AdmissionCheck"), ("True", "BackoffFinished")),
+    "ClusterQueueStopped": (
+        "clusterqueues",
+        ("False", "ClusterQueueStopped"),
+        ("True", "ClusterQueueRestarted"),
+    ),
+    "LocalQueueStopped": ("localqueues", ("False", "LocalQueueStopped"), ("True", "LocalQueueRestarted")),
+}
+
+
+def _requeued_history(custom: client.CustomObjectsApi, name: str, until: tuple[str, str]) -> list[Any]:
+    """Every Requeued (status, reason) the Workload shows, from a watch started before the change."""
+    from kubernetes import watch
+
+    seen: list[tuple[str, str]] = []
+    w = watch.Watch()
+    for event in w.stream(
+        custom.list_namespaced_custom_object, G, V, NS, "workloads",
+        field_selector=f"metadata.name={name}", timeout_seconds=30,
+    ):  # fmt: skip
+        rq = cond(event["object"], "Requeued")
+        pair = (rq.get("status"), rq.get("reason"))
+        if rq and (not seen or seen[-1] != pair):
+            seen.append(pair)
+        if pair == until and cond(event["object"], "Admitted").get("status") == "True":
+            w.stop()
+    return seen
+
+
+@pytest.mark.parametrize("reason", sorted(REQUEUED_AFTER))
+def test_requeued_as_released_kueue_sets_it(k8s_cluster: ClusterEmulator, apis: Any, reason: str) -> None:
+    import threading
+
+    batch, custom, _ = apis
+    how, first, last = REQUEUED_AFTER[reason]
+    kueue_queue(k8s_cluster, "cq", quota={"cpu": "1"}, local_queue="lq")
+    batch.create_namespaced_job(NS, queued_job("rq", "import time; time.sleep(60)"))
+    name = wl_of(custom, batch, "rq")["metadata"]["name"]
+    wait_cond(custom, name, "Admitted")
+    history: list[Any] = []
+    watcher = threading.Thread(target=lambda: history.extend(_requeued_history(custom, name, last)))
+    watcher.start()
+    if how == "hook":
+        k8s_cluster.evict_workload(NS, name, reason=reason, message="test")
+    else:
+        patch = {"spec": {"stopPolicy": "HoldAndDrain"}}
+        if how == "clusterqueues":
+            custom.patch_cluster_custom_object(G, V, how, "cq", patch)
+        else:
+            custom.patch_namespaced_custom_object(G, V, NS, how, "lq", patch)
+        wl = wait_cond(custom, name, "Requeued", "False")
+        assert (cond(wl, "Evicted")["reason"], cond(wl, "Requeued")["reason"]) == (reason, reason)
+        assert cond(wl, "Admitted")["status"] == "False"  # held while the queue is stopped
+        none = {"spec": {"stopPolicy": "None"}}
+        if how == "clusterqueues":
+            custom.patch_cluster_custom_object(G, V, how, "cq", none)
+        else:
+            custom.patch_namespaced_custom_object(G, V, NS, how, "lq", none)
+    watcher.join(35)
+    assert history[0] == first and history[-1] == last, history
+    assert cond(wait_cond(custom, name, "Admitted"), "Requeued")["status"] == "True"
