@@ -1,12 +1,14 @@
-"""Kueue (kueue.x-k8s.io/v1beta1) as one controller: the job webhook's suspend, one Workload per
-job, quota admission through LocalQueue -> ClusterQueue, preemption within a ClusterQueue,
-eviction, the ProvisioningRequest admission check (with a model of GKE's queued provisioning
-answering the requests), the visibility API's pending workloads, and GKE flex-start's maximum
-run duration.
+"""Kueue (kueue.x-k8s.io, stored in v1beta2) as one controller: the job webhook's suspend, one
+Workload per job, quota admission through LocalQueue -> ClusterQueue, preemption within a
+ClusterQueue, eviction and requeueing, stop policies, the ProvisioningRequest admission check
+(with a model of GKE's queued provisioning answering the requests), the visibility API's pending
+workloads, and GKE flex-start's maximum run duration.
 
-Every rule is read from kubernetes-sigs/kueue at ff69552 (file and function named where the rule
-is written) or the GKE documentation (URL named). Nothing of upstream's code is copied. What is
-not modelled is listed in this package's README (Kueue section).
+Every rule is read from kubernetes-sigs/kueue (file and function named where the rule is
+written): eviction, ``Requeued`` and stop policies at the pinned release v0.19.2
+(crds/UPSTREAM.json), the rest at ff69552 (main, 2026-08-22), or the GKE documentation (URL
+named). Nothing of upstream's code is copied. What is not modelled is listed in this package's
+README (Kueue section).
 """
 
 from __future__ import annotations
@@ -589,7 +591,18 @@ class KueueController:
         """An admitted Workload whose LocalQueue or ClusterQueue has ``stopPolicy: HoldAndDrain`` is
         evicted (kubernetes-sigs/kueue v0.19.2 ``pkg/controller/core/workload_controller.go``
         ``reconcileOnLocalQueueActiveState`` / ``reconcileOnClusterQueueActiveState``); ``Hold``
-        only stops new admissions."""
+        only stops new admissions. A Workload set ``spec.active: false`` (by hand) is evicted
+        ``Deactivated`` ("The workload is deactivated", ``Reconcile``'s inactive branch)."""
+        for wl in self.store.list(WORKLOADS):
+            conds = _conds(wl)
+            if (
+                wl["spec"].get("active", True) is False
+                and condition_true(conds, QUOTA_RESERVED)
+                and not condition_true(conds, EVICTED)
+                and not condition_true(conds, FINISHED)
+            ):
+                ns, name = wl["metadata"]["namespace"], wl["metadata"]["name"]
+                self.evict(ns, name, "Deactivated", "The workload is deactivated")
         for wl in self.store.list(WORKLOADS):
             conds = _conds(wl)
             if not condition_true(conds, ADMITTED) or condition_true(conds, EVICTED):

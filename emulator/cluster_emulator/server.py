@@ -96,8 +96,9 @@ def _int(value: str | None, name: str) -> int | None:
         raise errors.bad_request(f"invalid value for {name}: {value!r}")
 
 
-# The request's ``Warning`` header value (a deprecated version), set by ``_resource``.
-_WARNING = "kinetic_emulator_warning"
+# The request's ``Warning`` header value (a deprecated version), set by ``_resource`` (a typed
+# request key where aiohttp has them, 3.12+; a plain string key before).
+_WARNING: Any = getattr(web, "RequestKey", lambda name, _type: name)("kinetic_emulator_warning", str)
 
 
 def _warning_header(text: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -534,9 +535,10 @@ def test_admin_api_hooks(k8s_cluster: ClusterEmulator, apis: Any) -> None:
     batch.create_namespaced_job(NS, queued_job("adm", "import time; time.sleep(30)"))
     name = wl_of(custom, batch, "adm")["metadata"]["name"]
     wait_cond(custom, name, "Admitted")
-    admin.evict_workload(NS, name, reason="NodeMaintenance", message="drained")
+    # an upstream reason after which Kueue requeues at once (reconciler.go setRequeued)
+    admin.evict_workload(NS, name, reason="NodeFailures", message="drained")
     wl = wait_cond(custom, name, "Requeued")
-    assert (cond(wl, "Requeued")["reason"], cond(wl, "Requeued")["message"]) == ("NodeMaintenance", "drained")
+    assert (cond(wl, "Requeued")["reason"], cond(wl, "Requeued")["message"]) == ("NodeFailures", "drained")
 
 
 @pytest.mark.parametrize("strategy", ["StrictFIFO", "BestEffortFIFO"])
@@ -665,3 +667,143 @@ def test_requeued_as_released_kueue_sets_it(k8s_cluster: ClusterEmulator, apis: 
     watcher.join(35)
     assert history[0] == first and history[-1] == last, history
     assert cond(wait_cond(custom, name, "Admitted"), "Requeued")["status"] == "True"
+
+
+# ------------------------------------------------------------------- served versions (v1beta1)
+def test_v1beta1_served_deprecated_and_converted_on_the_pinned_release(tmp_path: Any) -> None:
+    """The pinned release serves v1beta1 (deprecated) beside v1beta2: objects are kept in v1beta2
+    and converted (apis/kueue/v1beta1/*_conversion.go); every v1beta1 answer carries the CRD's
+    deprecationWarning as kube-apiserver's Warning header."""
+    with ClusterEmulator(work_dir=tmp_path / "emu") as k8s:
+        api = k8s.api_client()
+        batch, custom = client.BatchV1Api(api), client.CustomObjectsApi(api)
+        workload_priority_class(k8s, "high", 1000)
+        # a v1beta1 ClusterQueue: cohort and admissionChecks read back in v1beta2's shape
+        cq1 = {
+            "apiVersion": "kueue.x-k8s.io/v1beta1",
+            "kind": "ClusterQueue",
+            "metadata": {"name": "cq"},
+            "spec": {"namespaceSelector": {}, "cohort": "team", "admissionChecks": ["dws-prov"]},
+        }
+        custom.create_cluster_custom_object(G, "v1beta1", "clusterqueues", cq1)
+        cq2 = custom.get_cluster_custom_object(G, "v1beta2", "clusterqueues", "cq")
+        assert cq2["apiVersion"] == "kueue.x-k8s.io/v1beta2"
+        assert cq2["spec"]["cohortName"] == "team" and "cohort" not in cq2["spec"]
+        assert cq2["spec"]["admissionChecksStrategy"] == {"admissionChecks": [{"name": "dws-prov"}]}
+        cq1_back = custom.get_cluster_custom_object(G, "v1beta1", "clusterqueues", "cq")
+        assert cq1_back["spec"]["cohort"] == "team"
+        # a Workload Kueue made (stored in v1beta2) read as v1beta1: priorityClassSource + Name
+        batch.create_namespaced_job(NS, queued_job("conv", priority="high"))
+        uid = batch.read_namespaced_job("conv", NS).metadata.uid
+        name = workload_name("conv", uid, JOBS)
+        wait_until(lambda: _get(custom, name), timeout=10)
+        old = custom.get_namespaced_custom_object(G, "v1beta1", NS, "workloads", name)
+        assert old["apiVersion"] == "kueue.x-k8s.io/v1beta1"
+        assert (old["spec"]["priorityClassSource"], old["spec"]["priorityClassName"]) == (
+            "kueue.x-k8s.io/workloadpriorityclass", "high",
+        )  # fmt: skip
+        assert "priorityClassRef" not in old["spec"]
+        listed = custom.list_namespaced_custom_object(G, "v1beta1", NS, "workloads")
+        assert listed["apiVersion"] == "kueue.x-k8s.io/v1beta1"
+        assert listed["items"][0]["spec"]["priorityClassName"] == "high"
+        # the deprecation warning, on v1beta1 only
+        for version, warned in (("v1beta1", True), ("v1beta2", False)):
+            with urllib.request.urlopen(f"{k8s.url}/apis/{G}/{version}/namespaces/{NS}/workloads") as r:
+                header = r.headers.get("Warning")
+            assert header == ('299 - "This version is deprecated. Use v1beta2 instead."' if warned else None)
+        group = visibility(k8s, "/apis/kueue.x-k8s.io")
+        assert [v["version"] for v in group["versions"]] == ["v1beta2", "v1beta1"]
+        assert group["preferredVersion"]["version"] == "v1beta2"
+        api.close()
+
+
+def test_unserved_versions_are_404_and_gone_from_discovery(k8s_cluster: ClusterEmulator) -> None:
+    """kubernetes-sigs/kueue#14558 (this module's cluster): v1beta1 is a 404 as on a real API
+    server, for the CRDs and the visibility API alike; v1beta2 is all discovery lists."""
+    for path in (
+        f"/apis/{G}/v1beta1/namespaces/{NS}/workloads",
+        f"/apis/{G}/v1beta1",
+        "/apis/visibility.kueue.x-k8s.io/v1beta1/clusterqueues/cq/pendingworkloads",
+    ):
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(f"{k8s_cluster.url}{path}", timeout=10)
+        assert caught.value.code == 404, path
+    groups = {g["name"]: g for g in visibility(k8s_cluster, "/apis")["groups"]}
+    for group in (G, "visibility.kueue.x-k8s.io"):
+        assert [v["version"] for v in groups[group]["versions"]] == ["v1beta2"]
+    assert [v["version"] for v in groups["autoscaling.x-k8s.io"]["versions"]] == ["v1", "v1beta1"]
+
+
+def test_unserve_option_is_checked_and_on_the_command_line() -> None:
+    from cluster_emulator.__main__ import parse_args
+    from cluster_emulator.resources import check_unserved
+
+    assert check_unserved([KUEUE_14558]) == ("kueue.x-k8s.io/v1beta1", "visibility.kueue.x-k8s.io/v1beta1")
+    with pytest.raises(ValueError, match=r"cannot unserve 'kueue.x-k8s.io/v9': .* choose from .*kueue#14558"):
+        check_unserved(["kueue.x-k8s.io/v9"])
+    assert parse_args(["--unserve", KUEUE_14558, "--unserve", "jobset.x-k8s.io/v1alpha2"]).unserve == [
+        KUEUE_14558, "jobset.x-k8s.io/v1alpha2",
+    ]  # fmt: skip
+
+
+# --------------------------------------------------------------------- the vendored CRDs
+def test_vendored_crds_match_their_manifest() -> None:
+    """crds/UPSTREAM.json names each release (tag and commit) and is what the files are: the
+    hashes and the served/storage versions read from the YAML agree with it."""
+    import hashlib
+
+    import yaml
+    from cluster_emulator import upstream
+
+    manifest = upstream.manifest()
+    assert manifest["kueue"]["tag"] == "v0.19.2" and len(manifest["kueue"]["commit"]) == 40
+    for project, entry in manifest.items():
+        assert (upstream.CRD_DIR / entry["license"]).is_file(), project
+        for name, info in entry["files"].items():
+            data = (upstream.CRD_DIR / name).read_bytes()
+            assert hashlib.sha256(data).hexdigest() == info["sha256"], name
+            crd = yaml.load(data, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+            got = [(v["name"], v["served"], v["storage"]) for v in crd["spec"]["versions"]]
+            assert got == [(v["name"], v["served"], v["storage"]) for v in info["versions"]], name
+
+
+def test_vendor_script_records_the_release(tmp_path: Any) -> None:
+    """vendor_crds.vendor reads a tag out of a bare git repository and records tag and commit."""
+    import importlib.util
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "vendor_crds.py"
+    spec = importlib.util.spec_from_file_location("vendor_crds", script)
+    assert spec is not None and spec.loader is not None
+    vendor_crds = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vendor_crds)
+    work = tmp_path / "jobset"
+    crd_path = work / "config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml"
+    crd_path.parent.mkdir(parents=True)
+    crd = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "spec": {
+            "group": "jobset.x-k8s.io",
+            "names": {"plural": "jobsets", "kind": "JobSet"},
+            "scope": "Namespaced",
+            "versions": [{"name": "v1alpha2", "served": True, "storage": True}],
+        },
+    }
+    crd_path.write_text(json.dumps(crd))
+    (work / "LICENSE").write_text("Apache License 2.0\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(work)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "release"], check=True)
+    subprocess.run([*git, "tag", "v9.9.9"], check=True)
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout
+    out = tmp_path / "out"
+    entry = vendor_crds.vendor("jobset", work / ".git", "v9.9.9", out)
+    assert (entry["tag"], entry["commit"]) == ("v9.9.9", commit.strip())
+    info = entry["files"]["jobset.x-k8s.io_jobsets.yaml"]
+    assert info["versions"] == [{"name": "v1alpha2", "served": True, "storage": True}]
+    assert (out / "LICENSE.jobset").read_text() == "Apache License 2.0\n"
+    with pytest.raises(vendor_crds.VendorError, match=r"no tag 'v0.0.1'.*git --git-dir=.* tag"):
+        vendor_crds.vendor("jobset", work / ".git", "v0.0.1", out)
