@@ -45,6 +45,8 @@ from urllib.parse import urlencode
 import urllib3
 import yaml
 
+from kinetic_airflow.backends.gke.api_warnings import log_api_warnings
+
 __all__ = ["ApiServer", "from_client_configuration", "from_google_credentials", "from_kubernetes_connection"]
 
 # What the cncf provider's client sets (``configure_tcp_keepalive``): a dead peer under a long
@@ -155,9 +157,11 @@ class ApiServer:
         if body is not None:
             headers["Content-Type"] = "application/json"
             data = json.dumps(body).encode()
-        return self.pool().request(
+        response = self.pool().request(
             method, self.url(path, query), body=data, headers=headers, timeout=limit, preload_content=False
         )
+        log_api_warnings(response.headers)  # e.g. a deprecated API version (api_warnings.py)
+        return response
 
 
 def _static(value: str | None) -> Callable[[], str | None]:
