@@ -90,7 +90,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         f"as kubernetes-sigs/kueue#14558 does; '{KUEUE_14558}' is short for that change",
     )
     parser.add_argument("--log-level", default="WARNING", help="Python log level (default WARNING)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:
+        check_unserved(args.unserve)
+    except ValueError as exc:  # a usage error, not a traceback
+        parser.error(str(exc))
+    return args
 
 
 async def serve(args: argparse.Namespace) -> int:

@@ -734,13 +734,16 @@ def test_unserved_versions_are_404_and_gone_from_discovery(k8s_cluster: ClusterE
     assert [v["version"] for v in groups["autoscaling.x-k8s.io"]["versions"]] == ["v1", "v1beta1"]
 
 
-def test_unserve_option_is_checked_and_on_the_command_line() -> None:
+def test_unserve_option_is_checked_and_on_the_command_line(capsys: Any) -> None:
     from cluster_emulator.__main__ import parse_args
     from cluster_emulator.resources import check_unserved
 
     assert check_unserved([KUEUE_14558]) == ("kueue.x-k8s.io/v1beta1", "visibility.kueue.x-k8s.io/v1beta1")
     with pytest.raises(ValueError, match=r"cannot unserve 'kueue.x-k8s.io/v9': .* choose from .*kueue#14558"):
         check_unserved(["kueue.x-k8s.io/v9"])
+    with pytest.raises(SystemExit):  # a usage error naming the choices, not a traceback
+        parse_args(["--unserve", "kueue.x-k8s.io/v9"])
+    assert "error: cannot unserve 'kueue.x-k8s.io/v9'" in capsys.readouterr().err
     assert parse_args(["--unserve", KUEUE_14558, "--unserve", "jobset.x-k8s.io/v1alpha2"]).unserve == [
         KUEUE_14558, "jobset.x-k8s.io/v1alpha2",
     ]  # fmt: skip
