@@ -103,6 +103,11 @@ def vendor(project: str, git_dir: Path, tag: str, out: Path = CRDS) -> dict[str,
     if project not in PROJECTS:
         raise VendorError(f"unknown project {project!r}; choose one of {', '.join(sorted(PROJECTS))}")
     info = PROJECTS[project]
+    if not (git_dir / "HEAD").is_file():
+        raise VendorError(
+            f"{git_dir} is not a git directory: pass a bare clone of the upstream repository "
+            f"(git clone --bare https://github.com/{info['repository']})"
+        )
     tags = _git(git_dir, "tag", "--list", tag).decode().split()
     if tag not in tags:
         raise VendorError(
