@@ -493,6 +493,13 @@ def test_workloads_are_read_through_the_version_the_cluster_serves(tmp_path, cap
             assert find_workload(api, "default", "no-such-uid") is None
         paths = {r.path for r in emulator.request_log.records if "/workloads" in r.path}
         assert paths == {f"/apis/kueue.x-k8s.io/{expected}/namespaces/default/workloads"}
+
+        def discoveries() -> int:
+            return len([r for r in emulator.request_log.records if r.path == "/apis/kueue.x-k8s.io"])
+
+        assert discoveries() == 1  # asked once, kept for the process
+        discovery.forget(api)  # as after a 404 on a discovered path: asked again
+        assert find_workload(api, "default", "no-such-uid") is None and discoveries() == 2
         warned = [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
         if expected == "v1beta1":  # the CRD's deprecationWarning, once however many calls
             assert warned == [

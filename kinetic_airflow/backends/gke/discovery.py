@@ -110,7 +110,9 @@ def group_path(api: KubeApi, group: str) -> str:
     return f"/apis/{group}/{api_version(api, group)}"
 
 
-def forget() -> None:
-    """Drop every kept answer (a cluster upgraded under a long-lived process; tests)."""
+def forget(api: KubeApi | None = None) -> None:
+    """Drop the kept answers of ``api``'s server (all of them without one): after a 404 on a
+    discovered path (a controller upgraded under a long-lived process), and in tests."""
     with _SERVED_LOCK:
-        _SERVED.clear()
+        for key in [k for k in _SERVED if api is None or k[0] == api.server.host]:
+            del _SERVED[key]

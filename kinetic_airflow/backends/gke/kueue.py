@@ -251,6 +251,8 @@ def queue_state(api: KubeApi, namespace: str, found: dict[str, Any], queue: str)
         workload = find_workload(api, namespace, uid)
     except ApiError as exc:
         log.debug("cannot read the Workload of %s (%s)", uid, exc)
+        if exc.status == 404:  # Kueue upgraded since the version was discovered? ask again next time
+            discovery.forget(api)
         return QueueState(queue, unreadable=_unreadable(exc))
     if workload is None:
         return QueueState(queue)
