@@ -174,7 +174,8 @@ def test_priority_order(k8s_cluster: ClusterEmulator, apis: Any) -> None:
     workload_priority_class(k8s_cluster, "low", 10)
     workload_priority_class(k8s_cluster, "high", 100)
     kueue_queue(k8s_cluster, "cq", quota={"cpu": "1"}, local_queue="lq")
-    batch.create_namespaced_job(NS, queued_job("blocker", "import time; time.sleep(1)"))
+    # the blocker holds the quota until both are queued (a timer could end first on a busy machine)
+    batch.create_namespaced_job(NS, queued_job("blocker", "import time; time.sleep(120)"))
     wait_cond(custom, wl_of(custom, batch, "blocker")["metadata"]["name"], "Admitted")
     batch.create_namespaced_job(NS, queued_job("low1", priority="low"))
     low = wl_of(custom, batch, "low1")["metadata"]["name"]
@@ -187,6 +188,7 @@ def test_priority_order(k8s_cluster: ClusterEmulator, apis: Any) -> None:
     )
     assert [i["metadata"]["name"] for i in summary["items"]] == [high, low]
     assert [i["positionInClusterQueue"] for i in summary["items"]] == [0, 1]
+    batch.delete_namespaced_job("blocker", NS, propagation_policy="Background")
     wait_cond(custom, high, "Admitted")
     assert cond(_get(custom, low), "QuotaReserved")["status"] == "False"
 

@@ -73,6 +73,7 @@ EVICTIONS = {
     "FlavorMigration": "Kueue admits it with another flavor",
 }
 _DEACTIVATED = "Deactivated"
+_SIGTERM_EXIT = 128 + 15  # how a pod Kueue stops by suspending its job ends
 # ... and the Requeued reasons the workload controller writes when it admits such a Workload again
 # (told when the watcher saw the job only after it was admitted again)
 _READMITTED = {
@@ -404,10 +405,10 @@ def with_queue(status: BackendStatus, state: QueueState) -> BackendStatus:
         state.evicted_reason is None
         and state.requeued_after is not None
         and status.state is JobState.FAILED
-        and status.exit_code == RERUN_REFUSED_EXIT
+        and status.exit_code in (RERUN_REFUSED_EXIT, _SIGTERM_EXIT)
     ):
-        # evicted and admitted again before the watcher looked: the resumed pod refused to run
-        # the attempt twice (the runner's RERUN_REFUSED_EXIT)
+        # evicted and admitted again before the watcher looked: the pod Kueue stopped (SIGTERM) or
+        # the resumed pod, which refused to run the attempt twice (the runner's RERUN_REFUSED_EXIT)
         state = replace(state, evicted_reason=state.requeued_after, evicted_message=state.requeued_message)
     if state.evicted_reason == "AdmissionCheck" and state.pending and status.state is JobState.PENDING:
         return _queued(state)  # retried before it ran: still waiting its turn
