@@ -618,15 +618,18 @@ REQUEUED_AFTER = {
 }
 
 
-def _requeued_history(custom: client.CustomObjectsApi, name: str, until: tuple[str, str]) -> list[Any]:
-    """Every Requeued (status, reason) the Workload shows, from a watch started before the change."""
+def _requeued_history(
+    custom: client.CustomObjectsApi, name: str, until: tuple[str, str], since: str
+) -> list[Any]:
+    """Every Requeued (status, reason) the Workload shows after resourceVersion ``since`` (taken
+    before the change: the watch replays from there however late this thread starts)."""
     from kubernetes import watch
 
     seen: list[tuple[str, str]] = []
     w = watch.Watch()
     for event in w.stream(
         custom.list_namespaced_custom_object, G, V, NS, "workloads",
-        field_selector=f"metadata.name={name}", timeout_seconds=30,
+        field_selector=f"metadata.name={name}", timeout_seconds=30, resource_version=since,
     ):  # fmt: skip
         rq = cond(event["object"], "Requeued")
         pair = (rq.get("status"), rq.get("reason"))
@@ -646,9 +649,9 @@ def test_requeued_as_released_kueue_sets_it(k8s_cluster: ClusterEmulator, apis: 
     kueue_queue(k8s_cluster, "cq", quota={"cpu": "1"}, local_queue="lq")
     batch.create_namespaced_job(NS, queued_job("rq", "import time; time.sleep(60)"))
     name = wl_of(custom, batch, "rq")["metadata"]["name"]
-    wait_cond(custom, name, "Admitted")
+    since = wait_cond(custom, name, "Admitted")["metadata"]["resourceVersion"]
     history: list[Any] = []
-    watcher = threading.Thread(target=lambda: history.extend(_requeued_history(custom, name, last)))
+    watcher = threading.Thread(target=lambda: history.extend(_requeued_history(custom, name, last, since)))
     watcher.start()
     if how == "hook":
         k8s_cluster.evict_workload(NS, name, reason=reason, message="test")
