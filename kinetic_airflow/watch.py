@@ -148,6 +148,10 @@ def _short(text: str) -> str:
     return (first[: _EVENT_MESSAGE_CHARS - 1] + "…") if cut else first
 
 
+# A suspended Job Kueue will not run (or not run this attempt again): deleted when the task ends.
+_KUEUE_ENDED = ("ProvisioningFailed", "LocalQueueMissing")
+
+
 def _classify_exit(status: BackendStatus) -> tuple[str, str, str]:
     """(cause, message, hint) for a process that ended without writing a result."""
     sig = status.details.get("signal") if status.details else None
@@ -204,6 +208,8 @@ def _classify_exit(status: BackendStatus) -> tuple[str, str, str]:
             "the job process was terminated (SIGTERM) before it wrote a result",
             "Something stopped the job from outside (preemption, node shutdown or a cancel).",
         )
+    if status.reason == "LocalQueueMissing":  # the message names the queue and those that exist
+        return "local_queue_missing", status.message, ""
     if status.reason == "Lost":
         return "lost", status.message, "The machine or node running the job went away."
     if status.reason == "Forbidden":
@@ -712,7 +718,7 @@ class JobWatcher:
                 return self._cancelled_event(cancelled)
             if status.reason == "Forbidden":  # the task fails: its job must not run on unseen
                 await self.backend.acancel(self.job)
-            if status.details.get("evicted_by") or status.reason == "ProvisioningFailed":
+            if status.details.get("evicted_by") or status.reason in _KUEUE_ENDED:
                 # Kueue requeued the suspended Job: deleted, so it cannot run this attempt again
                 await self.backend.acancel(self.job)
             cause, message, hint = _classify_exit(status)
