@@ -49,13 +49,14 @@ from kinetic_airflow.job.integrity import IntegrityError, new_key
 from kinetic_airflow.job.layout import JobIdentity, JobLayout
 from kinetic_airflow.job.ref import K8sFields
 from kinetic_airflow.job.requirements import resolve_requirements
-from kinetic_airflow.job.states import EVENT_PREEMPTED, EVENT_SUCCESS, EVENT_TIMEOUT
+from kinetic_airflow.job.states import EVENT_PREEMPTED, EVENT_SUCCESS, EVENT_TIMEOUT, Cause
 from kinetic_airflow.job.storage import Storage, uri_to_local_path
 from kinetic_airflow.lifecycle import (
     Action,
     JobRecord,
     Phase,
     TryInfo,
+    WorkerStep,
     decide,
     history_entry,
     integrity_of_job,
@@ -99,7 +100,7 @@ from kinetic_airflow.validation import (
     ensure_name,
     validate_callable,
 )
-from kinetic_airflow.watch import JobWatcher, describe_failure
+from kinetic_airflow.watch import JobEvent, JobEventError, JobWatcher, describe_failure
 
 require_airflow()  # an older Airflow fails the DAG's import here, with the reason and the fix
 
@@ -531,9 +532,9 @@ class KineticRunOperator(BaseOperator):
             ref = ref.replace(gcp_conn_id=self._gcp_conn_id())
         return ref
 
-    def _cancel_unwatched(self, ref: JobRef, *, by: str, reason: str) -> None:
+    def _cancel_unwatched(self, ref: JobRef, *, by: str, reason: str, cause: Cause) -> None:
         self._active_job = None  # stopped here: on_kill need not stop it again
-        self._cancel(ref, by=by, reason=reason)
+        self._cancel(ref, by=by, reason=reason, cause=cause)
 
     def _observe(self, ref: JobRef) -> tuple[dict[str, Any] | None, BackendStatus, bool]:
         """(result summary, backend status, cancelled on purpose) of a job."""
@@ -548,8 +549,9 @@ class KineticRunOperator(BaseOperator):
         event = asyncio.run(self._watcher(ref, None, self._wait_settings()).wait())
         return self.execute_complete(context, event)
 
-    def _cancel(self, ref: JobRef, *, by: str, reason: str) -> None:
-        lifecycle.cancel_job(ref, self._storage(ref.job_uri), get_backend(ref.backend), by=by, reason=reason)
+    def _cancel(self, ref: JobRef, *, by: str, reason: str, cause: Cause = Cause.STOPPED) -> None:
+        storage = self._storage(ref.job_uri)
+        lifecycle.cancel_job(ref, storage, get_backend(ref.backend), by=by, reason=reason, cause=cause)
 
     def on_kill(self) -> None:
         """The task was killed (timeout, SIGTERM, a user's clear or mark) while it waited in the worker.
@@ -594,14 +596,14 @@ class KineticRunOperator(BaseOperator):
         # handed to the job out of band; a resumed submit of the same job keeps the key it recorded.
         integrity = lifecycle.job_integrity(previous, ref.job_id) or {"job_id": ref.job_id, "key": new_key()}
         self._integrity = integrity
-        guard.step = "recording the job"
+        guard.step = WorkerStep.RECORDING
         record = self._record(context, Phase.RECORDED, ref, deadline, previous, integrity=integrity)
         # job.json (the jobs CLI, retention) and, in a kinetic bucket, kinetic's handle.json
-        guard.step = "publishing the job's description"
+        guard.step = WorkerStep.PUBLISHING
         publish_job(self._storage(ref.job_uri), ref, callable_name(self.python_callable))
-        guard.step = "creating the job"
+        guard.step = WorkerStep.CREATING
         get_backend(ref.backend).submit(ref, job_key=integrity["key"])
-        guard.step = "recording the job as created"
+        guard.step = WorkerStep.RECORDING_CREATED
         record = self._record(context, Phase.CREATED, ref, deadline, record)
         return self._ship(context, ref, deadline, record, guard)
 
@@ -621,9 +623,9 @@ class KineticRunOperator(BaseOperator):
                 f"job {ref.job_id} was created without a job key (by a kinetic-airflow that did not "
                 "verify payloads), so its runner would refuse any payload: clear the task to run a new job"
             )
-        guard.step = "shipping the payload"
+        guard.step = WorkerStep.SHIPPING
         payload_bytes, output_dir, sha256 = self._ship_payload(context, ref, identity, integrity["key"])
-        guard.step = "recording the job as shipped"
+        guard.step = WorkerStep.RECORDING_SHIPPED
         integrity = {**integrity, "payload_sha256": sha256}
         self._integrity = integrity
         record = self._record(context, Phase.SHIPPED, ref, deadline, previous, integrity=integrity)
@@ -726,15 +728,15 @@ class KineticRunOperator(BaseOperator):
         process's exit has reached the scheduler (``resume_window``): Airflow's executor-event race
         fails a task that resumes before.
         """
-        guard.step = "recording the job as waiting"
+        guard.step = WorkerStep.RECORDING_WAITING
         self._record(context, Phase.WAITING, ref, deadline, previous)
-        guard.step = "pushing the job's links"
+        guard.step = WorkerStep.PUSHING_LINKS
         self._push_links(context, ref)
         self._active_job = ref
         if not self.deferrable or settings.wait_before_defer > 0:
-            guard.step = "starting to watch the job in the worker"
+            guard.step = WorkerStep.STARTING_WATCH
             watcher = self._watcher(ref, deadline, settings)
-            guard.step = "watching the job in the worker"
+            guard.step = WorkerStep.WATCHING
             guard.on_kill_follows = (AirflowTaskTimeout,)  # Airflow calls on_kill after its timeout
             give_up_after = settings.wait_before_defer if self.deferrable else None
             event = asyncio.run(watcher.wait(give_up_after=give_up_after))
@@ -745,7 +747,7 @@ class KineticRunOperator(BaseOperator):
         timeout = None
         if deadline is not None:
             timeout = timedelta(seconds=max(0.0, deadline - time.time())) + _DEFERRAL_TIMEOUT_MARGIN
-        guard.step = "building the trigger"
+        guard.step = WorkerStep.BUILDING_TRIGGER
         trigger = KineticJobTrigger(
             job=ref.to_dict(),
             poll_interval=settings.poll_interval,
@@ -757,21 +759,23 @@ class KineticRunOperator(BaseOperator):
             resume_margin=settings.resume_margin_seconds,
             storage_retry_seconds=settings.storage_retry_seconds,
         )
-        guard.step = "deferring to the triggerer"
+        guard.step = WorkerStep.DEFERRING
         self.defer(trigger=trigger, method_name="execute_complete", timeout=timeout)
         raise AssertionError("defer() returned instead of raising TaskDeferred")  # pragma: no cover
 
     # Complete ----------------------------------------------------------------------------------
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None, **_: Any) -> Any:
-        if not event or "job" not in event:
-            raise KineticJobError(f"the trigger returned no usable event: {event!r}")
+        try:
+            ended = JobEvent.from_dict(event)  # the event's one decoder
+        except JobEventError as exc:
+            raise KineticJobError(str(exc)) from None
         self._active_job = None
         record = lifecycle.load_record(context.get("task_state_store"))
-        ref = JobRef.from_dict(event["job"])
+        ref = ended.job
         if record is not None and record.job.job_id == ref.job_id:
             ref = record.job  # the full reference: an event names its job briefly
         key = self._integrity_of(record, ref).get("key")
-        status = event.get("status")
+        status, event = ended.status, ended
         if status == EVENT_PREEMPTED:
             return self._resubmit_after_preemption(context, event, record, ref)
         if status != EVENT_SUCCESS:
@@ -793,8 +797,9 @@ class KineticRunOperator(BaseOperator):
         and the outlets' Asset-event extra (``kinetic_airflow.reported_metrics``)."""
         try:
             try_number = ref.job_identity.try_number
-            jobs = [j for j in (recorded_jobs(record) if record else []) if j.get("try_number") == try_number]
-            attempts = read_attempts(jobs or [history_entry(ref)], self._storage, summary_only=True)
+            jobs = [j for j in (recorded_jobs(record) if record else []) if j.try_number == try_number]
+            entries = [j.to_dict() for j in jobs or [history_entry(ref)]]
+            attempts = read_attempts(entries, self._storage, summary_only=True)
             tags = gauge_tags(context["ti"], ref)
             publish(context, list(getattr(self, "outlets", None) or []), attempts, tags)
         except Exception as exc:  # the job succeeded: its metrics must not fail the task
@@ -848,20 +853,18 @@ class KineticRunOperator(BaseOperator):
     def _push_usage(context: Context, record: JobRecord, usage: dict[str, Any]) -> None:
         """XCom ``kinetic_usage``: this try's attempts (preemptions included) and their sums."""
         attempts = [
-            j["usage"]
-            for j in record.jobs or ()
-            if j.get("usage") and j["usage"].get("try_number") == usage["try_number"]
+            j.usage for j in record.jobs or () if j.usage and j.usage.get("try_number") == usage["try_number"]
         ]
         context["ti"].xcom_push(key=USAGE_XCOM_KEY, value=totals(attempts or [usage]))
 
-    def _outcome(self, ref: JobRef, event: dict[str, Any], key: str | None = None) -> Any:
+    def _outcome(self, ref: JobRef, event: JobEvent, key: str | None = None) -> Any:
         """The job's value as XCom, or the exception that says why there is none."""
-        if event.get("status") != "success":
+        if event.status != EVENT_SUCCESS:
             self._raise_failure(ref, event, key)
         storage = self._storage(ref.job_uri)
         result_uri = JobLayout(ref.job_uri).result()
         identity = ref.job_identity
-        summary = self._summary(storage, ref, 0, {"summary": {}, "message": ""})
+        summary = self._summary(storage, ref, 0, {})
         envelope, sha256 = load_verified_envelope(storage, result_uri, summary, key, 0)
         # its timings are in the job's own "finished in" line, streamed above
         log.info("kinetic job %s succeeded on attempt %d", ref.job_id, identity.attempt)
@@ -873,45 +876,44 @@ class KineticRunOperator(BaseOperator):
             sha256=sha256,
         )
 
-    def _raise_failure(self, ref: JobRef, event: dict[str, Any], key: str | None = None) -> NoReturn:
+    def _raise_failure(self, ref: JobRef, event: JobEvent, key: str | None = None) -> NoReturn:
         """The exception that says why a job has no value."""
-        status = event.get("status")
+        status = event.status
         storage = self._storage(ref.job_uri)
         # a multi-host job's failure is reported from the failing host's own envelope
-        result_uri = JobLayout(ref.job_uri).result(int(event.get("host") or 0))
+        result_uri = JobLayout(ref.job_uri).result(event.host_index)
         # The job's log lines were streamed into this task log already: none is repeated here.
         try:
             full_log = get_backend(ref.backend).full_log_hint(ref)
         except Exception:  # an event's brief reference (no job record) may not name enough
             full_log = ""
-        if status == "timeout":
+        if status == EVENT_TIMEOUT:
             raise AirflowTaskTimeout(describe_failure(event, full_log))
-        if event.get("summary") is not None:
+        if event.summary is not None:
             # The event names the failure briefly; message and traceback come from result.json.
-            summary = self._summary(storage, ref, int(event.get("host") or 0), event)
+            brief = {**event.summary, "error_message": event.message}
+            summary = self._summary(storage, ref, event.host_index, brief)
             self._log_other_hosts(storage, ref, event)
             try:
-                envelope, _ = load_verified_envelope(
-                    storage, result_uri, summary, key, int(event.get("host") or 0)
-                )
+                envelope, _ = load_verified_envelope(storage, result_uri, summary, key, event.host_index)
             except IntegrityError:
                 raise  # a forged failure record is refused, not reported as the job's error
             except Exception as exc:  # user classes missing on the worker: keep the text
                 log.warning("could not load the remote exception object: %s", exc)
                 envelope = None
-            raise_remote(envelope, summary, ref.job_id, where=event.get("where") or "", logger=self.log)
+            raise_remote(envelope, summary, ref.job_id, where=event.where or "", logger=self.log)
         raise KineticJobError(describe_failure(event, full_log))
 
-    def _log_other_hosts(self, storage: Storage, ref: JobRef, event: dict[str, Any]) -> None:
+    def _log_other_hosts(self, storage: Storage, ref: JobRef, event: JobEvent) -> None:
         """The tracebacks of the other hosts that failed, before the reported one's (the streamed
         log leaves every host's traceback out, saying it is logged here)."""
         hosts = int(ref.hosts or 1)
-        for host in event.get("other_failed_hosts") or []:
-            summary = self._summary(storage, ref, int(host), {"summary": {}, "message": ""})
+        for host in event.other_failed_hosts or []:
+            summary = self._summary(storage, ref, int(host), {"error_message": ""})
             log_remote_traceback(summary, ref.job_id, f"host {host} of {hosts}", self.log)
 
-    def _summary(self, storage: Storage, ref: JobRef, host: int, event: dict[str, Any]) -> dict[str, Any]:
-        """The failing host's ``result.json``; the event's brief one if it cannot be read."""
+    def _summary(self, storage: Storage, ref: JobRef, host: int, brief: dict[str, Any]) -> dict[str, Any]:
+        """The failing host's ``result.json``; ``brief`` (what the event says) if it cannot be read."""
         uri = JobLayout(ref.job_uri).result_summary(host)
         try:
             text = storage.read_text_or_none(uri)
@@ -919,10 +921,10 @@ class KineticRunOperator(BaseOperator):
                 return json.loads(text)
         except Exception as exc:  # the error itself must still be raised
             log.warning("could not read the result summary %s: %s", uri, exc)
-        return {**event["summary"], "error_message": event.get("message")}
+        return brief
 
     def _resubmit_after_preemption(
-        self, context: Context, event: dict[str, Any], record: JobRecord | None, ref: JobRef
+        self, context: Context, event: JobEvent, record: JobRecord | None, ref: JobRef
     ) -> Any:
         """A preempted attempt runs again as a new attempt of the same try: no Airflow retry used."""
         identity = ref.job_identity
@@ -946,7 +948,7 @@ class KineticRunOperator(BaseOperator):
             "KINETIC_OUTPUT_DIR is unchanged, so checkpoints carry over; no Airflow retry is used.",
             identity.attempt + 1,
             ref.job_id,
-            event.get("message"),
+            event.message,
             limit - identity.attempt,
             new_ref.job_id,
         )

@@ -264,6 +264,10 @@ def test_an_error_before_a_watcher_holds_the_job_leaves_no_job_running(
     assert entry["phase"] == "cancelled" and entry["cancelled"]["reason"] == reason
     marker = json.loads(open_storage(job.job_uri).read_text(cancelled_marker(job)))
     assert marker["by"] == "worker" and marker["reason"] == reason  # what the watcher and CLI show
+    # the cause is a field, set from the step (not read from the reason's words): the view and
+    # the CLI tell a packaging failure from the worker's other failures by it
+    cause = "packaging_failed" if step == "ship_payload" else "worker_failed"
+    assert record["cancelled"]["cause"] == entry["cancelled"]["cause"] == marker["cause"] == cause
     # nothing the job made is deleted on the way (DESIGN: no failure path deletes files)
     if step not in ("backend_submit", "record_created", "ship_payload"):
         assert open_storage(job.job_uri).exists(job.job_uri + "/manifest.json")
