@@ -290,6 +290,7 @@ def test_a_job_past_its_active_deadline_is_the_same_timeout_as_everywhere(gke_en
     from airflow.sdk.exceptions import AirflowTaskTimeout
 
     from kinetic_airflow.backends.gke.backend import GKEBackend
+    from kinetic_airflow.driver import JobDriver
     from kinetic_airflow.watch import JobEvent, JobWatcher
 
     # Kubernetes stops it after 3 s; the watcher itself has no deadline.
@@ -297,7 +298,7 @@ def test_a_job_past_its_active_deadline_is_the_same_timeout_as_everywhere(gke_en
     event = asyncio.run(JobWatcher(ref, storage, GKEBackend(), poll_interval=0.3).wait())
     assert event["status"] == "timeout" and event["cause"] == "timeout", event
     with pytest.raises(AirflowTaskTimeout) as raised:
-        op._outcome(ref, JobEvent.from_dict(event))
+        JobDriver(op, {})._outcome(ref, JobEvent.from_dict(event))
     assert "the task's execution_timeout passed while the job was running; the job was stopped" in str(
         raised.value
     )
