@@ -80,6 +80,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--work-dir", help="directory for pod logs (default: a temp dir removed on exit)")
     parser.add_argument("--node-pools", help="JSON file: [{name, labels, taints:[{key,value,effect}]}]")
+    parser.add_argument(
+        "--autopilot",
+        action="store_true",
+        help="act as a GKE Autopilot cluster: pods with a writable hostPath volume or a host port are "
+        "refused with GKE Warden's message",
+    )
     parser.add_argument("--log-level", default="WARNING", help="Python log level (default WARNING)")
     return parser.parse_args(argv)
 
@@ -100,6 +106,7 @@ async def serve(args: argparse.Namespace) -> int:
             if args.service_account is None
             else [a for a in args.service_account if a]
         ),
+        autopilot=args.autopilot,
     )
     server = ApiServer(cluster, args.host, args.port)
     stop = asyncio.Event()
