@@ -74,8 +74,9 @@ DEFAULTS: dict[str, Any] = {
     "pod_override": None,
     "kinetic_interop": True,
     # Where a cluster node keeps the environments of requirements= (backends/gke/volumes.py):
-    # "hostpath" (reused by every job on the node) or "emptydir" (GKE Autopilot: per pod).
-    "requirements_cache": "hostpath",
+    # "hostpath" (reused by every job on the node), "emptydir" (per pod) or "auto": emptydir on
+    # GKE Autopilot, which refuses writable hostPath volumes, hostpath elsewhere.
+    "requirements_cache": "auto",
     # Where a cluster job's nodes come from and which Kueue queue admits it (README, "Capacity"):
     # on-demand unless set; no queue; no run limit beyond GKE's own; no bound on the queue wait.
     "capacity": None,

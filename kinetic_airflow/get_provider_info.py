@@ -76,9 +76,9 @@ def get_provider_info() -> dict:
                     ),
                     "requirements_cache": option(
                         "Where cluster nodes cache the environments of requirements=: hostpath (a node "
-                        "folder every job on the node reuses) or emptydir (per pod; for GKE Autopilot, "
-                        "which refuses hostPath).",
-                        "hostpath",
+                        "folder every job on the node reuses), emptydir (per pod) or auto (emptydir on "
+                        "GKE Autopilot, which refuses writable hostPath volumes; hostpath elsewhere).",
+                        "auto",
                     ),
                     "log_max_lines": option(
                         "Job log lines copied into the task log per job (default 10000).", "10000", "integer"

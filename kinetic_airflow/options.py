@@ -382,9 +382,10 @@ OPTIONS: dict[str, OptionSpec] = dict(
         _spec(
             "requirements_cache",
             "enum",
-            "hostpath (a node folder every job on the node reuses) or emptydir (per pod; GKE Autopilot)",
+            "auto (emptydir on GKE Autopilot, else hostpath), hostpath (a node folder every job on "
+            "the node reuses) or emptydir (per pod)",
             "",
-            choices=("hostpath", "emptydir"),
+            choices=("auto", "hostpath", "emptydir"),
             task=False,
             config=True,
         ),

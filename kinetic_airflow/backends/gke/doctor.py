@@ -21,6 +21,9 @@ What it checks, in order (a check that cannot run because an earlier one failed 
 * job storage reachable from here (write, read, delete a probe object);
 * for multi-host TPUs, the LeaderWorkerSet API and its version;
 * nodes (or GKE node pools, node auto-provisioning, Autopilot) able to provide the accelerator;
+* where jobs with ``requirements=`` cache their environments (``[kinetic] requirements_cache``):
+  a hostPath folder of the node, or an emptyDir on GKE Autopilot, which refuses writable
+  hostPath volumes (told by the GKE API's ``Cluster.autopilot.enabled``);
 * the runner image's tag matching this Python (``check_image_python``).
 
 A warning (the check could not tell, e.g. a namespaced Role may not list nodes; or what is
@@ -39,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kinetic_airflow.accelerators import InvalidAcceleratorError, parse_accelerator
+from kinetic_airflow.accelerators import LABEL_ACCELERATOR_COUNT, InvalidAcceleratorError, parse_accelerator
 from kinetic_airflow.backends.gke.client import (
     ApiError,
     KubeApi,
@@ -50,6 +53,11 @@ from kinetic_airflow.backends.gke.client import (
 )
 from kinetic_airflow.backends.gke.image_choice import runner_image
 from kinetic_airflow.backends.gke.images import check_image_python
+from kinetic_airflow.backends.gke.volumes import (
+    ENV_CACHE_HOST_PATH,
+    RequirementsCacheError,
+    requirements_cache_for,
+)
 from kinetic_airflow.config import default_base_uri, resolve_setting
 from kinetic_airflow.connections import storage_for
 from kinetic_airflow.validation import check_backend_fits
@@ -258,6 +266,7 @@ class _Doctor:
             ("service account", self.service_account),
             ("leaderworkerset api", self.leaderworkerset),
             ("accelerator nodes", self.nodes),
+            ("requirements cache", self.requirements_cache),
         ]
         for name, check in later:
             if not reachable:
@@ -698,7 +707,12 @@ class _Doctor:
 
     # nodes -------------------------------------------------------------------------------
     def nodes(self) -> None:
-        selectors = self.spec.node_selectors
+        selectors = dict(self.spec.node_selectors)
+        if self.spec.kind == "tpu":
+            # GKE labels TPU nodes with their chips (gke-accelerator-count); a pod takes all of
+            # them, so a v6e 2x4 pod of 4 chips needs a -4t node, not the -8t one of the same
+            # topology (shared/ACCELERATORS.md section 0)
+            selectors[LABEL_ACCELERATOR_COUNT] = str(self.spec.chips_per_host)
         wanted = ", ".join(f"{k}={v}" for k, v in selectors.items()) or "no node label (any node)"
         query = {"labelSelector": ",".join(f"{k}={v}" for k, v in selectors.items())} if selectors else None
         forbidden = False
@@ -733,6 +747,48 @@ class _Doctor:
             + (", and no node pool, auto-provisioning or Autopilot provides it" if self.gke_info else "")
             + f": pods of {self.spec.text} would stay Pending (Unschedulable)",
             fix,
+        )
+
+    def requirements_cache(self) -> None:
+        setting = str(resolve_setting("requirements_cache") or "auto").strip().lower()
+        info = self.gke_info
+        autopilot = bool(getattr(getattr(info, "autopilot", None), "enabled", False))
+        cluster = {"name": self.s.get("cluster"), "autopilot": autopilot}
+        try:
+            mode = requirements_cache_for(setting, cluster)
+        except RequirementsCacheError as exc:
+            self.add(
+                "requirements cache",
+                FAIL,
+                f"{exc}: every job with requirements= would be refused",
+                "set [kinetic] requirements_cache = auto (or emptydir)",
+            )
+            return
+        where = (
+            "an emptyDir per pod (each job installs its requirements again)"
+            if mode == "emptydir"
+            else f"the node's hostPath {ENV_CACHE_HOST_PATH} (reused by every job on the node)"
+        )
+        if info is not None:
+            kind = "GKE Autopilot, which refuses writable hostPath volumes" if autopilot else "GKE Standard"
+            self.add(
+                "requirements cache",
+                OK,
+                f"requirements_cache={setting}: the cluster is {kind}; jobs "
+                f"with requirements= cache their environments in {where}",
+            )
+            return
+        caveat = (
+            "; a Kubernetes connection does not tell whether the cluster is GKE Autopilot, which "
+            "refuses it: there set [kinetic] requirements_cache = emptydir"
+            if mode == "hostpath"
+            else ""
+        )
+        self.add(
+            "requirements cache",
+            OK,
+            f"requirements_cache={setting}: jobs with requirements= cache their environments in "
+            f"{where}{caveat}",
         )
 
     def _gke_capacity(self) -> str:
