@@ -41,7 +41,8 @@ from kinetic_airflow.backends.gke.image_choice import runner_image
 from kinetic_airflow.backends.gke.images import check_image_python
 from kinetic_airflow.backends.gke.pod_override import combined_override, validate_at_parse
 from kinetic_airflow.backends.registry import get_backend
-from kinetic_airflow.config import KineticSettingError, local_state_root, resolve_setting
+from kinetic_airflow.capacity import startup_timeout_for
+from kinetic_airflow.config import DEFAULTS, KineticSettingError, local_state_root, resolve_setting
 from kinetic_airflow.connections import storage_for
 from kinetic_airflow.context_args import check_context_parameters
 from kinetic_airflow.job.inputs import Data, data_in
@@ -418,7 +419,12 @@ class KineticRunOperator(BaseOperator):
         return ref.replace(
             spec=spec,  # and its text as ``accelerator``
             hosts=spec.hosts * (self.slices or 1),  # every slice's hosts: one group
-            startup_timeout=float(resolve_setting("startup_timeout", self.startup_timeout)),
+            startup_timeout=startup_timeout_for(
+                placement,
+                self.startup_timeout,
+                resolve_setting("startup_timeout"),
+                DEFAULTS["startup_timeout"],
+            ),
             heartbeat_timeout=float(resolve_setting("heartbeat_timeout")),
             k8s=K8sFields(
                 cluster=cluster,
