@@ -24,6 +24,10 @@ What it checks, in order (a check that cannot run because an earlier one failed 
 * where jobs with ``requirements=`` cache their environments (``[kinetic] requirements_cache``):
   a hostPath folder of the node, or an emptyDir on GKE Autopilot, which refuses writable
   hostPath volumes (told by the GKE API's ``Cluster.autopilot.enabled``);
+* with ``capacity="flex-start"`` and ``max_run_duration``: a node pool whose nodes carry
+  ``cloud.google.com/gke-max-run-duration-seconds=<seconds>``, the label that duration puts in
+  the pods' node selector, which only node pools the cluster autoscaler creates (node
+  auto-provisioning, Autopilot) carry by themselves;
 * the runner image's tag matching this Python (``check_image_python``).
 
 A warning (the check could not tell, e.g. a namespaced Role may not list nodes; or what is
@@ -58,6 +62,7 @@ from kinetic_airflow.backends.gke.volumes import (
     RequirementsCacheError,
     requirements_cache_for,
 )
+from kinetic_airflow.capacity import LABEL_FLEX_START, LABEL_MAX_RUN, placement_of
 from kinetic_airflow.config import default_base_uri, resolve_setting
 from kinetic_airflow.connections import storage_for
 from kinetic_airflow.validation import check_backend_fits
@@ -214,6 +219,8 @@ def run_doctor(
     impersonation_chain: str | list[str] | None = None,
     container_image: str | None = None,
     base_uri: str | None = None,
+    capacity: str | None = None,
+    max_run_duration: float | None = None,
     timeout: float = 10.0,
 ) -> DoctorReport:
     """Every check for a first job of ``accelerator``; arguments override ``[kinetic]`` as a task's do."""
@@ -230,6 +237,8 @@ def run_doctor(
         **gke_access(use_internal_ip, use_dns_endpoint, impersonation_chain),
         "container_image": container_image,  # runner_image() adds [kinetic] container_image(_KIND)
         "base_uri": resolve_setting("base_uri", base_uri),
+        "capacity": resolve_setting("capacity", capacity),
+        "max_run_duration": resolve_setting("max_run_duration", max_run_duration),
     }
     report = DoctorReport(settings)
     _Doctor(report, timeout).run()
@@ -268,6 +277,9 @@ class _Doctor:
             ("accelerator nodes", self.nodes),
             ("requirements cache", self.requirements_cache),
         ]
+        placement = placement_of(self.s.get("capacity"), self.s.get("max_run_duration"))
+        if placement.capacity.model == "flex-start" and placement.max_run_seconds:
+            later.append(("max run duration", lambda: self.max_run_duration(placement.max_run_seconds)))
         for name, check in later:
             if not reachable:
                 self.add(name, SKIP, "not checked: the cluster is not reachable")
@@ -790,6 +802,69 @@ class _Doctor:
             f"requirements_cache={setting}: jobs with requirements= cache their environments in "
             f"{where}{caveat}",
         )
+
+    def max_run_duration(self, seconds: int | None) -> None:
+        label = f"{LABEL_MAX_RUN}={seconds}"
+        info = self.gke_info
+        said = (
+            f"max_run_duration={seconds}s puts {label} in the pods' node selector, a label only node "
+            "pools the cluster autoscaler creates (node auto-provisioning, Autopilot) carry by themselves"
+        )
+        fix = (
+            "enable node auto-provisioning (its flex-start pools carry the label), give the flex-start "
+            "node pool the label (gcloud container node-pools create ... --flex-start --node-labels "
+            f"{label}), "
+            "or drop max_run_duration and bound the VMs with the pool's own --max-run-duration"
+        )
+        autopilot = getattr(getattr(info, "autopilot", None), "enabled", False)
+        if autopilot or getattr(getattr(info, "autoscaling", None), "enable_node_autoprovisioning", False):
+            who = "Autopilot" if autopilot else "node auto-provisioning"
+            self.add("max run duration", OK, f"{said}; here {who} creates such pools")
+            return
+        if info is not None:
+            pools = [
+                p.name
+                for p in getattr(info, "node_pools", None) or []
+                if ((getattr(getattr(p, "config", None), "labels", None) or {}).get(LABEL_MAX_RUN))
+                == str(seconds)
+            ]
+            if pools:
+                self.add("max run duration", OK, f"{said}; node pool {pools[0]!r} carries it")
+            else:
+                self.add(
+                    "max run duration",
+                    FAIL,
+                    f"{said}; no node pool of the cluster carries it: the pods would stay Pending",
+                    fix,
+                )
+            return
+        try:
+            query = {"labelSelector": f"{LABEL_FLEX_START}=true"}
+            nodes = self.api.request("GET", "/api/v1/nodes", query=query, retry=False).get("items") or []
+        except ApiError as exc:
+            if exc.status != 403:
+                raise
+            self.add("max run duration", WARN, f"{said}; may not list nodes to see whether a pool does", fix)
+            return
+        values = sorted(
+            {((n.get("metadata") or {}).get("labels") or {}).get(LABEL_MAX_RUN) or "none" for n in nodes}
+        )
+        if str(seconds) in values:
+            self.add("max run duration", OK, f"{said}; flex-start nodes here carry it")
+        elif nodes:
+            self.add(
+                "max run duration",
+                FAIL,
+                f"{said}; the flex-start nodes here carry {', '.join(values)}: the pods would stay Pending",
+                fix,
+            )
+        else:
+            self.add(
+                "max run duration",
+                WARN,
+                f"{said}; no flex-start node is up now (pools scale from zero), so doctor cannot tell",
+                fix,
+            )
 
     def _gke_capacity(self) -> str:
         """What of the GKE cluster (node pools that scale from zero, NAP, Autopilot) can provide the spec."""
