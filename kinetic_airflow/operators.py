@@ -38,7 +38,8 @@ from kinetic_airflow.backends.gke.pod_override import (
     normalize_pod_override,
     validate_at_parse,
 )
-from kinetic_airflow.config import local_state_root, resolve_setting
+from kinetic_airflow.capacity import startup_timeout_for
+from kinetic_airflow.config import DEFAULTS, local_state_root, resolve_setting
 from kinetic_airflow.context_args import check_context_parameters
 from kinetic_airflow.driver import JobDriver, airflow_dags_folder
 from kinetic_airflow.job.inputs import data_in
@@ -248,7 +249,12 @@ class KineticRunOperator(BaseOperator):
         return ref.replace(
             spec=spec,  # and its text as ``accelerator``
             hosts=spec.hosts * (self.slices or 1),  # every slice's hosts: one group
-            startup_timeout=float(resolve_setting("startup_timeout", self.startup_timeout)),
+            startup_timeout=startup_timeout_for(
+                placement,
+                self.startup_timeout,
+                resolve_setting("startup_timeout"),
+                DEFAULTS["startup_timeout"],
+            ),
             heartbeat_timeout=float(resolve_setting("heartbeat_timeout")),
             k8s=K8sFields(
                 cluster=cluster,

@@ -89,6 +89,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="stop serving a version the vendored CRDs serve (repeatable), e.g. kueue.x-k8s.io/v1beta1 "
         f"as kubernetes-sigs/kueue#14558 does; '{KUEUE_14558}' is short for that change",
     )
+    parser.add_argument(
+        "--autopilot",
+        action="store_true",
+        help="act as a GKE Autopilot cluster: pods with a writable hostPath volume or a host port are "
+        "refused with GKE Warden's message",
+    )
     parser.add_argument("--log-level", default="WARNING", help="Python log level (default WARNING)")
     args = parser.parse_args(argv)
     try:
@@ -115,6 +121,7 @@ async def serve(args: argparse.Namespace) -> int:
             else [a for a in args.service_account if a]
         ),
         unserved_versions=check_unserved(args.unserve),
+        autopilot=args.autopilot,
     )
     server = ApiServer(cluster, args.host, args.port)
     stop = asyncio.Event()

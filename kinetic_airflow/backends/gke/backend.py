@@ -31,7 +31,7 @@ from kinetic_airflow.backends.gke.manifest import (
     build_job_manifest,
 )
 from kinetic_airflow.backends.gke.pod_override import apply_to_manifest
-from kinetic_airflow.backends.gke.volumes import pod_extras
+from kinetic_airflow.backends.gke.volumes import pod_extras, requirements_cache_for
 from kinetic_airflow.backends.gke.watch_cache import (
     FAILED_CREATE,
     ClusterWatch,
@@ -164,7 +164,9 @@ class GKEBackend(Backend):
             "python": k8s.runner_python or "python",
             "service_account": k8s.service_account,
             "env": k8s.container_env,
-            "extras": pod_extras(job, str(resolve_setting("requirements_cache") or "hostpath")),
+            "extras": pod_extras(
+                job, requirements_cache_for(resolve_setting("requirements_cache"), k8s.cluster, job)
+            ),
             "secret_env": key_env(self.object_name(job)),
             "placement": placement_of(k8s.capacity, k8s.max_run_seconds, k8s.local_queue, k8s.priority_class),
         }
