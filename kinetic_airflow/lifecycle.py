@@ -614,6 +614,10 @@ class UnwatchedJobGuard:
         self.on_kill_follows: tuple[type[BaseException], ...] = ()
 
 
+# The steps before the job exists on its backend (a failure there may have created nothing).
+_BEFORE_CREATED = frozenset({WorkerStep.RECORDING, WorkerStep.PUBLISHING, WorkerStep.CREATING})
+
+
 def _error_text(exc: BaseException) -> str:
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
@@ -660,13 +664,21 @@ def until_watched(
             try:
                 cancel(guard.job, by=by, reason=reason, cause=cause)
             except Exception as cancel_exc:
-                log.error(
-                    "could not cancel kinetic job %s (%s): it may still be running. Stop it with "
-                    "`kinetic-airflow jobs cancel %s`.",
-                    guard.job.job_id,
-                    _error_text(cancel_exc),
-                    guard.job.job_id,
-                )
+                if guard.step in _BEFORE_CREATED and _error_text(cancel_exc) == _error_text(exc):
+                    # The creating call and the cancel failed alike (a connection that is not
+                    # defined, credentials that do not work): nothing reached the cluster.
+                    log.error(
+                        "kinetic job %s was not created: the same error stopped its creation",
+                        guard.job.job_id,
+                    )
+                else:
+                    log.error(
+                        "could not cancel kinetic job %s (%s): it may still be running. Stop it "
+                        "with `kinetic-airflow jobs cancel %s`.",
+                        guard.job.job_id,
+                        _error_text(cancel_exc),
+                        guard.job.job_id,
+                    )
         try:
             _record_cancelled(store, guard.job, now, deadline, Cancellation.now(by, reason, cause))
         except Exception as record_exc:

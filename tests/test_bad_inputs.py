@@ -165,3 +165,17 @@ def test_bad_base_uri():
 
     with pytest.raises(StorageError, match="use gs://bucket/prefix or file:///absolute/path"):
         open_storage("s3://bucket/x")
+
+
+def test_a_mistyped_kubernetes_connection_creates_nothing_and_says_so(tmp_path, monkeypatch, capfd, caplog):
+    """The connection lookup fails before any job reaches a cluster: the task's error names the
+    connection, and the log does not claim a job "may still be running"."""
+    import kn_bad_conn
+
+    monkeypatch.setenv("KINETIC_BASE_URI", f"file://{tmp_path}")
+    dr = kn_bad_conn.kn_bad_conn().test()
+    log = "".join(capfd.readouterr()) + caplog.text
+    assert dr.get_task_instance("train").state == "failed"
+    assert "kubernetes_defualt" in log and "isn't defined" in log, log[-3000:]
+    assert "may still be running" not in log, log[-3000:]
+    assert "was not created: the same error stopped its creation" in log, log[-3000:]
