@@ -82,13 +82,17 @@ def product_token(url: str, account: str = PRODUCT_ACCOUNT, seconds: int = 86400
 
 @contextmanager
 def running_emulator(
-    tmp_path_factory: Any, node_pools: Any = None, namespaces: Sequence[str] = ("default",)
+    tmp_path_factory: Any,
+    node_pools: Any = None,
+    namespaces: Sequence[str] = ("default",),
+    **options: Any,
 ) -> Iterator[tuple[ClusterEmulator, Path]]:
     """An emulator (its default pools: every TPU and GPU type) and kinetic's kubeconfig for it:
-    the printed Role's service account in each of ``namespaces``."""
+    the printed Role's service account in each of ``namespaces``; ``options``: more
+    ClusterEmulator arguments."""
     from kinetic_airflow.backends.gke.watch_cache import reset_shared_state
 
-    kwargs = {"node_pools": node_pools} if node_pools is not None else {}
+    kwargs = {"node_pools": node_pools, **options} if node_pools is not None else dict(options)
     emulator = ClusterEmulator(work_dir=tmp_path_factory.mktemp("emulator"), **kwargs)
     emulator.start()
     try:

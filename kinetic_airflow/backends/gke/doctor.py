@@ -117,6 +117,13 @@ REQUIRED_RULES: tuple[RoleRule, ...] = (
     RoleRule("", "secrets", ("create", "delete"), "all", "each job's integrity key"),
     RoleRule(KUEUE_GROUP, "workloads", ("get", "list"), "kueue", "a queued job's admission and eviction"),
     RoleRule(
+        KUEUE_GROUP,
+        "localqueues",
+        ("get", "list"),
+        "kueue",
+        "a LocalQueue that does not exist, refused at submission with the queues that do",
+    ),
+    RoleRule(
         KUEUE_VISIBILITY_GROUP,
         "localqueues/pendingworkloads",
         ("get",),
