@@ -91,7 +91,16 @@ def gke(tls_emulator, request, monkeypatch, tmp_path):
         master_auth=_ns(cluster_ca_certificate=k8s.ca_certificate_b64),
         private_cluster_config=_ns(private_endpoint=f"127.0.0.1:{k8s.port}"),
         control_plane_endpoints_config=_ns(dns_endpoint_config=_ns(endpoint="")),
-        node_pools=[],
+        # the emulator's one pool, as GKE lists it (doctor reads pools: the Role may not list nodes)
+        node_pools=[
+            _ns(
+                name="default-pool",
+                config=_ns(machine_type="e2-standard-4", accelerators=[], spot=False),
+                autoscaling=_ns(enabled=False),
+                placement_policy=None,
+                initial_node_count=1,
+            )
+        ],
         autopilot=_ns(enabled=False),
         autoscaling=_ns(enable_node_autoprovisioning=False, resource_limits=[]),
     )

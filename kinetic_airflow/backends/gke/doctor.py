@@ -843,7 +843,7 @@ class _Doctor:
             self.add("accelerator nodes", OK, f"no node carries {wanted} now; {pools}")
             return
         fix = self._node_pool_fix()
-        if forbidden:
+        if forbidden and self.gke_info is None:  # with GKE's node pools doctor knows without nodes
             self.add(
                 "accelerator nodes",
                 WARN,
@@ -854,7 +854,7 @@ class _Doctor:
         self.add(
             "accelerator nodes",
             FAIL,
-            f"no node carries {wanted}"
+            (f"no node carries {wanted}" if not forbidden else f"(nodes not readable) pods need {wanted}")
             + (", and no node pool, auto-provisioning or Autopilot provides it" if self.gke_info else "")
             + f": pods of {self.spec.text} would stay Pending (Unschedulable)",
             fix,
