@@ -183,6 +183,13 @@ def _classify_exit(status: BackendStatus) -> tuple[str, str, str]:
             "Kueue deactivated the job's Workload and will not admit it again: see "
             "`kubectl describe workload -n <namespace>`.",
         )
+    if status.reason == "Killed":  # a local job's SIGKILL while the OOM killer did not run
+        return (
+            "killed",
+            "the job process was killed (SIGKILL) before it wrote a result",
+            "The kernel's out-of-memory killer did not run while the job ran, so something outside "
+            "the job killed it (kill -9, a process manager, the machine shutting down).",
+        )
     if status.reason == "OOMKilled" or sig == 9 or status.exit_code == 137:
         return (
             "oom_killed" if status.reason == "OOMKilled" else "killed",

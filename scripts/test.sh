@@ -20,6 +20,9 @@ if [ "$oracle" -ne 0 ]; then
 fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+# The documentation site (mkdocs.yml, docs/) with warnings as errors, built into the gitignored .site/
+# (not --quiet: it hides the warnings, and --strict then passes a broken link).
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict
 # The floor tier's venv (Airflow's oldest declared release) is installed while the main suite runs:
 # mostly network and disk, where the suite mostly waits on its services.
 bash scripts/test-airflow-floor.sh --setup-only >.ci-logs/floor-setup.log 2>&1 &

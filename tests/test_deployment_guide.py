@@ -1,6 +1,6 @@
-"""The README's "Add kinetic-airflow to your Airflow": its snippets load, its install line resolves.
+"""The deployment guide (docs/how-to: install, Helm, Composer): its snippets load, its install line resolves.
 
-Every config snippet of the section (the ``[kinetic]`` ini block, the ``export`` lines, the Helm
+Every config snippet of those pages (the ``[kinetic]`` ini block, the ``export`` lines, the Helm
 values' ``env``, Composer's overrides) names real ``[kinetic]`` options with values that parse,
 read through Airflow's own configuration in a fresh process; the connection parses as an Airflow
 connection; the Helm values fit the official chart's schema (the facts needed, restated with
@@ -29,14 +29,12 @@ from kinetic_airflow import __version__
 from kinetic_airflow.options import OPTIONS, parse_setting
 
 ROOT = Path(__file__).resolve().parent.parent
-TITLE = "## Add kinetic-airflow to your Airflow"
+GUIDE = ("docs/how-to/install.md", "docs/how-to/helm.md", "docs/how-to/composer.md")
 
 
 def _section() -> str:
-    text = (ROOT / "README.md").read_text()
-    start = text.index(TITLE)
-    end = text.index("\n## ", start + len(TITLE))
-    return text[start:end]
+    """The deployment guide's pages, one after the other."""
+    return "\n".join((ROOT / page).read_text() for page in GUIDE)
 
 
 def _blocks(language: str) -> list[str]:
@@ -95,7 +93,7 @@ def test_the_ini_block_loads_through_airflows_config(tmp_path):
     parser = configparser.ConfigParser()
     parser.read_string(block)
     settings = dict(parser["kinetic"])
-    _check_kinetic_settings(settings, "README [kinetic] block")
+    _check_kinetic_settings(settings, "the guide's [kinetic] block")
     (tmp_path / "airflow.cfg").write_text(block)
     resolved = _through_airflow_conf({}, list(settings), tmp_path)
     assert resolved == settings
@@ -108,7 +106,7 @@ def test_the_environment_variables_load_through_airflows_config(tmp_path):
         for name, value in exports.items()
         if name.startswith("AIRFLOW__KINETIC__")
     }
-    _check_kinetic_settings(kinetic, "README export")
+    _check_kinetic_settings(kinetic, "the guide's export")
     (tmp_path / "airflow.cfg").write_text("")
     resolved = _through_airflow_conf(
         {k: v for k, v in exports.items() if k.startswith("AIRFLOW__")}, list(kinetic), tmp_path
@@ -136,7 +134,7 @@ def test_helm_values_fit_the_official_charts_schema():
     assert all(name.startswith("AIRFLOW__KINETIC__") for name in env)
     _check_kinetic_settings(
         {name.removeprefix("AIRFLOW__KINETIC__").lower(): value for name, value in env.items()},
-        "README Helm values env",
+        "the guide's Helm values env",
     )
     (secret,) = values["secret"]
     assert secret["envName"] == "AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT"
@@ -157,7 +155,7 @@ def test_composer_overrides_are_kinetic_options():
     overrides = _composer_overrides()
     assert all(key.startswith("kinetic-") for key in overrides)
     _check_kinetic_settings(
-        {key.removeprefix("kinetic-"): value for key, value in overrides.items()}, "README Composer override"
+        {key.removeprefix("kinetic-"): value for key, value in overrides.items()}, "the guide's Composer"
     )
     assert f'"kinetic-airflow[gke]=={__version__}"' in _section()
 

@@ -356,7 +356,7 @@ def test_cli_json_in_a_process(cluster):
     assert [c["name"] for c in failed] == ["accelerator nodes"] and "node-pools create" in failed[0]["fix"]
 
 
-def test_print_rbac_is_the_readme_role_and_kubectl_can_read_it(capsys):
+def test_print_rbac_is_the_documented_role_and_kubectl_can_read_it(capsys):
     from kinetic_airflow.cli.main import main
 
     assert (
@@ -374,10 +374,10 @@ def test_print_rbac_is_the_readme_role_and_kubectl_can_read_it(capsys):
     )
     printed = capsys.readouterr().out
     assert printed == rbac_yaml("ml", "airflow@p.iam.gserviceaccount.com")
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index("<!-- rbac -->")
-    block = readme[start:].split("```yaml\n", 1)[1].split("```", 1)[0]
-    assert block == rbac_yaml(), "README's Role must be `kinetic-airflow doctor --print-rbac`'s"
+    guide = (ROOT / "docs/how-to/doctor.md").read_text()
+    start = guide.index("<!-- rbac -->")
+    block = guide[start:].split("```yaml\n", 1)[1].split("```", 1)[0]
+    assert block == rbac_yaml(), "the docs' Role must be `kinetic-airflow doctor --print-rbac`'s"
     import yaml
 
     role, binding = list(yaml.safe_load_all(printed))

@@ -166,7 +166,11 @@ def test_a_payload_and_manifest_digest_replaced_together_are_refused(
     log = _log(capfd)
     assert ti_states(dr) == {"compute": "failed"}
     assert "does not carry this job's HMAC (checked with the key from " in log, log[-3000:]
-    source = "the local job process's environment" if backend == "local" else "the Kubernetes Secret"
+    source = (
+        "a pipe from the Airflow worker that started the job"
+        if backend == "local"
+        else "the Kubernetes Secret"
+    )
     assert source in log
     assert not marker.exists(), "the tampered payload ran code in the job"
 

@@ -77,6 +77,11 @@ def test_list_logs_result_show(backend, base_uri):
     # logs
     code, out, _ = cli("jobs", "logs", greet["job_id"])
     assert code == 0 and "hello ops line 0" in out and "hello ops line 2" in out
+    # the job's terminal control sequences are shown, not obeyed, unless --raw
+    assert "\x1b" not in out and "\x07" not in out
+    assert "\\x1b]0;a job set this title\\x07\\x1b[2Jscreen cleared" in out
+    code, out, _ = cli("jobs", "logs", greet["job_id"], "--raw")
+    assert code == 0 and "\x1b]0;a job set this title\x07\x1b[2Jscreen cleared" in out
     code, out, _ = cli("jobs", "logs", rows["diverges"]["job_id"])
     assert "training..." in out and "ValueError: bad learning rate: -1.0" in out
 

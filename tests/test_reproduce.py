@@ -4,6 +4,7 @@ touching the original job's files (local backend and cluster emulator; file:// a
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -55,9 +56,15 @@ def test_reproduce_a_failed_job_and_a_successful_one(backend, base_uri, tmp_path
     assert 'raise ValueError(f"bad learning rate: {lr}")' in err  # the runner's traceback, here
     assert _files(storage, failed["job_uri"]) == before  # the original job is only read
 
-    # jobs show prints exactly the command reproduce runs
+    # its copy is in a new private directory (not a fixed, guessable /tmp path), kept to look at
+    workdir = next(line for line in out.splitlines() if line.startswith("local job files: "))[17:]
+    assert os.path.basename(workdir).startswith(f"kinetic-reproduce-{failed['job_id']}-")
+    assert os.stat(workdir).st_mode & 0o777 == 0o700
+    assert running.count(workdir) == 1
+
+    # jobs show prints exactly the command reproduce runs (WORKDIR: the directory it makes)
     code, shown, _ = cli("jobs", "show", failed["job_id"])
-    assert code == 0 and "runs: " + running[len("running: ") :] in shown
+    assert code == 0 and "runs: " + running[len("running: ") :].replace(workdir, "WORKDIR") in shown
 
     ok = jobs["greet"]
     code, out, err = cli_run("reproduce", ok["job_uri"], "--workdir", str(tmp_path / "repro"))
@@ -66,6 +73,13 @@ def test_reproduce_a_failed_job_and_a_successful_one(backend, base_uri, tmp_path
     assert f"KINETIC_OUTPUT_DIR: file://{tmp_path / 'repro' / 'output'}" in out  # not the task's own
     assert "hello ops line 2" in err + out
     assert (tmp_path / "repro" / "jobs" / ok["job_id"] / "result.json").exists()
+
+    # a --workdir that holds anything is refused, and nothing in it is touched
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    code, _, err = cli_run("reproduce", ok["job_uri"], "--workdir", str(tmp_path / "mine"))
+    assert code != 0 and "is not an empty directory" in err and "never overwrites" in err
+    assert os.listdir(tmp_path / "mine") == ["notes.txt"]
 
 
 @on_storage("file")  # reading the job from either storage: above

@@ -229,3 +229,18 @@ def test_a_replacement_pod_of_a_multihost_attempt_refuses_to_run_it_again(tmp_pa
     assert "already ran this attempt's function in an earlier pod" in proc.stderr, proc.stderr
     assert "kinetic starts the next attempt" in proc.stderr, proc.stderr
     assert summary is None  # the function did not run
+
+
+def _reads_a_variable() -> str:
+    from airflow.sdk import Variable
+
+    return Variable.get("learning_rate")
+
+
+def test_a_variable_read_in_the_job_says_why_it_cannot_work(tmp_path):
+    layout = make_job(f"file://{tmp_path}", _reads_a_variable)
+    proc, summary = run_runner(layout)
+    assert proc.returncode == 1 and summary["ok"] is False and summary["phase"] == "execute"
+    message = summary["error_message"]
+    assert "Airflow Variables and Connections cannot be read inside a kinetic job" in message
+    assert 'train(lr="{{ var.value.learning_rate }}")' in message and "pod_override" in message

@@ -120,6 +120,15 @@ def test_a_dag_folder_package_imported_in_the_body_is_there(where, storage_dir):
     assert xcom(dr, "uses_dag_folder_package") == "hello from the DAG folder, job"
 
 
+def test_a_helper_modules_frames_name_the_dag_folders_file(where, storage_dir):
+    dr = _run("kn_ship_helper_fails")
+    assert ti_states(dr) == {"helper_fails": "failed"}
+    traceback = _summary(storage_dir, "helper_fails")["traceback"]
+    helper = Path(__file__).parent / "dags" / "kn_shiplib" / "__init__.py"
+    assert f'File "{helper}", line' in traceback, traceback
+    assert "kinetic-job-" not in traceback  # not the job's temporary copy, deleted when it ends
+
+
 def test_requirements_are_installed_once_per_machine(where, storage_dir, wheelhouse, capfd, caplog):
     caplog.set_level("INFO")
     dr = _run("kn_ship_requirements")

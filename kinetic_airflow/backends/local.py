@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobState
 from kinetic_airflow.config import local_state_root
-from kinetic_airflow.job.integrity import KEY_ENV
+from kinetic_airflow.job.integrity import KEY_ENV, KEY_FD_ENV, key_pipe
 from kinetic_airflow.job.layout import CANCEL_NAME, EXIT_NAME, LAUNCH_NAME, LOG_NAME, SUPERVISOR_LOG_NAME
 from kinetic_airflow.job.ref import JobRefError
 
@@ -89,29 +89,38 @@ class LocalBackend(Backend):
         # Environments of requirements= are cached per machine, under the local state dir.
         child_env.setdefault("KINETIC_ENV_CACHE", os.path.join(local_state_root(), "envs"))
         child_env.update(env or {})
-        # The job's key reaches the runner through its environment only (not launch.json, not the
-        # job's directory, which is job storage with file://); the runner removes it from its own.
+        # The job's key reaches the runner through an inherited pipe, which the supervisor passes on
+        # unread and the runner empties: never an environment (/proc/PID/environ is readable by
+        # every process of the user all local jobs share), launch.json or the job's directory
+        # (job storage, with file://).
         child_env.pop(KEY_ENV, None)
-        if job_key:
-            child_env[KEY_ENV] = job_key
-            child_env["KINETIC_JOB_KEY_SOURCE"] = f"the local job process's environment (${KEY_ENV})"
+        child_env.pop(KEY_FD_ENV, None)
+        key_fd = key_pipe(job_key) if job_key else None
+        if key_fd is not None:
+            child_env[KEY_FD_ENV] = str(key_fd)
+            child_env["KINETIC_JOB_KEY_SOURCE"] = "a pipe from the Airflow worker that started the job"
         # The job's temporary files (the runner's work dir with its copies of Data inputs, and
         # whatever the function puts in tempfile's dir) stay inside the job's own directory; the
         # supervisor removes it when the job ends, however it ends (README, "The local backend").
         child_env["TMPDIR"] = str(state / _TMP_DIR)
         (state / _TMP_DIR).mkdir(exist_ok=True)
         log_path = state / SUPERVISOR_LOG_NAME
-        with open(log_path, "ab") as supervisor_log:
-            proc = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=supervisor_log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                close_fds=True,
-                env=child_env,
-                cwd=str(state),
-            )
+        try:
+            with open(log_path, "ab") as supervisor_log:
+                proc = subprocess.Popen(
+                    command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=supervisor_log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    close_fds=True,
+                    pass_fds=() if key_fd is None else (key_fd,),
+                    env=child_env,
+                    cwd=str(state),
+                )
+        finally:
+            if key_fd is not None:
+                os.close(key_fd)
         with os.fdopen(fd, "w") as fh:
             json.dump({"time": time.time(), "pid": proc.pid, "command": command}, fh)
 
@@ -129,6 +138,9 @@ class LocalBackend(Backend):
                 return BackendStatus(JobState.SUCCEEDED, exit_code=0)
             sig = exit_record.get("signal")
             reason = "Cancelled" if exit_record.get("cancelled") else ("Signaled" if sig else "Error")
+            if reason == "Signaled" and sig == signal.SIGKILL and "oom_kills_while_running" in exit_record:
+                # The kernel counts its out-of-memory kills: none while the job ran means a kill -9.
+                reason = "OOMKilled" if exit_record["oom_kills_while_running"] else "Killed"
             message = (
                 f"the job process was killed by signal {sig}"
                 if sig

@@ -277,7 +277,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_logs(args: argparse.Namespace) -> int:
     storage, job_uri = resolve_job(args, args.job)
     info = load_job(storage, job_uri)
-    return print_logs(info, storage, follow=args.follow)
+    return print_logs(info, storage, follow=args.follow, raw=args.raw)
 
 
 # Wiring ---------------------------------------------------------------------------------------
@@ -309,6 +309,11 @@ def add_job_commands(sub: Any) -> None:
         add_storage_options(parser)
         add_output_options(parser)
     actions.choices["logs"].add_argument("-f", "--follow", action="store_true", help="until the job ends")
+    actions.choices["logs"].add_argument(
+        "--raw",
+        action="store_true",
+        help="print the log's bytes as written; by default terminal control sequences are shown escaped",
+    )
     actions.choices["result"].add_argument(
         "--load", action="store_true", help="download result.pkl and unpickle it here (needs its modules)"
     )

@@ -1,4 +1,9 @@
-"""``kinetic-airflow jobs logs JOB [--follow]``: a job's log, wherever its backend keeps it.
+"""``kinetic-airflow jobs logs JOB [--follow] [--raw]``: a job's log, wherever its backend keeps it.
+
+A job's output is written by code the reader did not write: terminal control sequences in it
+(setting the window title, clearing the screen, moving the cursor to overwrite lines) would act
+on the reader's terminal. They are shown escaped (``\x1b[2J``), tabs and line ends kept;
+``--raw`` prints the bytes as the job wrote them (colours, progress bars).
 
 local     the supervisor's ``job.log`` (the job's local state directory, or its copy in storage)
 gke       the Job's newest pod (``kinetic-worker`` container), through the Kubernetes API
@@ -9,6 +14,7 @@ pathways  every host's pod, each line prefixed ``[hN]``; a host whose runner end
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -23,17 +29,27 @@ from kinetic_airflow.job.ref import JobRef
 from kinetic_airflow.job.storage import Storage
 from kinetic_airflow.jobstore import JobInfo
 
-__all__ = ["print_logs"]
+__all__ = ["escape_controls", "print_logs"]
 
 _POLL_SECONDS = 0.5
+# C0 controls but tab and newline, DEL, and the C1 controls (U+0080-U+009F, e.g. the one-character CSI).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_raw = False  # set once per command by print_logs
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every terminal control character written out (``\x1b``), tabs and newlines kept."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def _out(text: str) -> None:
-    sys.stdout.write(text)
+    sys.stdout.write(text if _raw else escape_controls(text))
     sys.stdout.flush()
 
 
-def print_logs(info: JobInfo, storage: Storage, *, follow: bool) -> int:
+def print_logs(info: JobInfo, storage: Storage, *, follow: bool, raw: bool = False) -> int:
+    global _raw
+    _raw = raw
     ref = info.ref
     if info.backend in ("gke", "pathways", "multislice") and ref is not None:
         return _cluster_logs(info, ref, follow=follow)

@@ -29,8 +29,10 @@ from kinetic_airflow.cli.job_keys import NO_KEY_HELP, recorded_integrity
 from kinetic_airflow.cli.text import described
 from kinetic_airflow.job.integrity import (
     KEY_ENV,
+    KEY_FD_ENV,
     IntegrityError,
     check_digest,
+    key_pipe,
     manifest_text,
     verify_manifest,
 )
@@ -38,11 +40,25 @@ from kinetic_airflow.job.layout import MANIFEST_NAME, PAYLOAD_NAME, SUMMARY_NAME
 from kinetic_airflow.job.ref import JobRef, K8sFields
 from kinetic_airflow.jobstore import load_job
 
-__all__ = ["add_reproduce_command", "default_workdir", "reproduce_commands", "run_reproduce"]
+__all__ = ["add_reproduce_command", "new_workdir", "reproduce_commands", "run_reproduce"]
 
 
-def default_workdir(job_id: str) -> str:
-    return os.path.join(tempfile.gettempdir(), "kinetic-reproduce", job_id)
+def new_workdir(job_id: str) -> str:
+    """A fresh private directory (mode 0700, an unpredictable name) for one reproduction."""
+    return tempfile.mkdtemp(prefix=f"kinetic-reproduce-{job_id}-")
+
+
+def _given_workdir(path: str) -> str:
+    """``--workdir``: used only when it is empty or new, so that nothing of the user's is overwritten."""
+    path = os.path.abspath(path)
+    if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
+        raise CliError(
+            f"--workdir {path} is not an empty directory: reproduce writes the job's files there and "
+            "never overwrites anything; name a new or empty directory, or leave --workdir out for a "
+            "private temporary one"
+        )
+    os.makedirs(path, exist_ok=True)
+    return path
 
 
 def _k8s(ref: JobRef | None) -> K8sFields:
@@ -69,7 +85,7 @@ def _shell(env: dict[str, str], command: list[str]) -> str:
 
 def reproduce_commands(job_uri: str, job_id: str, ref: JobRef | None) -> list[str]:
     """What ``jobs show`` prints: the reproduce command, and the runner command it runs."""
-    local = "file://" + os.path.join(default_workdir(job_id), "jobs", job_id)
+    local = f"file://WORKDIR/jobs/{job_id}"
     return [
         f"kinetic-airflow reproduce {shlex.quote(job_uri)}   (add --pdb for a debugger)",
         "runs: " + _shell(_env(ref), runner_command(local)),
@@ -95,7 +111,6 @@ def copy_job(storage: Any, job_uri: str, workdir: str, output_dir: str | None, k
     """
     source = JobLayout(job_uri)
     job_id = job_uri.rstrip("/").rsplit("/", 1)[-1]
-    shutil.rmtree(workdir, ignore_errors=True)
     local_dir = os.path.join(workdir, "jobs", job_id)
     os.makedirs(local_dir)
     local = JobLayout("file://" + local_dir)
@@ -136,15 +151,16 @@ def run_reproduce(args: argparse.Namespace) -> int:
 def _reproduce(args: argparse.Namespace) -> int:
     storage, job_uri = resolve_job(args, args.job)
     info = load_job(storage, job_uri)
-    workdir = os.path.abspath(args.workdir or default_workdir(info.job_id))
     integrity, why = recorded_integrity(info.identity, info.job_id)
     if not integrity:
         raise CliError(
             f"cannot check the payload of {info.job_id} before running it here: {why}. {NO_KEY_HELP}."
         )
+    workdir = _given_workdir(args.workdir) if args.workdir else new_workdir(info.job_id)
     try:
         local_uri = copy_job(storage, job_uri, workdir, args.output_dir, integrity["key"])
     except (FileNotFoundError, IntegrityError) as exc:
+        shutil.rmtree(workdir, ignore_errors=True)  # made empty (or new) above: only our copy goes
         raise CliError(str(exc)) from None
     ref = info.ref
     env = _env(ref)
@@ -165,12 +181,17 @@ def _reproduce(args: argparse.Namespace) -> int:
     with open(os.path.join(local_dir, MANIFEST_NAME)) as fh:
         print(f"KINETIC_OUTPUT_DIR: {json.load(fh)['output_dir']}")
     print("running: " + _shell(env, command), flush=True)
-    # the key only in the runner's environment, never in what is printed
+    # the key on a pipe only the runner reads: never printed, never in an environment
+    key_fd = key_pipe(integrity["key"])
     key_env = {
-        KEY_ENV: integrity["key"],
+        KEY_FD_ENV: str(key_fd),
         "KINETIC_JOB_KEY_SOURCE": "the job record (kinetic-airflow reproduce)",
     }
-    proc = subprocess.run(command, env={**os.environ, **env, **key_env})
+    base_env = {k: v for k, v in os.environ.items() if k not in (KEY_ENV, KEY_FD_ENV)}
+    try:
+        proc = subprocess.run(command, env={**base_env, **env, **key_env}, pass_fds=(key_fd,))
+    finally:
+        os.close(key_fd)
     summary_path = os.path.join(local_dir, SUMMARY_NAME)
     summary_text = open(summary_path).read() if os.path.exists(summary_path) else None
     if summary_text is None:
@@ -179,13 +200,14 @@ def _reproduce(args: argparse.Namespace) -> int:
     summary = json.loads(summary_text)
     if summary.get("ok"):
         print(f"reproduced: the function returned {summary.get('value_repr')}")
+        print(f"local job files: {workdir}")
         return 0
     same = original and original.get("error_type") == summary.get("error_type")
     print(
         f"reproduced: {summary.get('error_type')}: {summary.get('error_message')} "
         f"(phase {summary.get('phase')})" + ("; the same exception as the job" if same else "")
     )
-    print(f"local job files: {local_uri}")
+    print(f"local job files: {workdir}")
     return 1
 
 
@@ -197,7 +219,10 @@ def add_reproduce_command(sub: Any) -> None:
     )
     parser.add_argument("job", help="job id, or the job's URI")
     parser.add_argument("--pdb", action="store_true", help="open pdb at the function's exception")
-    parser.add_argument("--workdir", help="where the local copy goes (default: a per-job temp directory)")
+    parser.add_argument(
+        "--workdir",
+        help="an empty or new directory for the local copy (default: a new private temporary one)",
+    )
     parser.add_argument(
         "--output-dir",
         help="KINETIC_OUTPUT_DIR for the run (default: a scratch directory in the workdir; pass the "

@@ -29,7 +29,14 @@ from pathlib import Path
 
 from kinetic_airflow.job.storage import join_uri
 
-__all__ = ["CodeBundle", "build_code_bundle", "code_roots", "install_code_bundle", "ship_code_bundle"]
+__all__ = [
+    "CodeBundle",
+    "build_code_bundle",
+    "code_roots",
+    "install_code_bundle",
+    "ship_code_bundle",
+    "unpacked_sources",
+]
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +203,19 @@ def ship_code_bundle(
         "uploaded" if uploaded else "already in job storage",
     )
     paths = [_archive_path(folder, roots) for folder in (path_dirs or roots)]
-    return {"uri": uri, "sha256": bundle.sha256, "paths": paths, "files": bundle.files}
+    # Where each archived folder is on the worker: the runner names those paths in tracebacks,
+    # not the temporary folder it unpacked the archive into.
+    sources = {name: str(root) for name, root in zip(bundle.roots, roots, strict=True)}
+    return {"uri": uri, "sha256": bundle.sha256, "paths": paths, "files": bundle.files, "sources": sources}
+
+
+def unpacked_sources(entry: dict[str, object], workdir: str) -> dict[str, str]:
+    """Each folder the archive is unpacked into (by ``install_code_bundle``) -> where it is on the worker."""
+    sources = entry.get("sources")
+    if not isinstance(sources, dict):
+        return {}
+    target = os.path.join(workdir, "code")
+    return {os.path.join(target, str(name)): str(original) for name, original in sources.items()}
 
 
 def install_code_bundle(storage: object, entry: dict[str, object], workdir: str) -> list[str]:

@@ -5,8 +5,10 @@ cloudpickle object runs code when it is loaded. So nothing read from storage is 
 unless it is vouched for by something a bucket writer cannot change:
 
 * a per-job random **key**, made by the worker, kept in the job record (Airflow's metadata
-  DB) and handed to the job out of band (``KINETIC_JOB_KEY``: the local process's
-  environment, or a Kubernetes Secret owned by the Job / LeaderWorkerSet);
+  DB) and handed to the job out of band: a local job reads it from an inherited pipe
+  (``KINETIC_JOB_KEY_FD``), a cluster job from a Kubernetes Secret owned by the Job /
+  LeaderWorkerSet (``KINETIC_JOB_KEY``), which the runner moves to a pipe by starting itself
+  again, so that no process's environment (``/proc/PID/environ``) ever holds it;
 * the **manifest** (payload digest, code archive digest, requirements) carries an HMAC made
   with that key; the runner checks it, then the payload against the digest it vouches for;
 * every **result envelope** (host 0's result, any host's failure record) is described in
@@ -25,22 +27,30 @@ import hmac
 import json
 import os
 import secrets
+import sys
 from typing import Any, BinaryIO
 
 __all__ = [
     "KEY_ENV",
+    "KEY_FD_ENV",
     "HashingFile",
     "IntegrityError",
     "check_digest",
     "check_result",
     "file_sha256",
+    "hide_key_from_environ",
+    "key_pipe",
     "manifest_text",
     "new_key",
     "result_tag",
+    "take_key",
     "verify_manifest",
 ]
 
 KEY_ENV = "KINETIC_JOB_KEY"
+# The number of an inherited file descriptor, the read end of a pipe holding the key.
+KEY_FD_ENV = "KINETIC_JOB_KEY_FD"
+_KEY_LIMIT = 4096  # a key is 64 hex characters; a pipe that holds more is not one of ours
 MANIFEST_MAC = "hmac"  # the manifest's field holding its HMAC
 _CHUNK = 1 << 22
 
@@ -164,6 +174,56 @@ class HashingFile:
         return self.digest.hexdigest()
 
 
-def take_key_from_environment() -> str | None:
-    """The job key, removed from the environment so the user's function and its children never see it."""
-    return os.environ.pop(KEY_ENV, None) or None
+def key_pipe(key: str) -> int:
+    """The read end of a pipe that holds ``key`` (its write end closed), to hand to a child process.
+
+    Why a pipe and not an environment variable: a process's initial environment stays readable
+    in ``/proc/PID/environ`` for its whole life, by any process of the same user (every local
+    job runs as the same user); a pipe is read once by the runner and is empty afterwards.
+    """
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, key.encode("ascii"))
+    finally:
+        os.close(write_end)
+    return read_end
+
+
+def hide_key_from_environ(orig_argv: list[str]) -> None:
+    """If the key came in this process's environment, start the process again with it on a pipe.
+
+    A Kubernetes ``secretKeyRef`` (and a job started by hand) puts the key into the runner's
+    initial environment, which removing it from ``os.environ`` does not change in
+    ``/proc/PID/environ``. ``exec`` with a new environment does: same PID, same arguments, the
+    key on an inherited pipe. Call it first thing, before any thread starts.
+    """
+    key = os.environ.get(KEY_ENV)
+    if not key:
+        return
+    env = {name: value for name, value in os.environ.items() if name != KEY_ENV}
+    env[KEY_FD_ENV] = str(key_pipe(key))
+    os.set_inheritable(int(env[KEY_FD_ENV]), True)
+    os.execve(sys.executable, orig_argv, env)
+
+
+def take_key() -> str | None:
+    """The job key, from its pipe (read once, then closed) or its environment variable.
+
+    Both variables are removed from the environment, so the user's function and its children
+    inherit neither the key nor the descriptor.
+    """
+    fd_text = os.environ.pop(KEY_FD_ENV, None)
+    from_env = os.environ.pop(KEY_ENV, None)
+    if fd_text:
+        try:
+            fd = int(fd_text)
+            data = b""
+            while len(data) <= _KEY_LIMIT and (chunk := os.read(fd, _KEY_LIMIT + 1 - len(data))):
+                data += chunk
+            os.close(fd)
+            key = data.decode("ascii").strip()
+        except (ValueError, OSError, UnicodeDecodeError):
+            key = ""
+        if key and len(key) <= _KEY_LIMIT:
+            return key
+    return from_env or None

@@ -119,6 +119,10 @@ def requirements_digest(lines: Sequence[str]) -> str:
     return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:20]
 
 
+# How pip (ERROR: ...) and uv (a multiplication sign, then an arrow) start their error lines.
+_ERROR_LINE_STARTS = ("error", "\u00d7", "\u2570\u2500\u25b6")
+
+
 def _installer(target: str, requirements_file: str) -> list[str]:
     uv = shutil.which("uv")
     if uv:
@@ -155,9 +159,13 @@ def ensure_environment(
             print(f"[install] {line}", flush=True)
             tail.append(line)
         if proc.wait() != 0:
+            # The whole output is in the log just above ([install] lines): the error names the
+            # installer's own error lines only, so the log does not show the output twice more.
+            errors = [line for line in tail if line.lstrip().lower().startswith(_ERROR_LINE_STARTS)]
             raise InstallError(
-                f"installing the job's requirements failed ({' '.join(lines)}; exit code {proc.returncode}). "
-                "Installer output (last lines):\n" + "\n".join(tail)
+                f"installing the job's requirements failed ({' '.join(lines)}; exit code {proc.returncode}): "
+                + ("; ".join(errors[-3:]) if errors else (tail[-1] if tail else "no output"))
+                + ". The installer's whole output is in the job's log ([install] lines)."
             )
         Path(target, COMPLETE).write_text(json.dumps({"requirements": list(lines), "time": time.time()}))
         try:

@@ -30,7 +30,7 @@ from typing import Any
 import cloudpickle
 
 from kinetic_airflow import __version__
-from kinetic_airflow.job.codebundle import install_code_bundle
+from kinetic_airflow.job.codebundle import install_code_bundle, unpacked_sources
 from kinetic_airflow.job.envelope import (
     FORMAT_VERSION,
     RERUN_REFUSED_EXIT,
@@ -46,8 +46,9 @@ from kinetic_airflow.job.integrity import (
     HashingFile,
     IntegrityError,
     check_digest,
+    hide_key_from_environ,
     result_tag,
-    take_key_from_environment,
+    take_key,
     verify_manifest,
 )
 from kinetic_airflow.job.interop import write_kinetic_result
@@ -65,6 +66,37 @@ _LOG_PREFIX = "[kinetic]"
 
 def log(message: str) -> None:
     print(f"{_LOG_PREFIX} {message}", file=sys.stderr, flush=True)
+
+
+# Airflow's own code a job reaches when the function asks for a Variable or a Connection.
+_AIRFLOW_ACCESS_FRAMES = (
+    ("airflow/sdk/execution_time/context.py", ("_get_variable", "_get_connection")),
+    ("airflow/sdk/definitions/variable.py", ()),
+    ("airflow/sdk/definitions/connection.py", ()),
+    ("airflow/models/variable.py", ()),
+    ("airflow/models/connection.py", ()),
+)
+
+
+def airflow_access_hint(exc: BaseException) -> str | None:
+    """Why a Variable or Connection lookup failed inside a job, and what to do instead.
+
+    The job runs outside Airflow (no metadata database, no task API), so those lookups fail
+    with whatever Airflow's fallback meets (an unparseable database URL, a missing variable):
+    an error that says nothing of why.
+    """
+    for frame, _ in traceback.walk_tb(exc.__traceback__):
+        path = frame.f_code.co_filename.replace(os.sep, "/")
+        for suffix, functions in _AIRFLOW_ACCESS_FRAMES:
+            if path.endswith(suffix) and (not functions or frame.f_code.co_name in functions):
+                return (
+                    "kinetic: Airflow Variables and Connections cannot be read inside a kinetic job: it runs "
+                    "outside Airflow, with no metadata database or task API. Read the value where the task "
+                    "is defined and pass it as an argument, e.g. a templated one: "
+                    'train(lr="{{ var.value.learning_rate }}"). Give a job a secret through a Kubernetes '
+                    "Secret (pod_override), never as an argument: arguments are stored with the job."
+                )
+    return None
 
 
 class PhaseError(Exception):
@@ -148,9 +180,10 @@ class JobRunner:
         self.manifest: dict[str, Any] = {}
         self.workdir = tempfile.mkdtemp(prefix="kinetic-job-")
         self.post_mortem = False  # --pdb
-        # The job's key (README, "Security model"): out of band, never from job storage. Taken
+        self.code_sources: dict[str, str] = {}  # unpacked DAG bundle folder -> its path on the worker
+        # The job's key (the docs' security model): out of band, never from job storage. Taken
         # out of the environment so the user's function and its subprocesses do not inherit it.
-        self.key = take_key_from_environment()
+        self.key = take_key()
         self.key_source = os.environ.get("KINETIC_JOB_KEY_SOURCE") or f"${KEY_ENV}"
 
     # Markers ------------------------------------------------------------------------------
@@ -299,6 +332,7 @@ class JobRunner:
         for path in reversed(paths):
             sys.path.insert(0, path)
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [*paths, os.environ.get("PYTHONPATH")]))
+        self.code_sources = unpacked_sources(entry, self.workdir)
 
     def _missing_module(self, exc: ModuleNotFoundError, doing: str) -> str:
         """Which module, where the job ran, and the two ways to get it there."""
@@ -423,8 +457,15 @@ class JobRunner:
         else:
             message = _safe_repr(exc, 2000) if not str(exc) else str(exc)
             message = "\n".join([message, *getattr(exc, "__notes__", ())])
-        # Names as the user wrote them, not Airflow's generated DAG-file module names.
+        hint = airflow_access_hint(exc)
+        if hint:
+            message = f"{message}\n{hint}"
+            exc.add_note(hint)
+        # Names as the user wrote them, not Airflow's generated DAG-file module names; files of
+        # the DAG bundle where they are on the worker, not in this job's temporary folder.
         tb = user_names("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+        for unpacked, original in self.code_sources.items():
+            tb = tb.replace(unpacked + os.sep, original + os.sep)
         sys.stderr.write(mark_traceback(tb))  # the task log shows it once, before the task's error
         return {
             "ok": False,
@@ -615,6 +656,8 @@ def _stop_rerun_on_a_host(runner: JobRunner, earlier: dict[str, Any]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # a job process (not a test calling main): no environment may hold the key
+        hide_key_from_environ(sys.orig_argv)
     args = build_parser().parse_args(argv)
     runner = JobRunner(args.job_uri, _host_index(args.host_index), args.heartbeat_seconds)
     runner.post_mortem = args.pdb

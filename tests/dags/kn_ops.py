@@ -26,6 +26,8 @@ def ops_dag(backend: str):
     def greet(name: str) -> dict:
         for i in range(3):
             print(f"hello {name} line {i}", flush=True)
+        # Terminal control sequences (set the window title, clear the screen): `jobs logs` escapes them.
+        print("\x1b]0;a job set this title\x07\x1b[2Jscreen cleared", flush=True)
         return {"greeting": f"hello {name}", "job": os.environ["KINETIC_JOB_ID"]}
 
     @task.kinetic(backend=backend, on_failure_callback=record_failure)

@@ -67,7 +67,20 @@ def kn_ship_many():
     shared_code.expand(i=[1, 2, 3])
 
 
+@task.kinetic(backend=BACKEND)
+def helper_fails() -> str:
+    import kn_shiplib
+
+    return kn_shiplib.refuse("nobody")
+
+
+@dag(schedule=None, start_date=START, catchup=False)
+def kn_ship_helper_fails():
+    helper_fails()
+
+
 kn_ship_code()
+kn_ship_helper_fails()
 kn_ship_requirements()
 kn_ship_bad_requirements()
 kn_ship_absent_module()

@@ -5,3 +5,7 @@ GREETING = "hello from the DAG folder"
 
 def greet(name: str) -> str:
     return f"{GREETING}, {name}"
+
+
+def refuse(name: str) -> str:
+    raise ValueError(f"no greeting for {name}")

@@ -1,0 +1,54 @@
+"""The documentation pages keep up with the code they describe.
+
+The option table (``kinetic_airflow.options.OPTIONS``) is where an option is spelled; the
+options reference and the configuration reference must name every option it has, so adding an
+option without documenting it fails here instead of drifting silently. The README stays a
+short entry page whose links all lead to pages that exist. (The site itself is built with
+warnings as errors by ``scripts/test.sh``: ``mkdocs build --strict``.)
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from kinetic_airflow.options import OPTIONS
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+
+
+def _code_names(text: str) -> set[str]:
+    """Every name written as inline code on a page (`name`)."""
+    return set(re.findall(r"`([^`\n]+)`", text))
+
+
+def test_every_option_in_the_table_is_on_the_options_page():
+    named = _code_names((DOCS / "reference/options.md").read_text())
+    missing = [name for name in OPTIONS if name not in named]
+    assert not missing, f"docs/reference/options.md does not name these options of the table: {missing}"
+
+
+def test_every_config_option_is_on_the_configuration_page():
+    named = _code_names((DOCS / "reference/configuration.md").read_text())
+    missing = [name for name, spec in OPTIONS.items() if spec.config and name not in named]
+    assert not missing, f"docs/reference/configuration.md does not list these [kinetic] settings: {missing}"
+
+
+def test_the_options_page_names_no_option_the_table_lacks():
+    """Its table's first column is the option table's names, in its order, and nothing else."""
+    text = (DOCS / "reference/options.md").read_text()
+    rows = re.findall(r"^\| `([a-z_]+)` \|", text, flags=re.MULTILINE)
+    assert rows == list(OPTIONS)
+
+
+def test_the_readme_is_short_and_its_links_resolve():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200
+    # The two commands the README promises (.ci/run calls the second).
+    assert "bash scripts/quickstart.sh" in text and "bash scripts/test.sh" in text
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
+    local = [link for link in links if not re.match(r"[a-z]+://", link)]
+    assert local, "the README links into the docs"
+    missing = [link for link in local if not (ROOT / link).is_file()]
+    assert not missing, f"README links to files that do not exist: {missing}"
