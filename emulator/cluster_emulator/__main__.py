@@ -21,6 +21,7 @@ from pathlib import Path
 from .cluster import DEFAULT_NAMESPACES, DEFAULT_SERVICE_ACCOUNTS, Cluster
 from .kubeconfig import DEFAULT_CONTEXT, write_kubeconfig
 from .nodes import NodePool, Taint
+from .resources import NAMESPACES, SERVICEACCOUNTS
 from .server import ApiServer
 
 
@@ -80,8 +81,38 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--work-dir", help="directory for pod logs (default: a temp dir removed on exit)")
     parser.add_argument("--node-pools", help="JSON file: [{name, labels, taints:[{key,value,effect}]}]")
+    parser.add_argument(
+        "--service-account-kubeconfig",
+        action="append",
+        default=[],
+        metavar="NAMESPACE/NAME=PATH",
+        help="also write a kubeconfig at PATH holding a token of that service account (created if "
+        "missing; valid 7 days): it may do what the Roles bound to it grant (repeatable)",
+    )
     parser.add_argument("--log-level", default="WARNING", help="Python log level (default WARNING)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    for spec in args.service_account_kubeconfig:
+        account, _, path = spec.partition("=")
+        if not path or "/" not in account or not account.rpartition("/")[2]:
+            parser.error(
+                f"--service-account-kubeconfig {spec!r}: give NAMESPACE/NAME=PATH, "
+                "e.g. default/kinetic-airflow=/tmp/kinetic.kubeconfig"
+            )
+    return args
+
+
+def _service_account_kubeconfig(cluster: Cluster, spec: str, url: str, args: argparse.Namespace) -> None:
+    """A kubeconfig acting as the service account ``NAMESPACE/NAME`` of ``spec`` (``...=PATH``)."""
+    account, _, path = spec.partition("=")
+    namespace, _, name = account.rpartition("/")
+    if cluster.store.get(NAMESPACES, None, namespace) is None:
+        cluster.create(NAMESPACES, {"metadata": {"name": namespace}}, validate=False)
+    if cluster.store.get(SERVICEACCOUNTS, namespace, name) is None:
+        cluster.create(SERVICEACCOUNTS, {"metadata": {"name": name, "namespace": namespace}}, validate=False)
+    token = cluster.request_token(namespace, name, {"spec": {"expirationSeconds": 7 * 86400}})
+    write_kubeconfig(
+        path, url, context=args.context, namespace=args.namespace, token=token["status"]["token"]
+    )
 
 
 async def serve(args: argparse.Namespace) -> int:
@@ -112,6 +143,8 @@ async def serve(args: argparse.Namespace) -> int:
         url = f"http://{args.host}:{port}"
         if args.kubeconfig:
             write_kubeconfig(args.kubeconfig, url, context=args.context, namespace=args.namespace)
+        for spec in args.service_account_kubeconfig:
+            _service_account_kubeconfig(cluster, spec, url, args)
         print(f"READY {url}", flush=True)
         await stop.wait()
     finally:

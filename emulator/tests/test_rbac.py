@@ -259,3 +259,46 @@ def test_request_attributes_as_requestinfo_reads_them(
 def test_discovery_paths_are_not_resource_requests(path: str) -> None:
     attrs = request_attributes(ADMIN, "GET", path, "")
     assert not attrs.resource_request and attrs.verb == "get"
+
+
+def test_the_console_script_writes_a_service_accounts_kubeconfig(tmp_path) -> None:
+    """``--service-account-kubeconfig NS/NAME=PATH``: a kubeconfig acting as that account (made if
+    missing), refused what no Role grants it, beside the admin's."""
+    import subprocess
+    import sys
+    import threading
+
+    from kubernetes import config
+
+    admin, bot = tmp_path / "admin.kubeconfig", tmp_path / "bot.kubeconfig"
+    command = [sys.executable, "-m", "cluster_emulator", "--port", "0", "--kubeconfig", str(admin)]
+    command += ["--service-account-kubeconfig", f"ml/bot={bot}", "--create-namespace", "ml"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
+        try:
+            lines: list[str] = []
+            reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline()), daemon=True)
+            reader.start()
+            reader.join(60)
+            assert lines and lines[0].startswith("READY "), lines
+            with config.new_client_from_config(config_file=str(bot)) as as_bot:
+                status = _denied(lambda: client.CoreV1Api(as_bot).list_namespaced_pod("ml"))
+                assert 'User "system:serviceaccount:ml:bot" cannot list resource "pods"' in status["message"]
+            with config.new_client_from_config(config_file=str(admin)) as as_admin:
+                assert (
+                    client.CoreV1Api(as_admin).read_namespaced_service_account("bot", "ml").metadata.name
+                    == "bot"
+                )
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+
+def test_the_console_script_refuses_a_malformed_service_account_kubeconfig(capsys) -> None:
+    from cluster_emulator.__main__ import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--service-account-kubeconfig", "bot"])
+    assert (
+        "give NAMESPACE/NAME=PATH, e.g. default/kinetic-airflow=/tmp/kinetic.kubeconfig"
+        in capsys.readouterr().err
+    )
