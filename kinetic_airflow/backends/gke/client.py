@@ -54,18 +54,6 @@ __all__ = [
 ]
 
 
-class ApiError(RuntimeError):
-    def __init__(self, status: int, reason: str, body: str = "") -> None:
-        self.status = status
-        self.reason = reason
-        self.body = body
-        try:
-            message = json.loads(body).get("message", body)
-        except (ValueError, AttributeError):
-            message = body
-        super().__init__(f"Kubernetes API error {status} {reason}: {message}{_rbac_fix(status, message)}")
-
-
 def _rbac_fix(status: int, message: Any) -> str:
     """For RBAC's 403 (``... cannot VERB resource "R" in API group "G" ...``): the grant that fixes it."""
     found = _RBAC_DENIAL.search(str(message)) if status == 403 else None
@@ -79,6 +67,18 @@ def _rbac_fix(status: int, message: Any) -> str:
 
 
 _RBAC_DENIAL = re.compile(r'cannot (\S+) resource "([^"]+)" in API group "([^"]*)"')
+
+
+class ApiError(RuntimeError):
+    def __init__(self, status: int, reason: str, body: str = "") -> None:
+        self.status = status
+        self.reason = reason
+        self.body = body
+        try:
+            message = json.loads(body).get("message", body)
+        except (ValueError, AttributeError):
+            message = body
+        super().__init__(f"Kubernetes API error {status} {reason}: {message}{_rbac_fix(status, message)}")
 
 
 _RETRYABLE = {429, 500, 502, 503, 504}
