@@ -194,3 +194,57 @@ def test_reading_a_jobs_pods_without_their_rule_fails_the_status_naming_it(env):
     finally:
         _set_rules(env, printed_role(NS)[0]["rules"])
         backend.cancel(ref)
+
+
+def test_following_a_log_without_its_rule_stops_at_once_naming_the_grant(env):
+    """Without get on pods/log the job's log cannot reach the task log: the stream says so once,
+    naming the grant, and ends instead of reconnecting for minutes."""
+    import asyncio
+    import logging
+    import sys
+    import time
+
+    from kinetic_airflow.backends.gke.client import kube_api
+    from kinetic_airflow.backends.gke.logstream import PodLogStream
+
+    with env.api_client() as admin:  # a pod that has written a line, made by the admin
+        pod = {
+            "metadata": {"name": "talks"},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [
+                    {"name": "main", "image": "busybox", "command": [sys.executable, "-c", "print(1)"]}
+                ],
+            },
+        }
+        core = kubernetes.client.CoreV1Api(admin)
+        core.create_namespaced_pod(NS, pod)
+        deadline = time.monotonic() + 60
+        while core.read_namespaced_pod("talks", NS).status.phase != "Succeeded":
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    _remove(env, _rule("pods/log"))
+    api = kube_api({"kubernetes_conn_id": "kinetic_emulator"})
+
+    async def follow() -> PodLogStream:
+        stream = PodLogStream(api, NS, "talks", "main")
+        stream.start()
+        await asyncio.wait_for(stream.done.wait(), 60)
+        return stream
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("kinetic_airflow.backends.gke.logstream")  # whatever Airflow's config
+    logger.addHandler(handler)
+    try:
+        stream = asyncio.run(follow())
+    finally:
+        logger.removeHandler(handler)
+    assert stream.received == 0
+    said = [r.getMessage() for r in records]
+    warned = [m for m in said if "cannot follow the log of pod talks" in m]
+    assert len(warned) == 1, said
+    assert 'cannot get resource "pods/log" in API group ""' in warned[0]
+    assert 'Grant get on pods/log (API group "")' in warned[0]
+    assert "kinetic-airflow doctor --print-rbac" in warned[0]
