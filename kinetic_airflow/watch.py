@@ -313,8 +313,9 @@ def _classify_exit(status: BackendStatus) -> tuple[str, str, str]:
         return (
             "forbidden",
             status.message,
-            "Grant the identity Airflow uses (its Kubernetes connection or GCP service account) "
-            "get, list and watch on jobs, pods, pods/log and leaderworkersets in the job's namespace.",
+            "Bind the identity Airflow uses (its Kubernetes connection or GCP service account) to the "
+            "Role kinetic-airflow doctor --print-rbac prints, in the job's namespace: it grants every "
+            "verb kinetic uses.",
         )
     return (
         "exit",

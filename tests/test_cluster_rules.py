@@ -9,7 +9,7 @@ import re
 import time
 
 import pytest
-from emulated_cluster import point_kinetic_at, running_emulator
+from emulated_cluster import grant_printed_role, point_kinetic_at, running_emulator
 from helpers import ti_states, xcom
 
 from kinetic_airflow.job.layout import (
@@ -50,6 +50,8 @@ def cluster(tmp_path_factory):
             )
             for ns in ("full-quota", "restricted"):
                 core.create_namespaced_service_account(ns, {"metadata": {"name": "kinetic"}})
+        for ns in ("no-sa", "full-quota", "restricted"):
+            grant_printed_role(emulator.url, ns)  # kinetic's identity may work there too
         yield running
 
 

@@ -1,9 +1,12 @@
 """Issue 18: ``kinetic-airflow doctor`` on the cluster emulator: a correctly set-up cluster passes,
 and each broken set-up fails the one check it breaks, naming the fix.
 
-The emulator is reached through a Kubernetes connection, as in tests/emulated_cluster.py; its
-RBAC is the deny_verb set that its SelfSubjectAccessReviews answer from. Job storage is a
-local directory, or fake GCS for the Workload Identity and bucket checks.
+The emulator is reached through a Kubernetes connection, as in tests/emulated_cluster.py, as a
+service account bound to the Role ``--print-rbac`` prints for namespace ml; verbs armed with
+deny_verb are refused on top of it. Doctor's node check lists nodes, which no namespaced Role can
+grant (on GKE it reads node pools from the GKE API instead), so the account may also list nodes
+through a ClusterRole of its own. Job storage is a local directory, or fake GCS for the Workload
+Identity and bucket checks.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 import kubernetes
 import pytest
 from cluster_emulator import ClusterEmulator, NodePool
+from emulated_cluster import PRODUCT_ACCOUNT, grant_printed_role, product_token
 
 from kinetic_airflow.backends.gke.doctor import FAIL, OK, SKIP, WARN, rbac_yaml, run_doctor
 
@@ -39,7 +43,24 @@ def emulator(tmp_path_factory):
         node_pools=pools, namespaces=["default", NS], work_dir=tmp_path_factory.mktemp("emulator")
     )
     k8s.start()
-    kubeconfig = k8s.write_kubeconfig(tmp_path_factory.mktemp("kube") / "config")
+    grant_printed_role(k8s.url, NS)
+    rbac = kubernetes.client.RbacAuthorizationV1Api(k8s.api_client())
+    nodes = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}
+    rbac.create_cluster_role({"metadata": {"name": "kinetic-nodes"}, "rules": [nodes]})
+    account, _, name = PRODUCT_ACCOUNT.partition("/")
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": "kinetic-nodes"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "kinetic-nodes",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": account}],
+        }
+    )
+    token = product_token(k8s.url)
+    kubeconfig = k8s.write_kubeconfig(tmp_path_factory.mktemp("kube") / "config", token=token)
     yield k8s, kubeconfig
     k8s.stop()
 
@@ -103,9 +124,15 @@ def test_a_correctly_set_up_cluster_passes(cluster, accelerator):
 
 
 def test_missing_namespace(cluster):
+    """A namespace where the identity has no Role: RBAC refuses before the API server looks for
+    it, so doctor cannot tell a missing namespace from an unbound Role, and says both."""
     report = run_doctor(namespace="nowhere")
-    assert report.check("namespace").status == FAIL
+    assert not report.ok
+    assert report.check("permissions").status == FAIL
+    assert report.check("namespace").status == WARN
+    assert "it may not exist, or the identity's Role is not bound there" in report.check("namespace").detail
     assert "kubectl create namespace nowhere" in report.check("namespace").fix
+    assert "kinetic-airflow doctor --print-rbac --namespace nowhere" in report.check("namespace").fix
     # its service account cannot exist either; that check says so too
     assert "kubectl create serviceaccount kinetic -n nowhere" in report.check("service account").fix
 
@@ -372,7 +399,7 @@ def test_print_rbac_is_the_documented_role_and_kubectl_can_read_it(capsys):
     }
     from kinetic_airflow.backends.gke.doctor import REQUIRED_RULES
 
-    assert granted == {(g, r, v) for g, r, verbs, _ in REQUIRED_RULES for v in verbs}
+    assert granted == {(rule.group, rule.resource, v) for rule in REQUIRED_RULES for v in rule.verbs}
     assert binding["subjects"] == [
         {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "airflow@p.iam.gserviceaccount.com"}
     ]

@@ -20,12 +20,14 @@ import types
 import cloudpickle
 import kubernetes
 import pytest
+import yaml
 from cluster_emulator import ClusterEmulator, NodePool
+from cluster_emulator.rbac import UserInfo
 from emulated_cluster import point_kinetic_at
 from jobkit import gke_job
 from test_gke_access import CHAIN, google_endpoints, service_account_key  # noqa: F401 (fixtures)
 
-from kinetic_airflow.backends.gke.doctor import FAIL, OK, run_doctor
+from kinetic_airflow.backends.gke.doctor import FAIL, OK, rbac_yaml, run_doctor
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -36,12 +38,26 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
+# GKE knows a Google access token as the user named by its account's email: the key's own
+# account, or the last of the impersonation chain.
+GOOGLE_USERS = {"source-token": "worker@p.iam.gserviceaccount.com", "impersonated-token": CHAIN[-1]}
+
+
 @pytest.fixture(scope="module")
 def tls_emulator(tmp_path_factory):
     pools = [NodePool("default-pool")]
-    k8s = ClusterEmulator(tls=True, node_pools=pools, work_dir=tmp_path_factory.mktemp("emulator"))
+    users = {token: UserInfo(email, ("system:authenticated",)) for token, email in GOOGLE_USERS.items()}
+    k8s = ClusterEmulator(
+        tls=True, node_pools=pools, work_dir=tmp_path_factory.mktemp("emulator"), static_tokens=users
+    )
     k8s.start()
     kubeconfig = k8s.write_kubeconfig(tmp_path_factory.mktemp("kube") / "config")
+    # each Google identity holds exactly the Role of `doctor --print-rbac --rbac-user EMAIL`
+    rbac = kubernetes.client.RbacAuthorizationV1Api(k8s.api_client())
+    for index, email in enumerate(GOOGLE_USERS.values()):
+        role, binding = yaml.safe_load_all(rbac_yaml("default", email, name=f"kinetic-airflow-{index}"))
+        rbac.create_namespaced_role("default", role)
+        rbac.create_namespaced_role_binding("default", binding)
     core = kubernetes.client.CoreV1Api(k8s.api_client())  # over HTTPS, verifying its CA
     # The emulator starts with default/kinetic, as `kinetic up` leaves a cluster.
     assert core.read_namespaced_service_account("kinetic", "default").metadata.name == "kinetic"
@@ -76,7 +92,16 @@ def gke(tls_emulator, request, monkeypatch, tmp_path):
         master_auth=_ns(cluster_ca_certificate=k8s.ca_certificate_b64),
         private_cluster_config=_ns(private_endpoint=f"127.0.0.1:{k8s.port}"),
         control_plane_endpoints_config=_ns(dns_endpoint_config=_ns(endpoint="")),
-        node_pools=[],
+        # the emulator's one pool, as GKE lists it (doctor reads pools: the Role may not list nodes)
+        node_pools=[
+            _ns(
+                name="default-pool",
+                config=_ns(machine_type="e2-standard-4", accelerators=[], spot=False),
+                autoscaling=_ns(enabled=False),
+                placement_policy=None,
+                initial_node_count=1,
+            )
+        ],
         autopilot=_ns(enabled=False),
         autoscaling=_ns(enable_node_autoprovisioning=False, resource_limits=[]),
     )

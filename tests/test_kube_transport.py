@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cluster_emulator import ClusterEmulator, NodePool
+from cluster_emulator.rbac import ADMIN
 
 from kinetic_airflow.backends.gke import client
 from kinetic_airflow.backends.gke.client import ApiError, KubeApi, api_server
@@ -29,8 +30,14 @@ SERVICE_ACCOUNT = "/api/v1/namespaces/default/serviceaccounts/kinetic"
 
 @pytest.fixture(scope="module")
 def tls_emulator(tmp_path_factory):
+    # the tokens a token file and an exec plugin hand out here, known to the API server as an
+    # admin's (a static token file); any other token would be 401
+    tokens = {"from-a-file": ADMIN, "from-the-plugin": ADMIN}
     k8s = ClusterEmulator(
-        tls=True, node_pools=[NodePool("default-pool")], work_dir=tmp_path_factory.mktemp("emulator")
+        tls=True,
+        node_pools=[NodePool("default-pool")],
+        work_dir=tmp_path_factory.mktemp("emulator"),
+        static_tokens=tokens,
     )
     k8s.start()
     yield k8s

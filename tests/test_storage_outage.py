@@ -203,7 +203,7 @@ def test_an_outage_past_the_bound_stops_the_job_and_names_the_storage(
 ):
     """Heartbeat reads of a silent GKE job fail for real (its status directory is now a file)."""
     import kn_outage
-    import kubernetes
+    import kubernetes.client
 
     _, out = outage_env
     emulator, kubeconfig = cluster

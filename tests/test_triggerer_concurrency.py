@@ -98,7 +98,7 @@ class Stack(ComponentStack):
                 "connection_id": DEFAULT_CONN_ID,
                 "conn_type": "kubernetes",
                 "extra": json.dumps(
-                    {"kube_config_path": str(self.emulator.kubeconfig), "namespace": "default"}
+                    {"kube_config_path": str(self.emulator.product_kubeconfig), "namespace": "default"}
                 ),
             },
         )

@@ -21,7 +21,7 @@ from pathlib import Path
 from .cluster import DEFAULT_NAMESPACES, DEFAULT_SERVICE_ACCOUNTS, Cluster
 from .kubeconfig import DEFAULT_CONTEXT, write_kubeconfig
 from .nodes import NodePool, Taint
-from .resources import KUEUE_14558, check_unserved
+from .resources import KUEUE_14558, NAMESPACES, SERVICEACCOUNTS, check_unserved
 from .server import ApiServer
 
 
@@ -95,13 +95,42 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="act as a GKE Autopilot cluster: pods with a writable hostPath volume or a host port are "
         "refused with GKE Warden's message",
     )
+    parser.add_argument(
+        "--service-account-kubeconfig",
+        action="append",
+        default=[],
+        metavar="NAMESPACE/NAME=PATH",
+        help="also write a kubeconfig at PATH holding a token of that service account (created if "
+        "missing; valid 7 days): it may do what the Roles bound to it grant (repeatable)",
+    )
     parser.add_argument("--log-level", default="WARNING", help="Python log level (default WARNING)")
     args = parser.parse_args(argv)
     try:
         check_unserved(args.unserve)
     except ValueError as exc:  # a usage error, not a traceback
         parser.error(str(exc))
+    for spec in args.service_account_kubeconfig:
+        account, _, path = spec.partition("=")
+        if not path or "/" not in account or not account.rpartition("/")[2]:
+            parser.error(
+                f"--service-account-kubeconfig {spec!r}: give NAMESPACE/NAME=PATH, "
+                "e.g. default/kinetic-airflow=/tmp/kinetic.kubeconfig"
+            )
     return args
+
+
+def _service_account_kubeconfig(cluster: Cluster, spec: str, url: str, args: argparse.Namespace) -> None:
+    """A kubeconfig acting as the service account ``NAMESPACE/NAME`` of ``spec`` (``...=PATH``)."""
+    account, _, path = spec.partition("=")
+    namespace, _, name = account.rpartition("/")
+    if cluster.store.get(NAMESPACES, None, namespace) is None:
+        cluster.create(NAMESPACES, {"metadata": {"name": namespace}}, validate=False)
+    if cluster.store.get(SERVICEACCOUNTS, namespace, name) is None:
+        cluster.create(SERVICEACCOUNTS, {"metadata": {"name": name, "namespace": namespace}}, validate=False)
+    token = cluster.request_token(namespace, name, {"spec": {"expirationSeconds": 7 * 86400}})
+    write_kubeconfig(
+        path, url, context=args.context, namespace=args.namespace, token=token["status"]["token"]
+    )
 
 
 async def serve(args: argparse.Namespace) -> int:
@@ -134,6 +163,8 @@ async def serve(args: argparse.Namespace) -> int:
         url = f"http://{args.host}:{port}"
         if args.kubeconfig:
             write_kubeconfig(args.kubeconfig, url, context=args.context, namespace=args.namespace)
+        for spec in args.service_account_kubeconfig:
+            _service_account_kubeconfig(cluster, spec, url, args)
         print(f"READY {url}", flush=True)
         await stop.wait()
     finally:

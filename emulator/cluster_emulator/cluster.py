@@ -25,9 +25,11 @@ from ._util import JsonPatchError, fmt_time, json_patch, merge_patch, parse_time
 from .admission import PodAdmission
 from .controllers import ControllerManager
 from .faults import FaultState, RequestLog
+from .kubeconfig import DUMMY_TOKEN
 from .kubelet import Kubelet
 from .kueue import kueue_default_suspend, kueue_gate_pod
 from .nodes import NodePool, default_node_pools, make_nodes, node_object
+from .rbac import ADMIN, Authenticator, UserInfo, bootstrap_policy
 from .resources import (
     EVENTS,
     JOBS,
@@ -130,12 +132,16 @@ class Cluster:
         service_accounts: Sequence[str] = DEFAULT_SERVICE_ACCOUNTS,
         unserved_versions: Sequence[str] = (),
         autopilot: bool = False,
+        static_tokens: dict[str, UserInfo] | None = None,
     ) -> None:
         self.store = Store()
         # group/versions the vendored CRDs serve but this cluster does not (resources.served_versions)
         self.unserved_versions = frozenset(unserved_versions)
         # GKE Autopilot: GKE Warden's admission constraints apply to pods (admission.py)
         self.autopilot = autopilot
+        # Who a bearer token is (rbac.py): the admin kubeconfig's token, any static ones, and the
+        # tokens minted for service accounts.
+        self.authenticator = Authenticator({DUMMY_TOKEN: ADMIN, **(static_tokens or {})})
         self.service_accounts = list(service_accounts)
         self.event_ttl_seconds = event_ttl_seconds
         self._next_event_gc = 0.0
@@ -168,6 +174,8 @@ class Cluster:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         for name in self.namespaces:
             self.create(NAMESPACES, {"metadata": {"name": name}}, validate=False)
+        for rt, obj in bootstrap_policy():
+            self.create(rt, obj, validate=False)
         for account in self.service_accounts:
             ns, _, name = account.rpartition("/")
             if self.store.get(NAMESPACES, None, ns or "default") is None:
@@ -362,6 +370,46 @@ class Cluster:
         if rt is PODS:
             self.kubelet.pod_added(obj)
         return copy.deepcopy(obj)
+
+    def request_token(self, namespace: str, name: str, body: Any) -> dict[str, Any]:
+        """TokenRequest (``POST .../serviceaccounts/NAME/token``): a bearer token for the service
+        account, valid ``spec.expirationSeconds`` (default 3600, at least 600, as
+        ``pkg/apis/authentication/validation`` and ``TokenREST.Create`` in
+        ``pkg/registry/core/serviceaccount/storage/token.go`` require)."""
+        body = body if isinstance(body, dict) else {}
+        if body.get("kind") not in (None, "TokenRequest"):
+            raise errors.bad_request(f"the kind in the data ({body.get('kind')}) does not match TokenRequest")
+        spec = body.get("spec") or {}
+        seconds = spec.get("expirationSeconds", 3600)
+        if not isinstance(seconds, int) or seconds < 600:
+            raise errors.ApiError(
+                422,
+                "Invalid",
+                f'TokenRequest.authentication.k8s.io "{name}" is invalid: spec.expirationSeconds: '
+                f"Invalid value: {seconds}: may not specify a duration less than 10 minutes",
+            )
+        account = self.store.get(SERVICEACCOUNTS, namespace, name)
+        if account is None:
+            raise errors.not_found(SERVICEACCOUNTS, name)
+        token, expires = self.authenticator.mint(namespace, name, account["metadata"]["uid"], seconds)
+        md = body.get("metadata") or {}
+        expiry = fmt_time(_dt.datetime.fromtimestamp(expires, _dt.UTC))
+        audiences = spec.get("audiences") or ["https://kubernetes.default.svc"]
+        return {
+            "kind": "TokenRequest",
+            "apiVersion": "authentication.k8s.io/v1",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "creationTimestamp": md.get("creationTimestamp"),
+            },
+            "spec": {
+                "audiences": audiences,
+                "expirationSeconds": seconds,
+                "boundObjectRef": spec.get("boundObjectRef"),
+            },
+            "status": {"token": token, "expirationTimestamp": expiry},
+        }
 
     def get(self, rt: ResourceType, namespace: str | None, name: str) -> dict[str, Any]:
         """A copy of one object; 404 ApiError if missing."""

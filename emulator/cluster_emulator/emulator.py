@@ -33,6 +33,7 @@ from .cluster import DEFAULT_NAMESPACES, DEFAULT_SERVICE_ACCOUNTS, Cluster
 from .faults import ApiFault, RequestLog
 from .kubeconfig import DEFAULT_CONTEXT, DUMMY_TOKEN, kubeconfig_dict, write_kubeconfig
 from .nodes import NodePool
+from .rbac import UserInfo
 from .resources import by_plural, check_unserved
 from .selectors import parse_label_selector
 from .server import ApiServer
@@ -81,6 +82,9 @@ class ClusterEmulator:
         autopilot: act as a GKE Autopilot cluster: GKE Warden's admission constraints refuse pods
             with a writable hostPath volume (or one outside ``/var/log/``) or a host port, with
             Warden's message (``admission.py``, ``autopilot_violations``).
+        static_tokens: bearer tokens accepted besides the admin's and minted service account
+            tokens, each acting as the given :class:`~.rbac.UserInfo` (``--token-auth-file``);
+            any other token is 401 Unauthorized.
     """
 
     def __init__(
@@ -102,11 +106,13 @@ class ClusterEmulator:
         service_accounts: Sequence[str] = DEFAULT_SERVICE_ACCOUNTS,
         unserved_versions: Sequence[str] = (),
         autopilot: bool = False,
+        static_tokens: dict[str, UserInfo] | None = None,
     ) -> None:
         self._options = {
             "service_accounts": list(service_accounts),
             "unserved_versions": check_unserved(unserved_versions),
             "autopilot": autopilot,
+            "static_tokens": dict(static_tokens or {}),
             "node_pools": list(node_pools) if node_pools is not None else None,
             "namespaces": list(namespaces),
             "max_grace_seconds": max_grace_seconds,
@@ -285,28 +291,48 @@ class ClusterEmulator:
             raise RuntimeError("ClusterEmulator not started")
         return self._work_dir
 
-    def kubeconfig(self, *, context: str = DEFAULT_CONTEXT, namespace: str = "default") -> dict[str, Any]:
-        """Kubeconfig document for this emulator."""
-        return kubeconfig_dict(self.url, context=context, namespace=namespace, ca_data=self._ca_data())
+    def kubeconfig(
+        self, *, context: str = DEFAULT_CONTEXT, namespace: str = "default", token: str | None = None
+    ) -> dict[str, Any]:
+        """Kubeconfig document for this emulator (the admin's, or ``token``'s identity)."""
+        return kubeconfig_dict(
+            self.url, context=context, namespace=namespace, ca_data=self._ca_data(), token=token
+        )
 
     def write_kubeconfig(
-        self, path: str | os.PathLike[str], *, context: str = DEFAULT_CONTEXT, namespace: str = "default"
+        self,
+        path: str | os.PathLike[str],
+        *,
+        context: str = DEFAULT_CONTEXT,
+        namespace: str = "default",
+        token: str | None = None,
     ) -> Path:
-        """Write a kubeconfig (context ``emulator``) pointing at this emulator; returns the path."""
-        return write_kubeconfig(path, self.url, context=context, namespace=namespace, ca_data=self._ca_data())
+        """Write a kubeconfig (context ``emulator``) pointing at this emulator; returns the path.
+        Its user is the admin unless ``token`` (e.g. :meth:`service_account_token`) is given."""
+        return write_kubeconfig(
+            path, self.url, context=context, namespace=namespace, ca_data=self._ca_data(), token=token
+        )
+
+    def service_account_token(self, namespace: str, name: str, expiration_seconds: int = 86400) -> str:
+        """A bearer token for the service account ``namespace/name`` (TokenRequest, as
+        ``kubectl create token NAME -n NAMESPACE --duration ...``): requests with it are
+        ``system:serviceaccount:NAMESPACE:NAME`` and get what its Role bindings grant."""
+        body = {"spec": {"expirationSeconds": int(expiration_seconds)}}
+        return self._call(self.cluster.request_token, namespace, name, body)["status"]["token"]
 
     def _ca_data(self) -> str | None:
         return self._certificate.ca_certificate_b64 if self._certificate is not None else None
 
-    def api_client(self) -> kubernetes.client.ApiClient:
-        """A configured official ``kubernetes`` ApiClient (caller closes it)."""
+    def api_client(self, token: str | None = None) -> kubernetes.client.ApiClient:
+        """A configured official ``kubernetes`` ApiClient (caller closes it), as the admin or as
+        ``token``'s identity."""
         import kubernetes.client
 
         config = kubernetes.client.Configuration()
         config.host = self.url
         if self._certificate is not None:
             config.ssl_ca_cert = str(self._certificate.cert_path)
-        config.api_key = {"authorization": f"Bearer {DUMMY_TOKEN}"}
+        config.api_key = {"authorization": f"Bearer {token or DUMMY_TOKEN}"}
         return kubernetes.client.ApiClient(config)
 
     # --------------------------------------------------------------- plumbing

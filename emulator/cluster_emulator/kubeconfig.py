@@ -1,4 +1,9 @@
-"""Kubeconfig for the emulator (plain http, dummy bearer token, context ``emulator``)."""
+"""Kubeconfig for the emulator (context ``emulator``).
+
+Its user holds the admin token (``DUMMY_TOKEN``: user ``kubernetes-admin`` in ``system:masters``,
+never refused, as a cluster-admin kubeconfig) unless ``token`` is given, e.g. a service account's
+token from ``ClusterEmulator.service_account_token`` (then RBAC decides what it may do).
+"""
 
 from __future__ import annotations
 
@@ -13,7 +18,12 @@ DUMMY_TOKEN = "kinetic-emulator-token"
 
 
 def kubeconfig_dict(
-    url: str, *, context: str = DEFAULT_CONTEXT, namespace: str = "default", ca_data: str | None = None
+    url: str,
+    *,
+    context: str = DEFAULT_CONTEXT,
+    namespace: str = "default",
+    ca_data: str | None = None,
+    token: str | None = None,
 ) -> dict[str, Any]:
     """A kubeconfig document for ``url`` that kubectl, the Python clients and Airflow's hooks accept
     (``ca_data``: base64 PEM of the CA of an HTTPS emulator)."""
@@ -25,7 +35,7 @@ def kubeconfig_dict(
         "kind": "Config",
         "preferences": {},
         "clusters": [{"name": context, "cluster": cluster}],
-        "users": [{"name": context, "user": {"token": DUMMY_TOKEN}}],
+        "users": [{"name": context, "user": {"token": token or DUMMY_TOKEN}}],
         "contexts": [
             {"name": context, "context": {"cluster": context, "user": context, "namespace": namespace}}
         ],
@@ -40,6 +50,7 @@ def write_kubeconfig(
     context: str = DEFAULT_CONTEXT,
     namespace: str = "default",
     ca_data: str | None = None,
+    token: str | None = None,
 ) -> Path:
     """Write the kubeconfig (parent directories created, mode 0600 like kubectl does)."""
     target = Path(path)
@@ -47,7 +58,9 @@ def write_kubeconfig(
     tmp = target.with_name(f".{target.name}.tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
         yaml.safe_dump(
-            kubeconfig_dict(url, context=context, namespace=namespace, ca_data=ca_data), fh, sort_keys=False
+            kubeconfig_dict(url, context=context, namespace=namespace, ca_data=ca_data, token=token),
+            fh,
+            sort_keys=False,
         )
     os.chmod(tmp, 0o600)
     os.replace(tmp, target)

@@ -65,7 +65,10 @@ EVENTS = ResourceType("", "v1", "events", "Event", True, "event", ("ev",))
 SERVICES = ResourceType("", "v1", "services", "Service", True, "service", ("svc",), ("status",), ("all",))
 CONFIGMAPS = ResourceType("", "v1", "configmaps", "ConfigMap", True, "configmap", ("cm",))
 SECRETS = ResourceType("", "v1", "secrets", "Secret", True, "secret")
-SERVICEACCOUNTS = ResourceType("", "v1", "serviceaccounts", "ServiceAccount", True, "serviceaccount", ("sa",))
+# ``token``: the TokenRequest subresource that mints a service account's bearer token (rbac.py)
+SERVICEACCOUNTS = ResourceType(
+    "", "v1", "serviceaccounts", "ServiceAccount", True, "serviceaccount", ("sa",), ("token",)
+)
 JOBS = ResourceType("batch", "v1", "jobs", "Job", True, "job", (), ("status",), ("all",))
 # Made by the LeaderWorkerSet controller (leader and worker StatefulSets of each LWS); the
 # emulator's LWS controller also does their pod management (see controllers.py).
@@ -193,6 +196,18 @@ SELFSUBJECTACCESSREVIEWS = ResourceType(
     verbs=("create",),
 )
 
+
+def _rbac(plural: str, kind: str, namespaced: bool) -> ResourceType:
+    return ResourceType("rbac.authorization.k8s.io", "v1", plural, kind, namespaced, kind.lower())
+
+
+# What the emulator's RBAC authorizer reads (rbac.py).
+ROLES = _rbac("roles", "Role", True)
+ROLEBINDINGS = _rbac("rolebindings", "RoleBinding", True)
+CLUSTERROLES = _rbac("clusterroles", "ClusterRole", False)
+CLUSTERROLEBINDINGS = _rbac("clusterrolebindings", "ClusterRoleBinding", False)
+RBAC_TYPES = (ROLES, ROLEBINDINGS, CLUSTERROLES, CLUSTERROLEBINDINGS)
+
 RESOURCE_TYPES: tuple[ResourceType, ...] = (
     NAMESPACES,
     NODES,
@@ -213,6 +228,7 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
     *KUEUE_TYPES,
     PROVISIONINGREQUESTS,
     SELFSUBJECTACCESSREVIEWS,
+    *RBAC_TYPES,
 )
 
 _BY_PATH = {(rt.group, rt.plural): rt for rt in RESOURCE_TYPES}
@@ -399,15 +415,18 @@ def api_resource_list_doc(group: str, version: str, unserved: Collection[str] = 
         entries.append(entry)
         for sub in rt.subresources:
             verbs = ["get"] if sub in ("log", "pendingworkloads") else ["get", "patch", "update"]
-            entries.append(
-                {
-                    "name": f"{rt.plural}/{sub}",
-                    "singularName": "",
-                    "namespaced": rt.namespaced,
-                    "kind": "PendingWorkloadsSummary" if sub == "pendingworkloads" else rt.kind,
-                    "verbs": verbs,
-                }
-            )
+            entry = {
+                "name": f"{rt.plural}/{sub}",
+                "singularName": "",
+                "namespaced": rt.namespaced,
+                "kind": "PendingWorkloadsSummary" if sub == "pendingworkloads" else rt.kind,
+                "verbs": verbs,
+            }
+            if sub == "token":  # TokenRequest: create only, of another group's kind
+                entry.update(
+                    group="authentication.k8s.io", version="v1", kind="TokenRequest", verbs=["create"]
+                )
+            entries.append(entry)
     if not entries:
         return None
     return {

@@ -31,11 +31,13 @@ from .cluster import Cluster
 from .conversion import from_storage, to_storage
 from .faults import ApiFault, WatchDropRule
 from .kueue import cluster_queue_of, pending_workloads_summary
+from .rbac import UserInfo, authorize, forbidden, request_attributes
 from .resources import (
     CLUSTERQUEUES,
     LOCALQUEUES,
     PODS,
     SELFSUBJECTACCESSREVIEWS,
+    SERVICEACCOUNTS,
     VISIBILITY_LOCALQUEUES,
     VISIBILITY_TYPES,
     ResourceType,
@@ -54,6 +56,8 @@ from .store import Subscription, WatchEvent
 from .tables import to_table, wants_table
 
 log = logging.getLogger(__name__)
+
+_USER = web.RequestKey("user", UserInfo)  # who sent the request (rbac.py), for access reviews
 
 _REASONS = {
     400: "BadRequest",
@@ -137,6 +141,7 @@ class ApiServer:
         self.host = host
         self.port = port
         self.ssl_context = ssl_context  # HTTPS, as a GKE control plane (tls.py)
+        cluster.authenticator.secure = ssl_context is not None  # who a request without a token is
         self.app = web.Application(middlewares=[self._middleware], client_max_size=64 * 1024 * 1024)
         self.app.router.add_route("*", "/{tail:.*}", self._dispatch)
         self._runner: web.AppRunner | None = None
@@ -193,6 +198,7 @@ class ApiServer:
         seq = self.cluster.requests.add(request.method, path, query, watch=watch)
         response: web.StreamResponse
         try:
+            self._authorize(request)
             full = f"{path}?{query}" if query else path
             fault = self.cluster.faults.take_api_fault(request.method, path)
             if fault is None and query:
@@ -217,6 +223,18 @@ class ApiServer:
             response.headers["Warning"] = request[_WARNING]
         self.cluster.requests.set_status(seq, response.status)
         return response
+
+    def _authorize(self, request: web.Request) -> None:
+        """Authentication, then RBAC, before any handler runs (rbac.py); the user is kept on the
+        request for SelfSubjectAccessReviews."""
+        user = self.cluster.authenticator.authenticate(
+            request.headers.get("Authorization"), self.cluster.store
+        )
+        attrs = request_attributes(user, request.method, request.path, request.query_string)
+        request[_USER] = user
+        allowed, reason = authorize(self.cluster.store, attrs)
+        if not allowed:
+            raise forbidden(attrs, reason)
 
     def _fault_response(self, fault: ApiFault) -> web.Response:
         reason = _REASONS.get(fault.status, "InternalError")
@@ -351,7 +369,13 @@ class ApiServer:
             limit = _int(q.get("limit"), "limit") or 1000
             return _json(pending_workloads_summary(kueue, cq, lq, offset, limit, version))
         if rt is SELFSUBJECTACCESSREVIEWS and name is None and method == "POST":
-            return _json(access_review(self.cluster.faults, await self._body(request)), 201)
+            review = access_review(self.cluster, request[_USER], await self._body(request))
+            return _json(review, 201)
+        if rt is SERVICEACCOUNTS and sub == "token":
+            if method != "POST":
+                raise errors.method_not_allowed()
+            token = self.cluster.request_token(namespace or "", name or "", await self._body(request))
+            return _json(token, 201)
         if watch_path or (method == "GET" and _bool(q.get("watch"))):
             if self.cluster.faults.verb_denied("watch", rt.plural):
                 raise errors.forbidden_verb("watch", rt, namespace)

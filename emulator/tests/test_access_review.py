@@ -1,4 +1,4 @@
-"""SelfSubjectAccessReview: the emulator answers "may I?" from the verbs armed with deny_verb."""
+"""SelfSubjectAccessReview as the admin: allowed, except the verbs armed with deny_verb."""
 
 from __future__ import annotations
 

@@ -55,6 +55,12 @@ def add_doctor_command(sub: Any) -> None:
         help="the RoleBinding's user: the Google service account email the worker and triggerer act as "
         "(default: the last of --impersonation-chain)",
     )
+    doctor.add_argument(
+        "--rbac-service-account",
+        metavar="NAMESPACE/NAME",
+        help="bind the Role to this Kubernetes service account instead of a user (Airflow running "
+        "in the cluster, or a kubeconfig holding that account's token)",
+    )
 
 
 def run_doctor_command(args: Any) -> int:
@@ -62,6 +68,16 @@ def run_doctor_command(args: Any) -> int:
         chain = impersonation_chain_of(resolve_setting("impersonation_chain", args.impersonation_chain))
         subject = args.rbac_user or (chain[-1] if chain else None)
         namespace = args.namespace or resolve_setting("namespace")
+        account = getattr(args, "rbac_service_account", None)
+        if account:
+            sa_namespace, _, sa_name = account.rpartition("/")
+            if not sa_name or "/" in sa_namespace:
+                raise SystemExit(
+                    f"--rbac-service-account {account!r}: give NAMESPACE/NAME (e.g. airflow/airflow-worker) "
+                    "or NAME (a service account of the Role's namespace)"
+                )
+            print(rbac_yaml(namespace, service_account=f"{sa_namespace or namespace}/{sa_name}"), end="")
+            return 0
         print(rbac_yaml(namespace, subject) if subject else rbac_yaml(namespace), end="")
         return 0
     report = run_doctor(

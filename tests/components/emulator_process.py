@@ -6,9 +6,11 @@ cluster they can reach through a kubeconfig, as they would reach GKE. This runs
 ``python -m cluster_emulator`` (see that package's README),
 waits for its ``READY <url>`` line, and gives the tests:
 
-* ``kubeconfig`` and ``airflow_env()``: what the services need so kinetic's GKE
+* ``product_kubeconfig`` and ``airflow_env()``: what the services need so kinetic's GKE
   backend talks to this emulator (the same settings as tests/test_gke_backend.py's
-  ``gke_env`` fixture, plus ``KINETIC_BACKEND=gke``);
+  ``gke_env`` fixture, plus ``KINETIC_BACKEND=gke``), as the service account bound to exactly
+  the Role ``kinetic-airflow doctor --print-rbac`` prints (tests/emulated_cluster.py), in
+  ``default`` and every namespace given; ``kubeconfig`` and ``api_client()`` are the admin's;
 * ``admin`` (``EmulatorAdminClient``: faults, processes) and ``job_creations()``,
   which counts Job creations in the emulator's request log, e.g. to prove a retry
   or a triggerer restart did not submit a Job twice;
@@ -38,8 +40,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import yaml
 from cluster_emulator import NodePool
 from cluster_emulator.emulator import EmulatorAdminClient
+from emulated_cluster import grant_printed_role, product_token
 
 from .processes import MARKER_VAR, kill_marked, marked_processes, new_marker
 
@@ -123,7 +127,8 @@ class EmulatorProcess:
         :param env: added to the emulator's (and so every pod's) environment.
         """
         self.root = Path(root)
-        self.kubeconfig = self.root / "kubeconfig"
+        self.kubeconfig = self.root / "kubeconfig"  # the admin's
+        self.product_kubeconfig = self.root / "kubeconfig-kinetic"  # the printed Role's account
         self.log_path = self.root / "emulator.log"
         self.work_dir = self.root / "work"
         self.node_pools = [_pool_dict(p) for p in node_pools]
@@ -195,10 +200,22 @@ class EmulatorProcess:
             self.url = self._wait_ready(timeout)
             self._admin = EmulatorAdminClient(self.url)
             self.admin.health()
+            self._grant_product_role()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _grant_product_role(self) -> None:
+        """kinetic's identity: the printed Role in default and each extra namespace, and a
+        kubeconfig holding its service account's token beside the admin's."""
+        assert self.url is not None
+        for namespace in dict.fromkeys(["default", *self.namespaces]):
+            grant_printed_role(self.url, namespace)
+        config = yaml.safe_load(self.kubeconfig.read_text())
+        config["users"][0]["user"] = {"token": product_token(self.url)}
+        self.product_kubeconfig.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.product_kubeconfig.chmod(0o600)
 
     def _wait_ready(self, timeout: float) -> str:
         assert self.proc is not None
@@ -286,13 +303,14 @@ class EmulatorProcess:
     ) -> dict[str, str]:
         """Environment for AirflowServices (``extra_env=``) so kinetic's GKE backend uses this emulator.
 
-        A kubernetes connection with the kubeconfig path (no GCP credentials: the emulator accepts
-        any token), the pod's Python is this venv's (pods are local processes, the image is ignored).
+        A kubernetes connection with the path of the kubeconfig of kinetic's service account (no
+        GCP credentials), the pod's Python is this venv's (pods are local processes, the image is
+        ignored).
         The job storage (``KINETIC_BASE_URI``) stays the caller's choice.
         """
         conn = {
             "conn_type": "kubernetes",
-            "extra": {"kube_config_path": str(self.kubeconfig), "namespace": namespace},
+            "extra": {"kube_config_path": str(self.product_kubeconfig), "namespace": namespace},
         }
         return {
             f"AIRFLOW_CONN_{conn_id.upper()}": json.dumps(conn),

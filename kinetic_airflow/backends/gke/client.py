@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +53,21 @@ __all__ = [
 ]
 
 
+def _rbac_fix(status: int, message: Any) -> str:
+    """For RBAC's 403 (``... cannot VERB resource "R" in API group "G" ...``): the grant that fixes it."""
+    found = _RBAC_DENIAL.search(str(message)) if status == 403 else None
+    if found is None:
+        return ""
+    verb, resource, group = found.groups()
+    return (
+        f'. Grant {verb} on {resource} (API group "{group}") to the identity kinetic uses: '
+        "kinetic-airflow doctor --print-rbac prints the Role with every rule kinetic needs"
+    )
+
+
+_RBAC_DENIAL = re.compile(r'cannot (\S+) resource "([^"]+)" in API group "([^"]*)"')
+
+
 class ApiError(RuntimeError):
     def __init__(self, status: int, reason: str, body: str = "") -> None:
         self.status = status
@@ -61,7 +77,7 @@ class ApiError(RuntimeError):
             message = json.loads(body).get("message", body)
         except (ValueError, AttributeError):
             message = body
-        super().__init__(f"Kubernetes API error {status} {reason}: {message}")
+        super().__init__(f"Kubernetes API error {status} {reason}: {message}{_rbac_fix(status, message)}")
 
 
 _RETRYABLE = frozenset({429, 500, 502, 503, 504})

@@ -72,27 +72,88 @@ __all__ = [
     "WORKLOAD_IDENTITY_ANNOTATION",
     "Check",
     "DoctorReport",
+    "RoleRule",
+    "rbac_role",
     "rbac_yaml",
     "run_doctor",
 ]
 
 WORKLOAD_IDENTITY_ANNOTATION = "iam.gke.io/gcp-service-account"
 LWS_GROUP = "leaderworkerset.x-k8s.io"
+JOBSET_GROUP = "jobset.x-k8s.io"
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VISIBILITY_GROUP = "visibility.kueue.x-k8s.io"
+PROVISIONING_GROUP = "autoscaling.x-k8s.io"
 
-# (API group, resource, verbs, which backend needs it). What the backends call: create, get,
-# watch and delete their Job / LeaderWorkerSet, list+watch it in the shared watch cache, read
-# pods and their logs, read events (why a pod could not be created or scheduled), and create
-# each job's key Secret (deleted with its owner by the garbage collector; by kinetic only when
-# a stale one of the same name is in the way).
-REQUIRED_RULES: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
-    ("batch", "jobs", ("create", "get", "list", "watch", "delete"), "gke"),
-    (LWS_GROUP, "leaderworkersets", ("create", "get", "list", "watch", "delete"), "pathways"),
-    ("", "pods", ("get", "list", "watch"), "all"),
-    ("", "pods/log", ("get",), "all"),
-    ("", "events", ("list", "watch"), "all"),
-    # each job's key, in a Secret owned by its Job / LeaderWorkerSet (README, "Security model")
-    ("", "secrets", ("create", "delete"), "all"),
+
+@dataclass(frozen=True)
+class RoleRule:
+    """One rule of the Role kinetic needs: ``verbs`` on ``resource`` (``pods/log`` for a
+    subresource) of API ``group``; ``needed_by`` says which feature calls it (``all``, a backend:
+    ``gke``, ``pathways``, ``multislice``; ``kueue`` when a task names a LocalQueue; ``doctor``
+    for doctor's own reads) and ``why`` what fails without it."""
+
+    group: str
+    resource: str
+    verbs: tuple[str, ...]
+    needed_by: str
+    why: str
+
+
+# The one table of what kinetic calls on a cluster: the Role --print-rbac prints is made from it,
+# doctor's permission check asks the cluster about it, and the emulated cluster of the tests
+# binds exactly it. Each backend creates, reads, watches (the shared watch cache lists and
+# watches its kind) and deletes its own objects; pods and their logs are read; events explain
+# pods that cannot be created; each job's key lives in a Secret owned by its object (deleted by
+# the garbage collector; by kinetic only when a stale one of the same name is in the way); a
+# job in a Kueue queue is followed through its Workload, its position in the LocalQueue and
+# the ProvisioningRequests of its admission checks.
+REQUIRED_RULES: tuple[RoleRule, ...] = (
+    RoleRule("batch", "jobs", ("create", "get", "list", "watch", "delete"), "gke", "single-host jobs"),
+    RoleRule(
+        LWS_GROUP,
+        "leaderworkersets",
+        ("create", "get", "list", "watch", "delete"),
+        "pathways",
+        "multi-host TPU slices",
+    ),
+    RoleRule(
+        JOBSET_GROUP,
+        "jobsets",
+        ("create", "get", "list", "watch", "delete"),
+        "multislice",
+        "multislice TPU jobs (slices > 1)",
+    ),
+    RoleRule("", "pods", ("get", "list", "watch"), "all", "every job's status"),
+    RoleRule("", "pods/log", ("get",), "all", "the job's log in the task log"),
+    RoleRule("", "events", ("list", "watch"), "all", "why a pod could not be created"),
+    RoleRule("", "secrets", ("create", "delete"), "all", "each job's integrity key"),
+    RoleRule(KUEUE_GROUP, "workloads", ("get", "list"), "kueue", "a queued job's admission and eviction"),
+    RoleRule(
+        KUEUE_GROUP,
+        "localqueues",
+        ("get", "list"),
+        "kueue",
+        "a LocalQueue that does not exist, refused at submission with the queues that do",
+    ),
+    RoleRule(
+        KUEUE_VISIBILITY_GROUP,
+        "localqueues/pendingworkloads",
+        ("get",),
+        "kueue",
+        "a queued job's position in its LocalQueue",
+    ),
+    RoleRule(
+        PROVISIONING_GROUP,
+        "provisioningrequests",
+        ("list",),
+        "kueue",
+        "the ProvisioningRequest of a queued job's admission check",
+    ),
+    RoleRule("", "namespaces", ("get",), "doctor", "doctor's namespace check (this namespace only)"),
+    RoleRule("", "serviceaccounts", ("get",), "doctor", "doctor's service account check"),
 )
+
 
 OK, FAIL, WARN, SKIP = "ok", "fail", "warn", "skip"
 
@@ -163,43 +224,72 @@ class DoctorReport:
 
 
 # RBAC ---------------------------------------------------------------------------------------
+def rbac_role(namespace: str = "default", name: str = "kinetic-airflow") -> dict[str, Any]:
+    """The Role kinetic needs in ``namespace``: every rule of ``REQUIRED_RULES``, one per line."""
+    rules = []
+    for rule in REQUIRED_RULES:
+        rules.append({"apiGroups": [rule.group], "resources": [rule.resource], "verbs": list(rule.verbs)})
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": name, "namespace": namespace},
+        "rules": rules,
+    }
+
+
 def rbac_yaml(
     namespace: str = "default",
     subject: str = "AIRFLOW_SA@PROJECT.iam.gserviceaccount.com",
     name: str = "kinetic-airflow",
+    *,
+    service_account: str | None = None,
 ) -> str:
     """The minimum Role and RoleBinding for the identity the worker and triggerer act as.
 
     On GKE a Google service account is a Kubernetes ``User`` named by its email (with
-    impersonation, the last account of the chain). Both backends' rules are in it, so one
-    Role serves single-host Jobs and multi-host LeaderWorkerSets.
+    impersonation, the last account of the chain); ``service_account`` (``NAMESPACE/NAME``)
+    binds a Kubernetes service account instead (Airflow running in the cluster, or a token made
+    for one). Every feature's rules are in it (``REQUIRED_RULES``), so one Role serves Jobs,
+    LeaderWorkerSets, JobSets and Kueue queues.
     """
-    rules = []
-    for group, resource, verbs, _ in REQUIRED_RULES:
-        quoted = ", ".join('"' + verb + '"' for verb in verbs)
-        rules.append(f'  - apiGroups: ["{group}"]\n    resources: ["{resource}"]\n    verbs: [{quoted}]')
-    return (
-        "apiVersion: rbac.authorization.k8s.io/v1\n"
-        "kind: Role\n"
-        "metadata:\n"
-        f"  name: {name}\n"
-        f"  namespace: {namespace}\n"
-        "rules:\n" + "\n".join(rules) + "\n"
-        "---\n"
-        "apiVersion: rbac.authorization.k8s.io/v1\n"
-        "kind: RoleBinding\n"
-        "metadata:\n"
-        f"  name: {name}\n"
-        f"  namespace: {namespace}\n"
-        "roleRef:\n"
-        "  apiGroup: rbac.authorization.k8s.io\n"
-        "  kind: Role\n"
-        f"  name: {name}\n"
-        "subjects:\n"
-        "  - apiGroup: rbac.authorization.k8s.io\n"
-        "    kind: User\n"
-        f"    name: {subject}\n"
-    )
+    role = rbac_role(namespace, name)
+    lines = [
+        "apiVersion: rbac.authorization.k8s.io/v1",
+        "kind: Role",
+        "metadata:",
+        f"  name: {name}",
+        f"  namespace: {namespace}",
+        "rules:",
+    ]
+    for rule in role["rules"]:
+        quoted = ", ".join('"' + verb + '"' for verb in rule["verbs"])
+        lines.append(f'  - apiGroups: ["{rule["apiGroups"][0]}"]')
+        lines.append(f'    resources: ["{rule["resources"][0]}"]')
+        lines.append(f"    verbs: [{quoted}]")
+    if service_account:
+        sa_namespace, _, sa_name = service_account.rpartition("/")
+        who = [
+            "  - kind: ServiceAccount",
+            f"    name: {sa_name}",
+            f"    namespace: {sa_namespace or namespace}",
+        ]
+    else:
+        who = ["  - apiGroup: rbac.authorization.k8s.io", "    kind: User", f"    name: {subject}"]
+    lines += [
+        "---",
+        "apiVersion: rbac.authorization.k8s.io/v1",
+        "kind: RoleBinding",
+        "metadata:",
+        f"  name: {name}",
+        f"  namespace: {namespace}",
+        "roleRef:",
+        "  apiGroup: rbac.authorization.k8s.io",
+        "  kind: Role",
+        f"  name: {name}",
+        "subjects:",
+        *who,
+    ]
+    return "\n".join(lines) + "\n"
 
 
 # The run ------------------------------------------------------------------------------------
@@ -429,17 +519,22 @@ class _Doctor:
 
     # permissions -------------------------------------------------------------------------
     def permissions(self) -> None:
-        """A SelfSubjectAccessReview per verb. Any verb on the backend's objects, pods or logs
+        """A SelfSubjectAccessReview per verb of every rule the configured backend needs (and
+        Kueue's, when a LocalQueue is configured). Any verb on the backend's objects, pods or logs
         missing fails; ``list``/``watch`` on events missing alone warns, saying what is lost:
         jobs run without it, but a pod the cluster refuses to create is no longer explained."""
         ns = self.s["namespace"]
         backend = self.s["backend"]
-        denied: list[tuple[str, str]] = []
-        for group, resource, verbs, needed_by in REQUIRED_RULES:
-            if needed_by not in ("all", backend):
-                continue
-            for verb in verbs:
-                answer = self._review(ns, group, resource, verb)
+        features = {"all", backend}
+        if resolve_setting("local_queue"):
+            features.add("kueue")
+        needed = [rule for rule in REQUIRED_RULES if rule.needed_by in features]
+        others = [rule for rule in REQUIRED_RULES if rule.needed_by not in features | {"doctor"}]
+        denied: list[tuple[str, RoleRule]] = []
+        denied_elsewhere: list[tuple[str, RoleRule]] = []
+        for rule in needed + others:
+            for verb in rule.verbs:
+                answer = self._review(ns, rule.group, rule.resource, verb)
                 if answer is None:
                     self.add(
                         "permissions",
@@ -449,8 +544,29 @@ class _Doctor:
                     )
                     return
                 if not answer:
-                    denied.append((verb, resource))
-        asked = ", ".join(r for _, r, _, b in REQUIRED_RULES if b in ("all", backend))
+                    (denied if rule in needed else denied_elsewhere).append((verb, rule))
+        self._judge(ns, backend, needed, denied)
+        self._other_features(ns, denied_elsewhere)
+
+    def _other_features(self, ns: str, denied: list[tuple[str, RoleRule]]) -> None:
+        """Rules of the printed Role that this accelerator does not use (another backend, Kueue
+        without a configured LocalQueue): missing ones only warn, naming what would fail."""
+        if not denied:
+            return
+        uses = sorted({rule.why for _, rule in denied})
+        self.add(
+            "other features' permissions",
+            WARN,
+            f"in namespace {ns} the identity may not: {', '.join(f'{v} {r.resource}' for v, r in denied)}; "
+            f"needed only for {'; '.join(uses)}",
+            f"apply the whole Role: kinetic-airflow doctor --print-rbac --namespace {ns} "
+            "--rbac-user IDENTITY | kubectl apply -f -",
+        )
+
+    def _judge(
+        self, ns: str, backend: str, needed: list[RoleRule], denied: list[tuple[str, RoleRule]]
+    ) -> None:
+        asked = ", ".join(rule.resource for rule in needed)
         if not denied:
             self.add("permissions", OK, f"every verb the {backend} backend uses on {asked} in {ns}")
             return
@@ -458,8 +574,10 @@ class _Doctor:
             f"kinetic-airflow doctor --print-rbac --namespace {ns} --rbac-user IDENTITY "
             "| kubectl apply -f - (a Role with exactly the verbs kinetic uses)"
         )
-        detail = f"in namespace {ns} the identity may not: {', '.join(f'{v} {r}' for v, r in denied)}"
-        no_events = [verb for verb, resource in denied if resource == "events"]
+        detail = (
+            f"in namespace {ns} the identity may not: {', '.join(f'{v} {r.resource}' for v, r in denied)}"
+        )
+        no_events = [verb for verb, rule in denied if rule.resource == "events"]
         if no_events:
             detail += f". {_WITHOUT_EVENTS_LIST if 'list' in no_events else _WITHOUT_EVENTS_WATCH}"
         if len(no_events) < len(denied):
@@ -508,11 +626,16 @@ class _Doctor:
                 )
                 return
             if exc.status == 403:
+                # RBAC answers before existence: a namespace without kinetic's Role looks the same
+                # whether or not it exists.
                 self.add(
                     "namespace",
                     WARN,
-                    f"may not read namespace {ns!r} (a namespaced Role cannot); assuming it exists",
-                    f"check with kubectl get namespace {ns}",
+                    f"may not read namespace {ns!r} (get namespaces in {ns}): it may not exist, or the "
+                    "identity's Role is not bound there",
+                    f"if it does not exist: kubectl create namespace {ns}; then bind the Role there: "
+                    f"kinetic-airflow doctor --print-rbac --namespace {ns} --rbac-user IDENTITY | kubectl "
+                    "apply -f - (it grants get on namespaces, its own only)",
                 )
                 return
             raise
@@ -538,8 +661,10 @@ class _Doctor:
                 self.add(
                     "service account",
                     WARN,
-                    f"may not read service account {name!r} in {ns!r}",
-                    f"check with kubectl get serviceaccount {name} -n {ns} -o yaml",
+                    f"may not read service account {name!r} in {ns!r} (get serviceaccounts)",
+                    f"check with kubectl get serviceaccount {name} -n {ns} -o yaml (if missing: {create}); "
+                    f"the Role of kinetic-airflow doctor --print-rbac --namespace {ns} grants get on "
+                    "serviceaccounts",
                 )
                 return
             raise
@@ -744,7 +869,7 @@ class _Doctor:
             self.add("accelerator nodes", OK, f"no node carries {wanted} now; {pools}")
             return
         fix = self._node_pool_fix()
-        if forbidden:
+        if forbidden and self.gke_info is None:  # with GKE's node pools doctor knows without nodes
             self.add(
                 "accelerator nodes",
                 WARN,
@@ -755,7 +880,7 @@ class _Doctor:
         self.add(
             "accelerator nodes",
             FAIL,
-            f"no node carries {wanted}"
+            (f"no node carries {wanted}" if not forbidden else f"(nodes not readable) pods need {wanted}")
             + (", and no node pool, auto-provisioning or Autopilot provides it" if self.gke_info else "")
             + f": pods of {self.spec.text} would stay Pending (Unschedulable)",
             fix,

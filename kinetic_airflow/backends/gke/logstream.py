@@ -206,6 +206,11 @@ class PodLogStream:
                         # end of the log. Resume from the last line's time.
                         log.info("log stream of pod %s ended early; resuming", self.pod)
                     except (ApiError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                        if isinstance(exc, ApiError) and exc.status == 403:
+                            # RBAC: no reconnect mends a Role without get on pods/log; the message
+                            # names the grant (ApiError), once, where the task log shows it
+                            log.warning("cannot follow the log of pod %s: %s", self.pod, exc)
+                            return
                         if not (isinstance(exc, ApiError) and exc.status in (400, 404)):
                             log.info(
                                 "log stream of pod %s: %s; reconnecting", self.pod, exc or type(exc).__name__

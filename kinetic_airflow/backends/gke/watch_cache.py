@@ -70,7 +70,7 @@ def _forbidden_text(exc: ApiError, verb: str, path: str) -> str:
     return (
         f"forbidden: the cluster refused to let this identity {verb} {path} ({said or exc.reason}). "
         f"The Role bound to it needs the verbs get, list and watch on the resource (watch is what "
-        f"keeps the shared cache current)"
+        f"keeps the shared cache current); kinetic-airflow doctor --print-rbac prints that Role"
     )
 
 
