@@ -103,6 +103,9 @@ def kinetic_task(
     priority_class: str | None = None,
     queue_timeout: float | timedelta | None = None,
     slices: int | None = None,
+    debug: bool = False,
+    debug_wait: float | timedelta | None = None,
+    debug_on_timeout: str | None = None,
     **kwargs: Unpack[TaskArgs],
 ) -> Callable[[Callable[FParams, FReturn]], Task[FParams, FReturn]]: ...
 def kinetic_task(

@@ -44,6 +44,7 @@ from kinetic_airflow.backends.registry import get_backend
 from kinetic_airflow.config import KineticSettingError, local_state_root, resolve_setting
 from kinetic_airflow.connections import storage_for
 from kinetic_airflow.context_args import check_context_parameters
+from kinetic_airflow.job.debugging import debug_settings
 from kinetic_airflow.job.inputs import Data, data_in
 from kinetic_airflow.job.integrity import IntegrityError, new_key
 from kinetic_airflow.job.layout import JobIdentity, JobLayout
@@ -164,6 +165,11 @@ class KineticRunOperator(BaseOperator):
     :param priority_class: the Kueue WorkloadPriorityClass of the job.
     :param queue_timeout: seconds (or a ``timedelta``) the job may wait in its Kueue queue before
         the task fails; ``startup_timeout`` counts from admission.
+    :param debug: ``True`` starts debugpy in the job (host 0) and waits for a debugger before the
+        function runs; ``kinetic-airflow jobs debug JOB_ID`` connects your editor (docs: how-to/debug).
+    :param debug_wait: seconds (or a ``timedelta``) a debug job waits for a debugger; default 600.
+    :param debug_on_timeout: ``"fail"`` (default: the job fails before the function runs) or
+        ``"run"`` (it runs without a debugger) when nobody attached within ``debug_wait``.
 
     Every option is checked when the operator is built (at DAG import), by its row in
     ``kinetic_airflow.options``; templated ones again once rendered, before any job exists.
@@ -225,6 +231,9 @@ class KineticRunOperator(BaseOperator):
         priority_class: str | None = None,
         queue_timeout: float | timedelta | None = None,
         slices: int | None = None,
+        debug: bool = False,
+        debug_wait: float | timedelta | None = None,
+        debug_on_timeout: str | None = None,
         **kwargs: Unpack[OperatorArgs],
     ) -> None:
         super().__init__(**kwargs)
@@ -268,6 +277,9 @@ class KineticRunOperator(BaseOperator):
                 "priority_class": priority_class,
                 "queue_timeout": queue_timeout,
                 "slices": slices,
+                "debug": debug,
+                "debug_wait": debug_wait,
+                "debug_on_timeout": debug_on_timeout,
             }
         )
         self.accelerator = accelerator
@@ -304,6 +316,7 @@ class KineticRunOperator(BaseOperator):
         self.priority_class: str | None = options["priority_class"]
         self.queue_timeout: float | None = options["queue_timeout"]
         self.slices: int | None = options["slices"]
+        self.debug_settings = debug_settings(debug, options["debug_wait"], options["debug_on_timeout"])
         if _parse_time_backend(backend) == "local":  # no cluster: no GKE console or Cloud Logging
             self.operator_extra_links = (KineticViewLink(),)
 
@@ -366,6 +379,8 @@ class KineticRunOperator(BaseOperator):
         lines, source = resolve_requirements(self.requirements, self._code_search_dirs())
         if lines:
             ref = ref.replace(requirements=lines, requirements_source=source)
+        if self.debug_settings:  # kinetic_airflow.job.debugging
+            ref = ref.replace(debug=self.debug_settings)
         fuse = sorted(
             {d.source for d in data_in(self.op_args, self.op_kwargs, self.volumes) if d.fuse and d.is_remote}
         )

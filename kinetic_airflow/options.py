@@ -316,6 +316,23 @@ OPTIONS: dict[str, OptionSpec] = dict(
             "slices=2",
             minimum=1,
         ),
+        # Remote debugging (kinetic_airflow.job.debugging): checked together in validate_options
+        _spec("debug", "bool", _A_BOOL, "debug=True", optional=False),
+        _spec(
+            "debug_wait",
+            "duration",
+            _SECONDS + ", more than 0: how long a debug=True job waits for a debugger (default 600)",
+            "debug_wait=timedelta(minutes=10)",
+            minimum=0,
+            above=True,
+        ),
+        _spec(
+            "debug_on_timeout",
+            "enum",
+            "fail (the job fails before the function runs; the default) or run (it runs without a debugger)",
+            'debug_on_timeout="run"',
+            choices=("fail", "run"),
+        ),
         # [kinetic] settings that are not task arguments
         _spec(
             "heartbeat_timeout",
@@ -842,6 +859,9 @@ def validate_options(values: Mapping[str, Any]) -> dict[str, Any]:
         from kinetic_airflow.slices import check_slices  # (as above)
 
         check_slices(checked["slices"], accelerator, backend, spot=checked.get("spot"))
+    from kinetic_airflow.job.debugging import check_debug_options  # (as above)
+
+    check_debug_options(checked)
     return checked
 
 

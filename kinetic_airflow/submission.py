@@ -343,6 +343,7 @@ def ship_payload(
         "image": ref.k8s.image if ref.k8s is not None else None,
         "code": code,
         "requirements": ref.requirements or [],
+        "debug": ref.debug,  # debug=True (job.debugging): HMAC-checked with the rest
     }
     # The manifest goes last: its presence tells the runner the payload is complete. Its HMAC
     # under the job key vouches for the payload's digest, the code archive and the requirements.
