@@ -861,7 +861,7 @@ def validate_options(values: Mapping[str, Any]) -> dict[str, Any]:
         check_slices(checked["slices"], accelerator, backend, spot=checked.get("spot"))
     from kinetic_airflow.job.debugging import check_debug_options  # (as above)
 
-    check_debug_options(checked)
+    check_debug_options(checked, KineticOptionError)
     return checked
 
 

@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 from kinetic_airflow.cli.common import CliError, add_storage_options, resolve_job
+from kinetic_airflow.cli.text import described
 from kinetic_airflow.job.debugging import DEBUG_MARKER
 from kinetic_airflow.job.layout import JobLayout
 from kinetic_airflow.jobstore import load_job, read_json_object
@@ -41,8 +42,7 @@ def add_debug_command(actions: Any) -> None:
     parser = actions.add_parser(
         "debug",
         help="attach your editor to a debug=True job (prints the VS Code launch.json configuration)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        **described(__doc__),
     )
     parser.add_argument("job", help="job id, or the job's URI")
     parser.add_argument(
@@ -235,6 +235,7 @@ def _core_api(cluster: dict[str, Any]) -> Any:
     # Start-up cost (the Kubernetes client library, ~3.5 s): only this command needs its port-forward.
     import kubernetes
 
+    # Airflow and the providers (connections): only for a cluster job, as `jobs cancel` does.
     from kinetic_airflow.backends.gke.client import api_server
 
     server = api_server(cluster)
@@ -245,7 +246,7 @@ def _core_api(cluster: dict[str, Any]) -> Any:
         configuration.api_key = {"authorization": token}
     ca_file = server.ca_file
     if server.ca_data and not ca_file:
-        import tempfile
+        import tempfile  # only for a CA given as data
 
         with tempfile.NamedTemporaryFile("w", suffix=".crt", delete=False) as fh:
             fh.write(server.ca_data)
@@ -278,6 +279,7 @@ def _host0_pod(core: Any, namespace: str, job_id: str, marker: dict[str, Any]) -
 
 def _bridge(core: Any, namespace: str, pod: str, port: int, conn: socket.socket) -> None:
     """One local connection <-> one port-forward WebSocket to ``pod``:``port``."""
+    # Start-up cost (the Kubernetes client library), as in _core_api.
     from kubernetes.stream import portforward
 
     try:

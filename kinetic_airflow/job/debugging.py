@@ -63,20 +63,22 @@ class DebuggerNotAttached(RuntimeError):
 
 
 # Parse time ------------------------------------------------------------------------------------
-def check_debug_options(checked: Mapping[str, Any]) -> None:
+def check_debug_options(checked: Mapping[str, Any], error: Callable[[str], Exception]) -> None:
     """The debug options together, after each was checked by its row of the option table.
 
     ``debug_wait`` / ``debug_on_timeout`` without ``debug=True`` would do nothing: an error naming
     the fix rather than a silent no-op. ``debug=True`` with Spot (``spot=True``, an accelerator's
     ``:spot`` or ``capacity="spot"``) warns, as keras-kinetic does: a preemption ends the session.
+    ``error`` makes the exception (``options.KineticOptionError``: this package imports nothing
+    outside ``job/``).
     """
     debug = checked.get("debug")
     if debug is False:
         given = [name for name in ("debug_wait", "debug_on_timeout") if checked.get(name) is not None]
         if given:
-            raise _option_error(
+            raise error(
                 f"{' and '.join(given)} given without debug=True: they only bound the wait of a debug job. "
-                "Add debug=True to debug the job, or leave them out"
+                "Add debug=True to debug the job, or leave them out."
             )
     if not debug:
         return
@@ -95,19 +97,14 @@ def _on_spot(checked: Mapping[str, Any]) -> bool:
         return True
     accelerator = checked.get("accelerator")
     if isinstance(accelerator, str) and "{{" not in accelerator:
-        from kinetic_airflow.job.accelerators import parse_accelerator  # (stdlib only)
+        # Start-up cost: the accelerator catalog, only for a debug=True task.
+        from kinetic_airflow.job.accelerators import parse_accelerator
 
         try:
             return parse_accelerator(accelerator).spot
         except ValueError:  # the accelerator's own check reports it
             return False
     return False
-
-
-def _option_error(message: str) -> Exception:
-    from kinetic_airflow.options import KineticOptionError  # options imports this module lazily
-
-    return KineticOptionError(message + ".")
 
 
 def debug_settings(debug: bool, wait: float | None, on_timeout: str | None) -> dict[str, Any] | None:
@@ -202,8 +199,9 @@ def _wait_bounded(debugpy: Any, seconds: float) -> bool:
 def _import_debugpy(runner: Any, log: Callable[[str], None]) -> Any:
     """debugpy from the image, else installed into the job's environment cache (as ``requirements=``)."""
     try:
-        import debugpy
+        import debugpy  # optional: only a debug=True job needs it, and the image may lack it
     except ImportError:
+        # the installer's module, only when debugpy has to be installed
         from kinetic_airflow.job.requirements import InstallError, ensure_environment
 
         cache = os.environ.get("KINETIC_ENV_CACHE") or os.path.expanduser("~/.cache/kinetic/envs")
@@ -217,7 +215,7 @@ def _import_debugpy(runner: Any, log: Callable[[str], None]) -> Any:
                 "a package index"
             ) from None
         sys.path.insert(0, path)
-        import debugpy
+        import debugpy  # now installed (optional, as above)
     return debugpy
 
 
