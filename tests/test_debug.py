@@ -93,8 +93,9 @@ class DapClient:
         self.sock.close()
 
 
-def debug_session(host: str, port: int, source: str, line: int) -> dict:
-    """Attach, break at ``source``:``line``, read the frame's locals, continue; what was seen."""
+def debug_session(host: str, port: int, source: str, line: int, while_stopped=lambda: None) -> dict:
+    """Attach, break at ``source``:``line``, read the frame's locals, run ``while_stopped``,
+    continue; what was seen."""
     client = DapClient(host, port)
     try:
         client.request("initialize", clientID="kinetic-test", adapterID="debugpy", pathFormat="path",
@@ -111,6 +112,7 @@ def debug_session(host: str, port: int, source: str, line: int) -> dict:
         local_scope = next(s for s in scopes if s["name"].lower().startswith("local"))
         variables = client.request("variables", variablesReference=local_scope["variablesReference"])
         seen = {v["name"]: v["value"] for v in variables["variables"]}
+        while_stopped()
         client.request("continue", threadId=stopped["threadId"])
         return {
             "breakpoints": verified["breakpoints"],
@@ -156,7 +158,11 @@ def test_a_debugger_attaches_stops_at_a_breakpoint_and_the_task_succeeds(
             assert line, forward.stderr.read()
             connection = json.loads(line)
             seen = debug_session(
-                connection["host"], connection["port"], kn_debug.__file__, kn_debug.BREAK_LINE
+                connection["host"],
+                connection["port"],
+                kn_debug.__file__,
+                kn_debug.BREAK_LINE,
+                while_stopped=lambda: _heartbeats_go_on(job["job_uri"]),
             )
             return job, connection, seen
         finally:
@@ -192,6 +198,22 @@ def test_a_debugger_attaches_stops_at_a_breakpoint_and_the_task_succeeds(
     code, logs, _ = cli("jobs", "logs", job["job_id"])
     assert code == 0 and f"debugpy listens on 127.0.0.1:{connection['job_port']}" in logs
     assert "a debugger attached; running the function" in logs
+
+
+def _heartbeats_go_on(job_uri: str) -> None:
+    """While the function stands at a breakpoint the runner's heartbeat thread keeps beating
+    (debugpy suspends traced threads; the runner's own are not traced), so the trigger does not
+    take the job for a lost node."""
+    from kinetic_airflow.job.layout import JobLayout
+    from kinetic_airflow.job.storage import open_storage
+
+    storage, uri = open_storage(job_uri), JobLayout(job_uri).status("heartbeat")
+
+    def beat() -> int:
+        return json.loads(storage.read_text_or_none(uri) or '{"beat": 0}')["beat"]
+
+    first = beat()
+    wait_for(lambda: beat() >= first + 2, "two heartbeats while the function stands at a breakpoint")
 
 
 def _dags_folder():
