@@ -238,6 +238,9 @@ def test_nobody_attaches_then_the_job_fails_or_runs_as_debug_on_timeout_says(bas
     # `jobs debug` on a job that stopped waiting says so, and how to get another chance
     code, _, err = cli("jobs", "debug", rows["kn_debug_alone_fail"]["job_id"], "--wait", "5")
     assert code == 2 and "stopped waiting for a debugger" in err and "raise debug_wait" in err
+    # and on one that ran to its end without a debugger, that it has ended
+    code, _, err = cli("jobs", "debug", rows["kn_debug_alone_run"]["job_id"], "--wait", "5")
+    assert code == 2 and "has ended (succeeded); its debugger stopped with it" in err
 
 
 # Parse time --------------------------------------------------------------------------------------
@@ -264,8 +267,8 @@ def _parse(**options) -> None:
         ({"debug": True, "debug_wait": "10m"}, ["debug_wait=600 or debug_wait=timedelta(minutes=10)"]),
         ({"debug": True, "debug_wait": 0}, ["debug_wait=0 must be more than 0"]),
         ({"debug": True, "debug_on_timeout": "continue"}, ["is not one of fail, run"]),
-        ({"debug_wait": 60}, ["debug_wait given without debug=True", "Add debug=True"]),
-        ({"debug": False, "debug_on_timeout": "run"}, ["debug_on_timeout given without debug=True"]),
+        ({"debug_wait": 60}, ["debug_wait=60.0 given without debug=True", "; write debug=True"]),
+        ({"debug": False, "debug_on_timeout": "run"}, ["debug_on_timeout='run' given without debug=True"]),
     ],
 )
 def test_debug_options_are_checked_at_parse_time(options, expected):

@@ -93,28 +93,40 @@ def cmd_debug(args: argparse.Namespace) -> int:
 
 # The marker ----------------------------------------------------------------------------------
 def _wait_for_marker(storage: Any, job_uri: str, layout: JobLayout, wait: float) -> dict[str, Any]:
-    """``status/debug.json`` once the job listens; a clear error when it never will."""
+    """``status/debug.json`` once the job listens; a clear error when it never will (again).
+
+    A job whose debugger attached before (a client that detached can attach again), or that ran
+    on after ``debug_wait`` (``debug_on_timeout="run"``: debugpy still listens), is connected to
+    as well, with a note; debugpy itself refuses a second client while one is attached.
+    """
     deadline = time.monotonic() + wait
     job_id = job_uri.rsplit("/", 1)[-1]
     while True:
-        marker = read_json_object(storage, layout.status(DEBUG_MARKER))
-        if marker is not None:
-            state = marker.get("state")
-            if state == "waiting":
-                return marker
-            if state == "attached":
-                raise CliError(
-                    f"job {job_id} already has a debugger attached (debugpy takes one client at a time); "
-                    "detach it first, or debug the next run"
-                )
-            raise CliError(
-                f"job {job_id} stopped waiting for a debugger ({state}; it waited "
-                f"{marker.get('wait_seconds')}s, debug_wait): clear the task to run it again and run this "
-                "command while it waits, or raise debug_wait"
-            )
         info = load_job(storage, job_uri)
+        marker = info.markers.get(DEBUG_MARKER)
+        state = (marker or {}).get("state")
+        if state == "timed out" and marker.get("on_timeout") != "run":
+            raise CliError(
+                f"job {job_id} stopped waiting for a debugger (nobody attached within "
+                f"{marker.get('wait_seconds')}s, debug_wait, and debug_on_timeout='fail'): clear the task to "
+                "run it again and run this command while it waits, or raise debug_wait"
+            )
         if info.summary is not None or "finished" in info.markers:
-            raise CliError(_never_listened(job_id, info))
+            raise CliError(_never_listened(job_id, info, marker is not None))
+        if marker is not None:
+            if state == "attached":
+                print(
+                    f"note: a debugger attached to job {job_id} earlier; if it is still attached, debugpy "
+                    "refuses this one until it detaches",
+                    file=sys.stderr,
+                )
+            elif state == "timed out":
+                print(
+                    f"note: job {job_id} runs its function without waiting (nobody attached within "
+                    "debug_wait); attaching now stops at the breakpoints it has not passed yet",
+                    file=sys.stderr,
+                )
+            return marker
         manifest = info.manifest or {}
         if manifest and not manifest.get("debug"):
             raise CliError(
@@ -130,10 +142,11 @@ def _wait_for_marker(storage: Any, job_uri: str, layout: JobLayout, wait: float)
         time.sleep(_POLL_SECONDS)
 
 
-def _never_listened(job_id: str, info: Any) -> str:
+def _never_listened(job_id: str, info: Any, listened: bool) -> str:
+    what = "its debugger stopped with it" if listened else "without listening for a debugger"
     return (
-        f"job {job_id} has ended ({info.state}) without listening for a debugger: debug a job while it "
-        "runs (clear the task to run it again with debug=True)"
+        f"job {job_id} has ended ({info.state}); {what}. Debug a job while it runs: clear the task to "
+        "run it again with debug=True and run this command while the job waits"
     )
 
 

@@ -76,9 +76,10 @@ def check_debug_options(checked: Mapping[str, Any], error: Callable[[str], Excep
     if debug is False:
         given = [name for name in ("debug_wait", "debug_on_timeout") if checked.get(name) is not None]
         if given:
+            shown = ", ".join(f"{name}={checked[name]!r}" for name in given)
             raise error(
-                f"{' and '.join(given)} given without debug=True: they only bound the wait of a debug job. "
-                "Add debug=True to debug the job, or leave them out."
+                f"{shown} given without debug=True does nothing (it bounds the wait of a debug job); write "
+                f"debug=True to debug the job, or leave out {' and '.join(given)}."
             )
     if not debug:
         return
