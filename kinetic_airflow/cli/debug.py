@@ -19,6 +19,7 @@ Either way it prints the VS Code ``launch.json`` configuration (type ``debugpy``
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import socket
@@ -257,6 +258,13 @@ def _core_api(cluster: dict[str, Any]) -> Any:
     token = server.authorization()
     if token:
         configuration.api_key = {"authorization": token}
+
+        # GKE tokens last about an hour and a debugging session may last longer: every new
+        # forward (a debugger attaching again) asks the connection for a current one.
+        def refresh(conf: Any) -> None:
+            conf.api_key = {"authorization": server.authorization()}
+
+        configuration.refresh_api_key_hook = refresh
     ca_file = server.ca_file
     if server.ca_data and not ca_file:
         import tempfile  # only for a CA given as data
@@ -264,6 +272,7 @@ def _core_api(cluster: dict[str, Any]) -> Any:
         with tempfile.NamedTemporaryFile("w", suffix=".crt", delete=False) as fh:
             fh.write(server.ca_data)
         ca_file = fh.name
+        atexit.register(os.unlink, ca_file)
     configuration.ssl_ca_cert = ca_file
     configuration.cert_file = server.cert_file
     configuration.key_file = server.key_file
