@@ -139,11 +139,15 @@ def _dag(dag_id: str):
     return kn_debug.DAGS[dag_id]
 
 
-@pytest.mark.parametrize(("backend", "base_uri"), [("local", "file"), ("gke", "gs")], indirect=["base_uri"])
+@pytest.mark.parametrize(
+    ("backend", "base_uri"), [("local", "file"), ("gke", "gs"), ("pathways", "gs")], indirect=["base_uri"]
+)
 def test_a_debugger_attaches_stops_at_a_breakpoint_and_the_task_succeeds(
-    backend, base_uri, env_cache, request
+    backend, base_uri, env_cache, request, capsys
 ):
-    request.getfixturevalue("gke_env" if backend == "gke" else "local_env")
+    """On pathways (a 4-host LeaderWorkerSet on the emulator) host 0 waits and is debugged; the
+    other hosts run at once, saying so in their logs."""
+    request.getfixturevalue("local_env" if backend == "local" else "gke_env")
     import kn_debug
 
     def developer():
@@ -190,14 +194,22 @@ def test_a_debugger_attaches_stops_at_a_breakpoint_and_the_task_succeeds(
     assert launch["type"] == "debugpy" and launch["request"] == "attach"
     assert launch["connect"] == {"host": connection["host"], "port": connection["port"]}
     assert {"localRoot": str(_dags_folder()), "remoteRoot": str(_dags_folder())} in launch["pathMappings"]
-    if backend == "gke":  # a forwarded local port, not the pod's own
+    if backend != "local":  # a forwarded local port, not the pod's own
         assert connection["pod"] and connection["port"] != connection["job_port"]
+        assert connection["backend"] == backend
     else:
         assert connection["pod"] is None and connection["port"] == connection["job_port"]
-    # where it listened is in the job's log (which the task log shows)
-    code, logs, _ = cli("jobs", "logs", job["job_id"])
-    assert code == 0 and f"debugpy listens on 127.0.0.1:{connection['job_port']}" in logs
-    assert "a debugger attached; running the function" in logs
+    # where it listened is in the job's log, which the task log shows (dag.test() prints it)
+    task_log = "".join(capsys.readouterr())  # what the task and its trigger logged, out and err
+    assert f"[kinetic] debug=True: debugpy listens on 127.0.0.1:{connection['job_port']}" in task_log
+    assert "a debugger attached; running the function" in task_log
+    if backend == "pathways":  # the group is gone once its outcome is known: its pods' logs too
+        assert connection["pod"].endswith("-0")  # the leader: host 0
+        for host in (1, 2, 3):
+            assert f"host {host} runs without a debugger (only host 0 waits for one)" in task_log
+    else:
+        code, logs, _ = cli("jobs", "logs", job["job_id"])
+        assert code == 0 and f"debugpy listens on 127.0.0.1:{connection['job_port']}" in logs
 
 
 def _heartbeats_go_on(job_uri: str) -> None:

@@ -15,13 +15,13 @@ from airflow.sdk import dag, task
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 
 
-def debug_dag(backend: str):
-    @task.kinetic(backend=backend, debug=True, debug_wait=300)
+def debug_dag(backend: str, accelerator: str = "cpu", name: str | None = None):
+    @task.kinetic(backend=backend, accelerator=accelerator, debug=True, debug_wait=300)
     def stepped(n: int) -> int:
         total = n * 7
         return total + 1  # kn-debug: breakpoint
 
-    @dag(dag_id=f"kn_debug_{backend}", schedule=None, start_date=START, catchup=False)
+    @dag(dag_id=f"kn_debug_{name or backend}", schedule=None, start_date=START, catchup=False)
     def kn_debug():
         stepped(6)
 
@@ -53,6 +53,7 @@ DAGS = {
     for d in (
         debug_dag("local"),
         debug_dag("gke"),
+        debug_dag("auto", accelerator="tpu-v6e-16", name="pathways"),  # a 4-host LeaderWorkerSet
         unattended_dag("local", "fail"),
         unattended_dag("local", "run"),
     )
