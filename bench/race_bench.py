@@ -28,6 +28,15 @@ closes, so the overhead should not grow with it:
 
     .venv/bin/python bench/race_bench.py --runs 3 --tasks 20 --lengths 0 2 5
     .venv/bin/python bench/race_bench.py --modes fixed guarded --runs 1 --lengths 0 2 5 10 15 30
+
+``--transports handwritten kubernetes`` runs each mode with both ways of building the GKE
+backend's Kubernetes connection: ``handwritten`` (``backends/gke/transport.py`` reads the
+kubeconfig) and ``kubernetes`` (the kubernetes python client loads it: ``kube_client_shim``), in
+alternating rounds (``--rounds``) on the same machine, so load falls on both alike, and prints the
+overhead of each against the first:
+
+    .venv/bin/python bench/race_bench.py --backends gke --modes guarded --lengths 0 \
+        --runs 2 --tasks 10 --transports handwritten kubernetes --rounds 2
 """
 
 from __future__ import annotations
@@ -87,8 +96,13 @@ def write_dags(folder: Path, backends: list[str], lengths: list[float], tasks: i
     return cells
 
 
-def run_mode(mode: str, args: argparse.Namespace) -> dict[tuple[str, float], dict]:
-    root = Path(tempfile.mkdtemp(prefix=f"race-bench-{mode}-"))
+SHIM = Path(__file__).resolve().parent / "kube_client_shim"
+
+
+def run_mode(
+    mode: str, args: argparse.Namespace, transport: str = "handwritten"
+) -> dict[tuple[str, float], dict]:
+    root = Path(tempfile.mkdtemp(prefix=f"race-bench-{mode}-{transport}-"))
     dags = root / "dags"
     dags.mkdir()
     cells = write_dags(dags, args.backends, args.lengths, args.tasks)
@@ -113,6 +127,8 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[tuple[str, float], dic
         if args.exit_report_delay:
             emulator.admin.delay_exit_reports(args.exit_report_delay)
         env = {**emulator.airflow_env(), **env, "KINETIC_BACKEND": "local"}
+        if transport == "kubernetes":  # every Airflow process loads the shim at start-up (site)
+            env["PYTHONPATH"] = str(SHIM)
         services = AirflowServices(
             root / "airflow",
             dags,
@@ -158,7 +174,10 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[tuple[str, float], dic
                     "overhead_max_s": round(max(overheads), 2) if overheads else None,
                     "wall_s": round(time.monotonic() - started, 1),
                 }
-                print(f"{mode:9} {backend:5} {seconds:>4}s  {results[(backend, seconds)]}", flush=True)
+                print(
+                    f"{mode:9} {transport:11} {backend:5} {seconds:>4}s  {results[(backend, seconds)]}",
+                    flush=True,
+                )
         finally:
             services.stop()
             services.kill_leftovers()
@@ -185,10 +204,23 @@ def main() -> None:
         help="the emulator reports a container's exit this much later, as a real node and Job "
         "controller do (a second or two); default 0",
     )
+    parser.add_argument(
+        "--transports",
+        nargs="+",
+        default=["handwritten"],
+        choices=["handwritten", "kubernetes"],
+        help="how the GKE backend builds its Kubernetes connection (see above); several: compared",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="with several transports: alternate them this many times"
+    )
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
 
-    table = {mode: run_mode(mode, args) for mode in args.modes}
+    if len(args.transports) > 1:
+        compare_transports(args)
+        return
+    table = {mode: run_mode(mode, args, args.transports[0]) for mode in args.modes}
     print()
     print("failed task instances (executor-event race lines in the scheduler log), out of N")
     header = "backend  job length  " + "  ".join(f"{m:>18}" for m in args.modes) + "     N"
@@ -209,6 +241,40 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(
             json.dumps({m: {f"{b}/{s}": v for (b, s), v in r.items()} for m, r in table.items()}, indent=2)
+        )
+
+
+def compare_transports(args: argparse.Namespace) -> None:
+    """Each mode with every transport, in alternating rounds; overhead medians and their ratios."""
+    overheads: dict[tuple[str, str, str, float], list[float]] = {}
+    failed: dict[tuple[str, str], int] = {}
+    for round_no in range(args.rounds):
+        for transport in args.transports:
+            for mode in args.modes:
+                print(f"round {round_no + 1}/{args.rounds}: {mode} with {transport}", flush=True)
+                for (backend, seconds), cell in run_mode(mode, args, transport).items():
+                    overheads.setdefault((mode, transport, backend, seconds), []).append(
+                        cell["overhead_median_s"]
+                    )
+                    failed[(mode, transport)] = failed.get((mode, transport), 0) + cell["failed"]
+    print()
+    print("task-duration overhead above the job's sleep, seconds: median of the rounds' medians")
+    first = args.transports[0]
+    print("mode       backend  job length  " + "  ".join(f"{t:>24}" for t in args.transports))
+    for mode in args.modes:
+        for backend in args.backends:
+            for seconds in args.lengths:
+                base = statistics.median(overheads[(mode, first, backend, seconds)])
+                shown = []
+                for transport in args.transports:
+                    value = statistics.median(overheads[(mode, transport, backend, seconds)])
+                    shown.append(f"{value:8.2f} ({value - base:+.2f}, x{value / base:.2f})")
+                print(f"{mode:9}  {backend:7}  {seconds:>8}s  " + "  ".join(f"{c:>24}" for c in shown))
+    print("per round:", {f"{m}/{t}/{b}/{s}": v for (m, t, b, s), v in overheads.items()})
+    print("failed task instances:", {f"{m}/{t}": n for (m, t), n in failed.items()})
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({f"{m}/{t}/{b}/{s}": v for (m, t, b, s), v in overheads.items()}, indent=2)
         )
 
 

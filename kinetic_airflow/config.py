@@ -1,5 +1,8 @@
 """Settings resolution: task argument > ``[kinetic]`` config > ``KINETIC_*`` env > default.
 
+The settings, their defaults and how their text parses are rows of the option table
+(``kinetic_airflow.options``); this module decides only where a value comes from.
+
 One place decides precedence so that a single setting (say
 ``AIRFLOW__KINETIC__BACKEND=gke``) flips a whole deployment, while a task can
 still override it. ``KINETIC_*`` names match Keras kinetic's own variables
@@ -10,82 +13,32 @@ still override it. ``KINETIC_*`` names match Keras kinetic's own variables
 from __future__ import annotations
 
 import configparser
+import logging
 import os
+import warnings
 from typing import Any
 
-from kinetic_airflow.options import KineticSettingError, parse_setting
+from kinetic_airflow.options import OPTIONS, KineticSettingError, closest_setting, parse_setting, setting_text
 
-__all__ = ["DEFAULTS", "KineticSettingError", "default_base_uri", "local_state_root", "resolve_setting"]
+__all__ = [
+    "BACKENDS",
+    "DEFAULTS",
+    "KineticSettingError",
+    "default_base_uri",
+    "local_state_root",
+    "resolve_setting",
+    "unknown_settings",
+]
 
-# Built-in defaults. None means "derived" (see default_base_uri) or "unset".
-DEFAULTS: dict[str, Any] = {
-    "backend": "local",
-    "base_uri": None,
-    "project": None,
-    "zone": "us-central1-a",
-    "cluster": "kinetic-cluster",
-    "namespace": "default",
-    "container_image": None,
-    # Per accelerator kind (None: container_image, else the kind's image kinetic-airflow image builds).
-    "container_image_cpu": None,
-    "container_image_gpu": None,
-    "container_image_tpu": None,
-    # The workers' Python for `kinetic-airflow image` (None: the Python running the command).
-    "worker_python": None,
-    "gcp_conn_id": None,  # None: google_cloud_default if defined, else ambient credentials
-    "kubernetes_conn_id": None,
-    "service_account": "kinetic",
-    # GKE control-plane access, spelled as the google provider's GKE operators spell them:
-    # the private endpoint (an Airflow inside the VPC, Composer 3), the DNS endpoint, and the
-    # service accounts to impersonate for the GKE and Kubernetes API calls.
-    "use_internal_ip": False,
-    "use_dns_endpoint": False,
-    "impersonation_chain": None,
-    "poll_interval": 2.0,
-    "heartbeat_seconds": 30.0,
-    # How often a job writes the points kinetic_airflow.report() buffered (one object per interval).
-    "metrics_interval": 5.0,
-    "xcom_max_bytes": 262144,
-    "log_max_lines": 10000,
-    "local_python": None,
-    "local_state_dir": None,
-    # Cluster backends. The startup timeout allows for TPU/GPU node pool scale-up (often 5-15 min).
-    "startup_timeout": 1800.0,
-    "heartbeat_timeout": 300.0,
-    "preemption_retries": 3,
-    # A job that ends within this many seconds is awaited in the worker instead of deferring: one
-    # task process instead of two, and no resume latency (README, "Short jobs").
-    "wait_before_defer": 5.0,
-    # Airflow's executor-event race (resume_window.py): a deferred task's event is held until the
-    # process that deferred it has been reaped, plus this margin (the executor's post and one
-    # scheduler loop)...
-    "resume_margin_seconds": 2.0,
-    # False: never look for that process, always hold for min_deferral_seconds.
-    "watch_deferring_process": True,
-    # ...or, where the triggerer cannot see that process, until the task has been deferred this
-    # long. None: twice [workers] min_heartbeat_interval plus 5 s, past its exit report.
-    "min_deferral_seconds": None,
-    # How long a watcher retries failing job storage before it gives the job up (watch.py).
-    "storage_retry_seconds": 180.0,
-    "runner_python": "python",
-    # Operating it (README, "Operating kinetic jobs"): kinetic-airflow gc's default age; a pod
-    # override (JSON) for every cluster job; handle.json for keras-kinetic's own tools.
-    "retention_days": None,
-    "pod_override": None,
-    "kinetic_interop": True,
-    # Where a cluster node keeps the environments of requirements= (backends/gke/volumes.py):
-    # "hostpath" (reused by every job on the node) or "emptydir" (GKE Autopilot: per pod).
-    "requirements_cache": "hostpath",
-    # Where a cluster job's nodes come from and which Kueue queue admits it (README, "Capacity"):
-    # on-demand unless set; no queue; no run limit beyond GKE's own; no bound on the queue wait.
-    "capacity": None,
-    "max_run_duration": None,
-    "local_queue": None,
-    "priority_class": None,
-    "queue_timeout": None,
-}
+log = logging.getLogger(__name__)
 
-BACKENDS = ("local", "gke", "pathways", "auto")
+# Built-in defaults, from the option table. None means "derived" (see default_base_uri) or "unset".
+DEFAULTS: dict[str, Any] = {name: spec.default for name, spec in OPTIONS.items() if spec.config}
+
+BACKENDS: tuple[str, ...] = OPTIONS["backend"].choices
+
+_ENV_PREFIX = "AIRFLOW__KINETIC__"
+_warned_unknown = False
 
 
 def _conf() -> Any:
@@ -125,13 +78,13 @@ def _is_declared_default(key: str, written: str) -> bool:
     default = DEFAULTS.get(key)
     if default is None:
         return written.strip() == ""
-    if isinstance(default, bool):
-        return written.strip().lower() == str(default).lower()
     if isinstance(default, float):
         try:
             return float(written) == default
         except ValueError:
             return False
+    if isinstance(default, bool):
+        return written.strip().lower() == setting_text(default)
     return written.strip() == str(default)
 
 
@@ -155,6 +108,7 @@ def resolve_setting(key: str, explicit: Any = None) -> Any:
     default = DEFAULTS.get(key)
     if explicit is not None:
         return explicit
+    _warn_unknown_settings()
     sources = (
         (_airflow_conf_get(key), f"[kinetic] {key} (AIRFLOW__KINETIC__{key.upper()})"),
         (os.environ.get(f"KINETIC_{key.upper()}"), f"KINETIC_{key.upper()}"),
@@ -163,6 +117,52 @@ def resolve_setting(key: str, explicit: Any = None) -> Any:
         if value not in (None, ""):
             return parse_setting(key, value, source, default)
     return default
+
+
+def unknown_settings() -> list[str]:
+    """One message per ``[kinetic]`` key that is not a setting (airflow.cfg or
+    ``AIRFLOW__KINETIC__*``): Airflow keeps any key, so a typo would otherwise be ignored in silence.
+    Each names the key, where it was set and the closest setting."""
+    found: dict[str, str] = {}
+    for variable in os.environ:
+        if not variable.startswith(_ENV_PREFIX):
+            continue
+        key = variable[len(_ENV_PREFIX) :].lower()
+        for suffix in ("_cmd", "_secret"):  # Airflow's forms of a value read from a command / backend
+            if key.endswith(suffix) and key[: -len(suffix)] in DEFAULTS:
+                key = key[: -len(suffix)]
+        if key not in DEFAULTS:
+            found.setdefault(key, variable)
+    conf = _conf()
+    try:
+        written = configparser.ConfigParser.options(conf, "kinetic") if conf is not None else []
+    except Exception:  # no [kinetic] section, or a conf that is not a ConfigParser
+        written = []
+    for key in written:
+        if key not in DEFAULTS:
+            found.setdefault(key, f"[kinetic] {key} in airflow.cfg")
+    messages = []
+    for key, where in sorted(found.items()):
+        meant = closest_setting(key)
+        hint = (
+            f"did you mean {meant} ({_ENV_PREFIX}{meant.upper()})?"
+            if meant
+            else "the settings are listed by `airflow config list --section kinetic`."
+        )
+        messages.append(f"{where}: {key!r} is not a kinetic setting and is ignored; {hint}")
+    return messages
+
+
+def _warn_unknown_settings() -> None:
+    """Report unknown ``[kinetic]`` keys once per process: in the task log when a task resolves
+    its settings, and as a warning of the DAG file being parsed (Airflow records those)."""
+    global _warned_unknown
+    if _warned_unknown:
+        return
+    _warned_unknown = True
+    for message in unknown_settings():
+        log.warning("%s", message)
+        warnings.warn(message, UserWarning, stacklevel=3)
 
 
 def local_state_root() -> str:

@@ -12,20 +12,16 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 from airflow.sdk.bases.decorator import DecoratedOperator, task_decorator_factory
 
 from kinetic_airflow.context_args import check_context_parameters
-from kinetic_airflow.operators import DEFAULT_MAP_INDEX_TEMPLATE, KineticRunOperator
-from kinetic_airflow.options import validate_options
+from kinetic_airflow.operators import DEFAULT_MAP_INDEX_TEMPLATE, KineticRunOperator, check_task_options
 from kinetic_airflow.validation import as_function, callable_name, validate_callable
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-    from datetime import timedelta
     from typing import ParamSpec
 
     from airflow.sdk.bases.decorator import Task
     from typing_extensions import Unpack
 
-    from kinetic_airflow.job.inputs import Data
-    from kinetic_airflow.typed_args import BackendName, TaskArgs
+    from kinetic_airflow.typed_args import TaskWithOptions
 
     FParams = ParamSpec("FParams")
 
@@ -62,8 +58,9 @@ class _KineticDecoratedOperator(DecoratedOperator, KineticRunOperator):
 
 
 # Typed so that a type checker keeps the decorated function's signature (``train(lr=...)`` is
-# checked against ``def train(lr: float)``) and rejects an unknown option (``accelerater=``).
-# The options mirror KineticRunOperator's; tests/test_typed_api.py keeps the two in step.
+# checked against ``def train(lr: float)``) and rejects an unknown option (``accelerater=``): the
+# options are the option table's TypedDict (kinetic_airflow.options.TaskOptions), as the
+# operator's are.
 @overload
 def kinetic_task(python_callable: Callable[FParams, FReturn], /) -> Task[FParams, FReturn]: ...
 @overload
@@ -72,41 +69,7 @@ def kinetic_task(
     /,
     *,
     multiple_outputs: bool | None = None,
-    accelerator: str = "cpu",
-    container_image: str | None = None,
-    zone: str | None = None,
-    project: str | None = None,
-    cluster: str | None = None,
-    namespace: str | None = None,
-    backend: BackendName | None = None,
-    capture_env_vars: list[str] | tuple[str, ...] | None = None,
-    volumes: Mapping[str, Data] | None = None,
-    spot: bool = False,
-    output_dir: str | None = None,
-    base_uri: str | None = None,
-    gcp_conn_id: str | None = None,
-    kubernetes_conn_id: str | None = None,
-    deferrable: bool = True,
-    poll_interval: float | timedelta | None = None,
-    heartbeat_seconds: float | timedelta | None = None,
-    startup_timeout: float | timedelta | None = None,
-    preemption_retries: int | None = None,
-    container_env: Mapping[str, str] | None = None,
-    pod_override: Any = None,
-    requirements: str | Sequence[str] | None = None,
-    use_internal_ip: bool | None = None,
-    use_dns_endpoint: bool | None = None,
-    impersonation_chain: str | Sequence[str] | None = None,
-    capacity: str | None = None,
-    max_run_duration: float | timedelta | None = None,
-    local_queue: str | None = None,
-    priority_class: str | None = None,
-    queue_timeout: float | timedelta | None = None,
-    slices: int | None = None,
-    debug: bool = False,
-    debug_wait: float | timedelta | None = None,
-    debug_on_timeout: str | None = None,
-    **kwargs: Unpack[TaskArgs],
+    **kwargs: Unpack[TaskWithOptions],
 ) -> Callable[[Callable[FParams, FReturn]], Task[FParams, FReturn]]: ...
 def kinetic_task(
     python_callable: Callable[..., Any] | None = None, multiple_outputs: bool | None = None, **kwargs: Any
@@ -114,7 +77,7 @@ def kinetic_task(
     """Run the decorated function as a kinetic job (see KineticRunOperator for the options)."""
     # Every option given, by its row of kinetic_airflow.options: a wrong value is an import
     # error even for a decorated function no DAG calls, or one only ever .expand()ed.
-    validate_options(kwargs)
+    check_task_options(kwargs)
     # Mapped instances are labelled by Airflow from the *mapped* operator's template, so the
     # default must be given here, not in the operator's __init__ (which runs after unmapping).
     kwargs.setdefault("map_index_template", DEFAULT_MAP_INDEX_TEMPLATE)

@@ -21,7 +21,6 @@ outcome) its backend (``backends.registry.backend_states``)::
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -29,8 +28,8 @@ from typing import Any
 
 from kinetic_airflow.job.layout import RECORD_NAME, JobIdentity, JobLayout
 from kinetic_airflow.job.ref import JobRef, JobRefError
-from kinetic_airflow.job.states import FINAL, LIVE, JobStatus, status_of
-from kinetic_airflow.job.storage import FileStorage, Storage, join_uri, uri_to_local_path
+from kinetic_airflow.job.states import FINAL, LIVE, Cancellation, JobStatus, status_of
+from kinetic_airflow.job.storage import FileStorage, Storage, UnreadableObject, join_uri, uri_to_local_path
 from kinetic_airflow.job.tracebacks import user_summary
 
 __all__ = [
@@ -70,13 +69,12 @@ def list_job_ids(storage: Storage, base_uri: str) -> list[str]:
 
 
 def read_json_object(storage: Storage, uri: str) -> dict[str, Any] | None:
-    """A JSON object stored at ``uri``; None when absent, empty, not JSON or not an object."""
-    text = storage.read_text_or_none(uri)
-    if not text:
-        return None
+    """A JSON object stored at ``uri``; None when absent, empty, not JSON or not an object, or
+    larger or deeper than anything kinetic-airflow writes (``Storage.read_json_or_none``)."""
     try:
-        value = json.loads(text)
-    except ValueError:
+        value = storage.read_json_or_none(uri)
+    except UnreadableObject as exc:
+        log.warning("ignoring %s", exc)
         return None
     return value if isinstance(value, dict) else None
 
@@ -113,7 +111,18 @@ class JobInfo:
         if ref is not None and ref.identity is not None:
             return ref.identity
         data = (self.manifest or {}).get("identity")
-        return JobIdentity.from_dict(data) if data else None
+        if not data:
+            return None
+        try:  # the manifest is in job storage: a forged one must not stop the listing or gc
+            identity = JobIdentity.from_dict(data)
+        except (TypeError, AttributeError):
+            identity = None
+        ints = (identity.map_index, identity.try_number, identity.attempt) if identity else ()
+        strs = (identity.dag_id, identity.run_id, identity.task_id, identity.try_id) if identity else ()
+        if identity is None or not all(type(v) is int for v in ints) or not all(type(v) is str for v in strs):
+            log.warning("ignoring the malformed identity in the manifest of %s", self.job_uri)
+            return None
+        return identity
 
     @property
     def backend(self) -> str:
@@ -154,7 +163,8 @@ class JobInfo:
         """What the job is (``kinetic_airflow.job.states``): its result, a cancellation, its backend."""
         return status_of(
             ok=bool(self.summary.get("ok")) if self.summary is not None else None,
-            cancelled=self.cancelled is not None,
+            # who stopped it, and whether its worker failed (then: failed, as the view says)
+            cancelled=Cancellation.from_dict(self.cancelled) or self.cancelled is not None,
             backend_state=self.backend_state,
             started=any(name.startswith("started") for name in self.markers),
             finished=any(name.startswith("finished") for name in self.markers),

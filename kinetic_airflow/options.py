@@ -1,49 +1,73 @@
-"""One table of every kinetic option: its type, range and accepted forms, and the checks built from it.
+"""The option table: every kinetic option and ``[kinetic]`` setting is spelled here, and only here.
 
-Task arguments (``@task.kinetic(...)``, ``kinetic_task(...)``, ``KineticRunOperator(...)``) are
-checked when the DAG file is parsed, so a wrong value is a DAG import error that names the
-option, the value, what is accepted and the fix, never a truthy surprise (``spot="false"``
-turning Spot on) or a bare ``ValueError`` after a job was submitted. Templated values that
-contain Jinja are checked again once rendered, before any job exists (``preflight``).
-``[kinetic]`` config / ``AIRFLOW__KINETIC__*`` / ``KINETIC_*`` values are strings; they are
-parsed here with the same rules, and the message names where the value came from.
+A row says what an option accepts (its type, kind, range and accepted forms), its built-in
+default and what it does. Everything else is read from the table: the parse-time checks below,
+the parsing of ``[kinetic]`` / ``AIRFLOW__KINETIC__*`` / ``KINETIC_*`` strings (``parse_setting``,
+used by ``config``), the provider's ``[kinetic]`` config section (``provider_config``, read by
+``get_provider_info``), ``KineticRunOperator``'s signature and attributes and its template fields,
+``@task.kinetic``'s typed keywords (``TaskOptions``) and the docs' reference
+(``reference_markdown``). Adding an option is a row here plus the code that uses it.
+
+Task options are the fields of the ``TaskOptions`` TypedDict, each ``Annotated`` with its row:
+a type checker reads the type (``**kwargs: Unpack[...]`` in the operator's and the decorator's
+signatures), this module reads the row. Settings that exist only in ``[kinetic]`` are rows of
+``_SETTINGS``.
+
+Task arguments are checked when the DAG file is parsed, so a wrong value is a DAG import error
+that names the option, the value, what is accepted and the fix, never a truthy surprise
+(``spot="false"`` turning Spot on) or a bare ``ValueError`` after a job was submitted. Templated
+values that contain Jinja are checked again once rendered, before any job exists. Configured
+values are strings, parsed with the same rules; the message names where the value came from.
 
 Accepted forms, decided once for all options:
 
 * durations are a number of seconds (``int`` / ``float``) or a ``datetime.timedelta`` in a
   task argument, a plain number of seconds in config. Strings with units (``"2s"``) are
-  refused everywhere, with the typed value to write instead; Airflow's own durations
-  (``execution_timeout``, ``retry_delay``) are typed the same way.
+  refused everywhere, with the typed value to write instead.
 * booleans are ``True`` / ``False`` in a task argument (a string is refused, whatever it
-  says); config takes true/false, 1/0, yes/no, on/off, as Airflow's config does.
+  says); config takes the words ``parse_bool`` reads (true/false, 1/0, yes/no, on/off, t/f, y/n).
 * whole numbers are ``int`` (never a ``bool``); config takes digits.
 
-This module imports only the standard library at import time: ``config`` (and so every
-Airflow process and the CLI) loads it.
+Layering: this module imports nothing of the package at import time, and inside functions only
+the checkers below it (accelerators, capacity, slices, envcapture, validation, ``job``);
+``config`` imports it. The annotations are evaluated (no ``from __future__ import annotations``)
+because the rows live inside them.
 """
 
-from __future__ import annotations
-
+import dataclasses
 import difflib
+import inspect
 import math
 import numbers
 import re
-from collections.abc import Callable, Mapping
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypedDict
+
+if TYPE_CHECKING:
+    from kinetic_airflow.job.inputs import Data
 
 __all__ = [
     "OPTIONS",
+    "BackendName",
     "KineticOptionError",
     "KineticSettingError",
     "OptionSpec",
+    "TaskOptions",
     "check_option",
     "check_options",
     "check_rendered_options",
+    "closest_setting",
     "is_deferred",
+    "parse_bool",
     "parse_setting",
+    "provider_config",
+    "reference_markdown",
     "task_option_names",
+    "task_parameters",
     "validate_backend",
     "validate_options",
 ]
@@ -61,18 +85,25 @@ class KineticSettingError(KineticOptionError):
 
 @dataclass(frozen=True)
 class OptionSpec:
-    """What one option accepts.
+    """One row: what one option accepts, its default and what it does.
 
     ``accepts`` is the human form of the rule (shown in every error); ``example`` a correct
-    task argument; ``minimum`` with ``above`` (strictly more) bounds numbers; ``choices`` an
-    enum. ``task`` / ``config``: given as a task argument / read from ``[kinetic]`` and the
-    environment. ``templated``: one of the operator's ``template_fields``.
+    task argument, ``setting_example`` a correct ``[kinetic]`` value; ``doc`` what the option
+    does (the docs' reference and the ``[kinetic]`` description); ``default`` the built-in
+    default (for a ``[kinetic]`` setting, the value when nothing is configured; None: unset or
+    derived, as ``doc`` says). ``minimum`` with ``above`` (strictly more) bounds numbers;
+    ``choices`` an enum. ``task`` / ``config``: given as a task argument / read from
+    ``[kinetic]`` and the environment. ``templated``: one of the operator's ``template_fields``.
+    ``type``: a task option's Python type (from ``TaskOptions``).
     """
 
     name: str
     kind: str
     accepts: str
-    example: str
+    example: str = ""
+    doc: str = ""
+    default: Any = None
+    setting_example: str = ""
     minimum: float | None = None
     above: bool = False
     choices: tuple[str, ...] = ()
@@ -81,10 +112,23 @@ class OptionSpec:
     templated: bool = False
     optional: bool = True
     aliases: Mapping[str, str] = field(default_factory=dict)
+    type: Any = None
+
+    @property
+    def parameter_default(self) -> Any:
+        """A task argument's default: None (the ``[kinetic]`` value) for an option that is also a
+        setting, else the built-in default."""
+        return None if self.config else self.default
+
+
+def _row(kind: str, accepts: str, example: str = "", **kw: Any) -> OptionSpec:
+    """A row whose name is its key (a ``TaskOptions`` field or a ``_SETTINGS`` entry)."""
+    return OptionSpec("", kind, accepts, example, **kw)
 
 
 _A_BOOL = "True or False (a Python bool)"
 _SECONDS = "a number of seconds (int or float) or a datetime.timedelta"
+_MORE_THAN_0 = {"minimum": 0, "above": True}
 _BACKEND_ALIASES = {
     "gcp": "gke",
     "google": "gke",
@@ -99,319 +143,792 @@ _BACKEND_ALIASES = {
     "subprocess": "local",
     "laptop": "local",
 }
+# The backends a task may name: the type a type checker holds a DAG to, and the table's choices.
+BackendName = Literal["local", "gke", "pathways", "auto"]
 
 
-def _spec(name: str, kind: str, accepts: str, example: str, **kw: Any) -> tuple[str, OptionSpec]:
-    return name, OptionSpec(name, kind, accepts, example, **kw)
+class TaskOptions(TypedDict, total=False):
+    """The task options of ``KineticRunOperator`` and ``@task.kinetic``, in the signature's order:
+    each field's type is what a type checker holds a DAG to, its ``Annotated`` row the rest."""
 
-
-def _config_seconds(name: str) -> tuple[str, OptionSpec]:
-    """A [kinetic]-only wait or bound in seconds, 0 (none) or more: the guard's and the retries'."""
-    return _spec(name, "duration", "a number of seconds, 0 or more", "", minimum=0, task=False, config=True)
-
-
-# The table. Order: the operator's signature, then settings that exist only in [kinetic].
-OPTIONS: dict[str, OptionSpec] = dict(
-    [
-        _spec(
-            "accelerator",
+    accelerator: Annotated[
+        str,
+        _row(
             "accelerator",
             "a kinetic accelerator string such as 'cpu', 'gpu-l4', 'tpu-v6e-8t' or 'tpu-v5e-4:spot'",
             'accelerator="gpu-l4"',
+            doc="The hardware the job runs on, in kinetic's strings (`cpu`, `gpu-l4`, `tpu-v6e-8`, "
+            "a `:spot` suffix); checked at DAG import against the GKE catalog.",
+            default="cpu",
             templated=True,
             optional=False,
         ),
-        _spec(
-            "container_image",
+    ]
+    container_image: Annotated[
+        str | None,
+        _row(
             "text",
             "an image reference (str)",
             'container_image="us-docker.pkg.dev/p/r/kinetic:py3.11"',
+            doc="Runner image for cluster jobs of every accelerator kind without its own "
+            "container_image_KIND (default: the image `kinetic-airflow image --kind KIND` pushes, "
+            "tagged with this provider's version and the workers' Python).",
+            setting_example="us-docker.pkg.dev/p/r/kinetic-airflow-runner-cpu:0.1.0-py3.11",
             config=True,
             templated=True,
         ),
-        _spec("zone", "text", "a GKE location (str)", 'zone="us-central1-a"', config=True, templated=True),
-        _spec(
-            "project", "text", "a GCP project id (str)", 'project="my-project"', config=True, templated=True
+    ]
+    zone: Annotated[
+        str | None,
+        _row(
+            "text",
+            "a GKE location (str)",
+            'zone="us-central1-a"',
+            doc="Cluster location.",
+            default="us-central1-a",
+            setting_example="us-central1-a",
+            config=True,
+            templated=True,
         ),
-        _spec(
-            "cluster",
+    ]
+    project: Annotated[
+        str | None,
+        _row(
+            "text",
+            "a GCP project id (str)",
+            'project="my-project"',
+            doc="GCP project of the cluster and bucket.",
+            setting_example="my-project",
+            config=True,
+            templated=True,
+        ),
+    ]
+    cluster: Annotated[
+        str | None,
+        _row(
             "text",
             "a GKE cluster name (str)",
             'cluster="kinetic-cluster"',
+            doc="GKE cluster name.",
+            default="kinetic-cluster",
+            setting_example="kinetic-cluster",
             config=True,
             templated=True,
         ),
-        _spec(
-            "namespace",
+    ]
+    namespace: Annotated[
+        str | None,
+        _row(
             "namespace",
             "a Kubernetes namespace: lowercase letters, digits and '-', at most 63 characters",
             'namespace="ml-jobs"',
+            doc="Kubernetes namespace of jobs.",
+            default="default",
+            setting_example="ml",
             config=True,
             templated=True,
         ),
-        _spec(
-            "backend",
+    ]
+    backend: Annotated[
+        BackendName | None,
+        _row(
             "enum",
             "one of local, gke, pathways, auto (local: a process on this machine; gke: a Kubernetes Job "
             "on GKE; pathways: a multi-host TPU slice; auto: pathways for multi-host TPUs, else gke)",
             'backend="gke"',
-            choices=("local", "gke", "pathways", "auto"),
+            doc="Where jobs run: local, gke, pathways or auto.",
+            default="local",
+            setting_example="gke",
+            choices=typing.get_args(BackendName),
             config=True,
             aliases=_BACKEND_ALIASES,
         ),
-        _spec(
-            "capture_env_vars",
+    ]
+    capture_env_vars: Annotated[
+        list[str] | tuple[str, ...] | None,
+        _row(
             "patterns",
             "a list of worker variable names or wildcard patterns",
             'capture_env_vars=["WANDB_API_KEY", "MYAPP_*"]',
+            doc="Worker environment variables (names or wildcards) sent to the job.",
         ),
-        _spec(
-            "volumes",
+    ]
+    volumes: Annotated[
+        Mapping[str, "Data"] | None,
+        _row(
             "volumes",
             "a dict of absolute mount path -> kinetic_airflow.Data",
             'volumes={"/data": Data("gs://bucket/ds")}',
+            doc="Data made available at these paths before the function runs (cluster backends).",
         ),
-        _spec("spot", "bool", "True or False (a Python bool)", "spot=True", optional=False),
-        _spec(
-            "output_dir",
+    ]
+    spot: Annotated[
+        bool,
+        _row(
+            "bool",
+            _A_BOOL,
+            "spot=True",
+            doc="Run on Spot VMs (as the accelerator's `:spot` suffix).",
+            default=False,
+            optional=False,
+        ),
+    ]
+    output_dir: Annotated[
+        str | None,
+        _row(
             "location",
             "a URI (gs://bucket/path, file:///path) or an absolute path",
             'output_dir="gs://bucket/runs/exp1"',
+            doc="`KINETIC_OUTPUT_DIR` for the function (default: a directory stable per task instance, "
+            "the same across retries).",
             templated=True,
         ),
-        _spec(
-            "base_uri",
+    ]
+    base_uri: Annotated[
+        str | None,
+        _row(
             "base_uri",
             "gs://bucket/prefix or file:///absolute/path",
             'base_uri="gs://bucket/kinetic"',
+            doc="Where job files live: gs://bucket/prefix or file:///path. Default: a local cache "
+            "directory for local, gs://{project}-kn-{cluster}-jobs otherwise.",
+            setting_example="gs://my-bucket/kinetic",
             config=True,
             templated=True,
         ),
-        _spec(
-            "gcp_conn_id",
+    ]
+    gcp_conn_id: Annotated[
+        str | None,
+        _row(
             "text",
             "an Airflow connection id (str)",
             'gcp_conn_id="google_cloud_default"',
+            doc="Airflow GCP connection for storage and GKE (default google_cloud_default when "
+            "defined, else ambient credentials).",
+            setting_example="google_cloud_default",
             config=True,
         ),
-        _spec(
-            "kubernetes_conn_id",
+    ]
+    kubernetes_conn_id: Annotated[
+        str | None,
+        _row(
             "text",
             "an Airflow connection id (str)",
             'kubernetes_conn_id="kubernetes_default"',
+            doc="Kubernetes connection for clusters other than GKE (default: GKE through the GCP "
+            "connection).",
+            setting_example="kubernetes_default",
             config=True,
         ),
-        _spec("deferrable", "bool", "True or False (a Python bool)", "deferrable=False", optional=False),
-        _spec(
-            "poll_interval",
+    ]
+    deferrable: Annotated[
+        bool,
+        _row(
+            "bool",
+            _A_BOOL,
+            "deferrable=False",
+            doc="Wait for the job in the triggerer (True) or in the worker (False).",
+            default=True,
+            optional=False,
+        ),
+    ]
+    poll_interval: Annotated[
+        float | timedelta | None,
+        _row(
             "duration",
             _SECONDS + ", more than 0",
             "poll_interval=5",
-            minimum=0,
-            above=True,
+            doc="Seconds between job status checks.",
+            default=2.0,
+            setting_example="5",
             config=True,
+            **_MORE_THAN_0,
         ),
-        _spec(
-            "heartbeat_seconds",
+    ]
+    heartbeat_seconds: Annotated[
+        float | timedelta | None,
+        _row(
             "duration",
             _SECONDS + ", more than 0",
             "heartbeat_seconds=30",
-            minimum=0,
-            above=True,
+            doc="Seconds between the runner's heartbeats.",
+            default=30.0,
+            setting_example="30",
             config=True,
+            **_MORE_THAN_0,
         ),
-        _spec(
-            "startup_timeout",
+    ]
+    startup_timeout: Annotated[
+        float | timedelta | None,
+        _row(
             "duration",
             _SECONDS + ", more than 0",
             "startup_timeout=timedelta(minutes=30)",
-            minimum=0,
-            above=True,
+            doc="Cluster backends: seconds a job may stay unschedulable before failing (room for "
+            "accelerator node scale-up).",
+            default=1800.0,
+            setting_example="1800",
             config=True,
+            **_MORE_THAN_0,
         ),
-        _spec(
-            "preemption_retries",
+    ]
+    preemption_retries: Annotated[
+        int | None,
+        _row(
             "count",
             "a whole number (int), 0 or more",
             "preemption_retries=3",
+            doc="Cluster backends: resubmissions of a preempted job, not counted as Airflow retries.",
+            default=3,
+            setting_example="3",
             minimum=0,
             config=True,
         ),
-        _spec(
-            "container_env",
+    ]
+    container_env: Annotated[
+        Mapping[str, str] | None,
+        _row(
             "env",
             "a dict of environment variable name -> string value",
             'container_env={"KERAS_BACKEND": "jax"}',
+            doc="Plain (non-secret) environment variables for the job's container.",
             templated=True,
         ),
-        _spec(
-            "pod_override",
+    ]
+    pod_override: Annotated[
+        Any,
+        _row(
             "pod_override",
             "a dict in Kubernetes' JSON shape or a kubernetes.client.V1Pod",
             'pod_override={"metadata": {"labels": {"team": "ml"}}}',
+            doc="Cluster backends: merged over the generated pod (Kubernetes field names); the "
+            "`[kinetic]` value (JSON) applies to every cluster job, before the task's own.",
+            setting_example='{"spec": {"imagePullSecrets": [{"name": "regcred"}]}}',
             config=True,
         ),
-        _spec(
-            "requirements",
+    ]
+    requirements: Annotated[
+        str | Sequence[str] | None,
+        _row(
             "requirements",
             "a requirement string or requirements file path, or a list of them",
             'requirements=["scikit-learn>=1.4"]',
+            doc="Packages the job needs beyond its image: requirement strings and/or paths of "
+            "requirements files (default: a requirements.txt or pyproject.toml beside the DAG file or "
+            "at the bundle root). Installed by the runner into an environment cached by their hash.",
         ),
-        _spec("use_internal_ip", "bool", _A_BOOL, "use_internal_ip=True", config=True),
-        _spec("use_dns_endpoint", "bool", _A_BOOL, "use_dns_endpoint=True", config=True),
-        _spec(
-            "impersonation_chain",
+    ]
+    use_internal_ip: Annotated[
+        bool | None,
+        _row(
+            "bool",
+            _A_BOOL,
+            "use_internal_ip=True",
+            doc="GKE: reach the control plane on its private endpoint "
+            "(private_cluster_config.private_endpoint): for Airflow inside the cluster's VPC or a "
+            "Composer 3 network attachment.",
+            default=False,
+            setting_example="true",
+            config=True,
+        ),
+    ]
+    use_dns_endpoint: Annotated[
+        bool | None,
+        _row(
+            "bool",
+            _A_BOOL,
+            "use_dns_endpoint=True",
+            doc="GKE: reach the control plane on its DNS endpoint "
+            "(control_plane_endpoints_config.dns_endpoint_config.endpoint).",
+            default=False,
+            setting_example="true",
+            config=True,
+        ),
+    ]
+    impersonation_chain: Annotated[
+        str | Sequence[str] | None,
+        _row(
             "impersonation",
             "a service account email or a list of them (config: comma separated)",
             'impersonation_chain="kinetic@my-project.iam.gserviceaccount.com"',
+            doc="GKE: service account(s) to impersonate for the GKE and Kubernetes API calls; the "
+            "last one is the identity used, the ones before it delegates. Job storage keeps the "
+            "connection's own identity.",
+            setting_example="kinetic-airflow@my-project.iam.gserviceaccount.com",
             config=True,
             templated=True,
         ),
-        # Capacity and Kueue (kinetic_airflow.capacity: the labels, taints and GKE's limits)
-        _spec(
-            "capacity",
+    ]
+    # Capacity and Kueue (kinetic_airflow.capacity: the labels, taints and GKE's limits)
+    capacity: Annotated[
+        str | None,
+        _row(
             "capacity",
             "on-demand, spot, flex-start, queued, reservation:<name>, reservation:<project>/<name> "
             "or any-reservation",
             'capacity="flex-start"',
-            config=True,
-        ),
-        _spec(
-            "max_run_duration",
-            "duration",
-            _SECONDS + ", more than 0, at most 7 days (flex-start and queued capacity)",
-            "max_run_duration=timedelta(hours=12)",
-            minimum=0,
-            above=True,
-            config=True,
-        ),
-        _spec(
-            "local_queue",
-            "kueue_name",
-            "the name of a Kueue LocalQueue in the job's namespace",
-            'local_queue="team-a"',
-            config=True,
-        ),
-        _spec(
-            "priority_class",
-            "kueue_name",
-            "the name of a Kueue WorkloadPriorityClass",
-            'priority_class="high"',
-            config=True,
-        ),
-        _spec(
-            "queue_timeout",
-            "duration",
-            _SECONDS + ", more than 0 (how long a job may wait in its Kueue queue)",
-            "queue_timeout=timedelta(hours=2)",
-            minimum=0,
-            above=True,
-            config=True,
-        ),
-        # Multislice TPU (backends.gke.multislice): checked with the accelerator and backend
-        _spec(
-            "slices",
-            "count",
-            "a whole number (int), 1 or more: how many multi-host TPU slices train together",
-            "slices=2",
-            minimum=1,
-        ),
-        # Remote debugging (kinetic_airflow.job.debugging): checked together in validate_options
-        _spec("debug", "bool", _A_BOOL, "debug=True", optional=False),
-        _spec(
-            "debug_wait",
-            "duration",
-            _SECONDS + ", more than 0: how long a debug=True job waits for a debugger (default 600)",
-            "debug_wait=timedelta(minutes=10)",
-            minimum=0,
-            above=True,
-        ),
-        _spec(
-            "debug_on_timeout",
-            "enum",
-            "fail (the job fails before the function runs; the default) or run (it runs without a debugger)",
-            'debug_on_timeout="run"',
-            choices=("fail", "run"),
-        ),
-        # [kinetic] settings that are not task arguments
-        _spec(
-            "heartbeat_timeout",
-            "duration",
-            "a number of seconds, more than 0",
-            "",
-            minimum=0,
-            above=True,
-            task=False,
-            config=True,
-        ),
-        _spec("xcom_max_bytes", "count", "a whole number, 0 or more", "", minimum=0, task=False, config=True),
-        _spec("log_max_lines", "count", "a whole number, 0 or more", "", minimum=0, task=False, config=True),
-        _spec("local_python", "text", "the path of a Python interpreter", "", task=False, config=True),
-        _spec("local_state_dir", "text", "a directory path", "", task=False, config=True),
-        _spec("service_account", "text", "a Kubernetes service account name", "", task=False, config=True),
-        _config_seconds("wait_before_defer"),
-        _spec(
-            "metrics_interval",
-            "duration",
-            "a number of seconds, more than 0",
-            "",
-            minimum=0,
-            above=True,
-            task=False,
-            config=True,
-        ),
-        _config_seconds("storage_retry_seconds"),
-        _config_seconds("resume_margin_seconds"),
-        _config_seconds("min_deferral_seconds"),
-        _spec(
-            "runner_python",
-            "text",
-            "an interpreter name or path in the runner image",
-            "",
-            task=False,
-            config=True,
-        ),
-        _spec(
-            "retention_days",
-            "count",
-            "a whole number of days, 0 or more",
-            "",
-            minimum=0,
-            task=False,
-            config=True,
-        ),
-        _spec("kinetic_interop", "bool", "true or false", "", task=False, config=True),
-        _spec("watch_deferring_process", "bool", "true or false", "", task=False, config=True),
-        # The runner image per accelerator kind (a CPU image cannot run a TPU or GPU job); they win
-        # over container_image, a task's container_image= wins over both.
-        *(
-            _spec(f"container_image_{kind}", "text", "an image reference (str)", "", task=False, config=True)
-            for kind in ("cpu", "gpu", "tpu")
-        ),
-        _spec(
-            "worker_python",
-            "text",
-            "the Airflow workers' Python major.minor, such as 3.11",
-            "",
-            task=False,
-            config=True,
-        ),
-        _spec(
-            "requirements_cache",
-            "enum",
-            "hostpath (a node folder every job on the node reuses) or emptydir (per pod; GKE Autopilot)",
-            "",
-            choices=("hostpath", "emptydir"),
-            task=False,
+            doc="Cluster backends: where the nodes come from: on-demand, spot, flex-start (Dynamic "
+            "Workload Scheduler), queued (queued provisioning through Kueue; needs local_queue), "
+            "reservation:<name>, reservation:<project>/<name> or any-reservation (default on-demand).",
+            setting_example="flex-start",
             config=True,
         ),
     ]
-)
+    max_run_duration: Annotated[
+        float | timedelta | None,
+        _row(
+            "duration",
+            _SECONDS + ", more than 0, at most 7 days (flex-start and queued capacity)",
+            "max_run_duration=timedelta(hours=12)",
+            doc="Flex-start or queued capacity: seconds the job's VMs may run, at most 604800 "
+            "(7 days, GKE's limit; default GKE's).",
+            setting_example="43200",
+            config=True,
+            **_MORE_THAN_0,
+        ),
+    ]
+    local_queue: Annotated[
+        str | None,
+        _row(
+            "kueue_name",
+            "the name of a Kueue LocalQueue in the job's namespace",
+            'local_queue="team-a"',
+            doc="The Kueue LocalQueue that admits the job (`kueue.x-k8s.io/queue-name`); the task "
+            "log shows its place in the queue while Kueue holds it.",
+            setting_example="team-a",
+            config=True,
+        ),
+    ]
+    priority_class: Annotated[
+        str | None,
+        _row(
+            "kueue_name",
+            "the name of a Kueue WorkloadPriorityClass",
+            'priority_class="high"',
+            doc="The Kueue WorkloadPriorityClass of the job.",
+            setting_example="high",
+            config=True,
+        ),
+    ]
+    queue_timeout: Annotated[
+        float | timedelta | None,
+        _row(
+            "duration",
+            _SECONDS + ", more than 0 (how long a job may wait in its Kueue queue)",
+            "queue_timeout=timedelta(hours=2)",
+            doc="Seconds a job may wait in its Kueue queue before the task fails (default no bound); "
+            "startup_timeout counts from admission.",
+            setting_example="7200",
+            config=True,
+            **_MORE_THAN_0,
+        ),
+    ]
+    # Multislice TPU (backends.gke.multislice): checked with the accelerator and backend
+    slices: Annotated[
+        int | None,
+        _row(
+            "count",
+            "a whole number (int), 1 or more: how many multi-host TPU slices train together",
+            "slices=2",
+            doc="How many multi-host TPU slices train together (multislice).",
+            minimum=1,
+        ),
+    ]
+    # Remote debugging (kinetic_airflow.job.debugging): checked together in validate_options
+    debug: Annotated[
+        bool,
+        _row(
+            "bool",
+            _A_BOOL,
+            "debug=True",
+            doc="Start debugpy in the job (host 0) and wait for a debugger before the function runs; "
+            "`kinetic-airflow jobs debug JOB_ID` connects your editor (how-to/debug.md).",
+            default=False,
+            optional=False,
+        ),
+    ]
+    debug_wait: Annotated[
+        float | timedelta | None,
+        _row(
+            "duration",
+            _SECONDS + ", more than 0: how long a debug=True job waits for a debugger",
+            "debug_wait=timedelta(minutes=10)",
+            doc="How long a debug=True job waits for a debugger before debug_on_timeout applies.",
+            default=600.0,
+            **_MORE_THAN_0,
+        ),
+    ]
+    debug_on_timeout: Annotated[
+        str | None,
+        _row(
+            "enum",
+            "fail (the job fails before the function runs) or run (it runs without a debugger)",
+            'debug_on_timeout="run"',
+            doc="What a debug=True job does when no debugger attached within debug_wait.",
+            default="fail",
+            choices=("fail", "run"),
+        ),
+    ]
+
+
+def _setting(kind: str, accepts: str, doc: str, example: str, **kw: Any) -> OptionSpec:
+    """A row of a setting that exists only in ``[kinetic]`` (not a task argument)."""
+    return _row(kind, accepts, doc=doc, setting_example=example, task=False, config=True, **kw)
+
+
+def _seconds_setting(doc: str, example: str, **kw: Any) -> OptionSpec:
+    """A [kinetic]-only wait or bound in seconds, 0 (none) or more."""
+    return _setting("duration", "a number of seconds, 0 or more", doc, example, minimum=0, **kw)
+
+
+# Settings that exist only in [kinetic] / AIRFLOW__KINETIC__* / KINETIC_*.
+_SETTINGS: dict[str, OptionSpec] = {
+    "heartbeat_timeout": _setting(
+        "duration",
+        "a number of seconds, more than 0",
+        "A running job whose runner heartbeat is older than this is treated as lost.",
+        "300",
+        default=300.0,
+        **_MORE_THAN_0,
+    ),
+    "xcom_max_bytes": _setting(
+        "count",
+        "a whole number, 0 or more",
+        "Results larger than this stay in storage; XCom gets a reference.",
+        "1048576",
+        default=262144,
+        minimum=0,
+    ),
+    "log_max_lines": _setting(
+        "count",
+        "a whole number, 0 or more",
+        "Job log lines copied into the task log per job.",
+        "10000",
+        default=10000,
+        minimum=0,
+    ),
+    "local_python": _setting(
+        "text",
+        "the path of a Python interpreter",
+        "Interpreter for local jobs (default: the worker's).",
+        "/usr/bin/python3",
+    ),
+    "local_state_dir": _setting(
+        "text",
+        "a directory path",
+        "Where local jobs keep pid/exit/log files when storage is gs:// "
+        "(default ~/.cache/kinetic-airflow/local).",
+        "/var/lib/kinetic",
+    ),
+    "service_account": _setting(
+        "text",
+        "a Kubernetes service account name",
+        "Kubernetes service account of job pods.",
+        "kinetic",
+        default="kinetic",
+    ),
+    "wait_before_defer": _seconds_setting(
+        "Seconds a task waits in the worker for its job before deferring: a short job then costs one "
+        "task process instead of two and no resume latency.",
+        "5",
+        default=5.0,
+    ),
+    "metrics_interval": _setting(
+        "duration",
+        "a number of seconds, more than 0",
+        "Seconds between a job's writes of the metrics kinetic_airflow.report() buffered: at most one "
+        "storage write per interval, whatever the report rate.",
+        "5",
+        default=5.0,
+        **_MORE_THAN_0,
+    ),
+    "storage_retry_seconds": _seconds_setting(
+        "How long a task watching its job retries failing job storage (reads of the result, heartbeat "
+        "and markers; a bucket's 5xx, a network blip, a read-only disk) before it stops the job and "
+        "fails. Writes of the log cursor and progress are best-effort and never fail a task.",
+        "600",
+        default=180.0,
+    ),
+    "resume_margin_seconds": _seconds_setting(
+        "A deferred task's completion is held until the process that deferred it has exited plus "
+        "this margin: the executor reports that exit and the scheduler reads it within one loop, "
+        "away from Airflow's executor-event race.",
+        "2",
+        default=2.0,
+    ),
+    "min_deferral_seconds": _seconds_setting(
+        "Where the triggerer cannot see the process that deferred a task (another host or PID "
+        "namespace), its completion is held until it has been deferred this long (default: 2 x "
+        "[workers] min_heartbeat_interval + 5 s), so Airflow has processed the deferring process's "
+        "exit before the task resumes.",
+        "15",
+    ),
+    "runner_python": _setting(
+        "text",
+        "an interpreter name or path in the runner image",
+        "Interpreter in the runner image.",
+        "python3",
+        default="python",
+    ),
+    "retention_days": _setting(
+        "count",
+        "a whole number of days, 0 or more",
+        "Default age for `kinetic-airflow gc` and the kinetic_maintenance DAG: job files older than "
+        "this many days are deleted (never a live job's, never a result an XCom still references). "
+        "Unset: gc needs --older-than.",
+        "30",
+        minimum=0,
+    ),
+    "kinetic_interop": _setting(
+        "bool",
+        "true or false",
+        "Write keras-kinetic's handle.json (and its result.pkl) for cluster jobs in a kinetic bucket "
+        "({project}-kn-{cluster}-jobs), so `kinetic jobs list` sees them.",
+        "true",
+        default=True,
+    ),
+    "watch_deferring_process": _setting(
+        "bool",
+        "true or false",
+        "Hold a deferred task's completion until the process that deferred it has exited, seen "
+        "through /proc when the triggerer shares its host and PID namespace; false always holds for "
+        "min_deferral_seconds.",
+        "true",
+        default=True,
+    ),
+    # The runner image per accelerator kind (a CPU image cannot run a TPU or GPU job); they win
+    # over container_image, a task's container_image= wins over both.
+    **{
+        f"container_image_{kind}": _setting(
+            "text",
+            "an image reference (str)",
+            f"Runner image for {kind.upper()} jobs; wins over container_image (a task's "
+            "container_image= wins over both).",
+            f"us-docker.pkg.dev/p/r/kinetic-airflow-runner-{kind}:0.1.0-py3.11",
+        )
+        for kind in ("cpu", "gpu", "tpu")
+    },
+    "worker_python": _setting(
+        "text",
+        "the Airflow workers' Python major.minor, such as 3.11",
+        "The Airflow workers' Python major.minor, for the images `kinetic-airflow image` builds "
+        "(default: the Python running the command).",
+        "3.11",
+    ),
+    "requirements_cache": _setting(
+        "enum",
+        "hostpath (a node folder every job on the node reuses) or emptydir (per pod; GKE Autopilot)",
+        "Where cluster nodes cache the environments of requirements=: hostpath (a node folder every "
+        "job on the node reuses) or emptydir (per pod; for GKE Autopilot, which refuses hostPath).",
+        "hostpath",
+        default="hostpath",
+        choices=("hostpath", "emptydir"),
+    ),
+}
+
+
+def _task_rows() -> dict[str, OptionSpec]:
+    rows = {}
+    for name, hint in TaskOptions.__annotations__.items():
+        row = hint.__metadata__[0]
+        rows[name] = dataclasses.replace(row, name=name, type=hint.__origin__)
+    return rows
+
+
+# The table: task options in the signature's order, then the settings only [kinetic] has.
+OPTIONS: dict[str, OptionSpec] = {
+    **_task_rows(),
+    **{name: dataclasses.replace(row, name=name) for name, row in _SETTINGS.items()},
+}
 
 
 def task_option_names() -> tuple[str, ...]:
-    """The options a task takes (``KineticRunOperator``'s, ``kinetic_task``'s)."""
+    """The options a task takes (``KineticRunOperator``'s, ``kinetic_task``'s), in order."""
     return tuple(name for name, spec in OPTIONS.items() if spec.task)
+
+
+def templated_option_names() -> tuple[str, ...]:
+    """The task options that are template fields of the operator."""
+    return tuple(name for name, spec in OPTIONS.items() if spec.task and spec.templated)
+
+
+_Init = typing.TypeVar("_Init", bound=Callable[..., Any])
+
+
+def task_parameters(init: _Init) -> _Init:
+    """``init`` (an operator's ``__init__`` taking the options as ``**kwargs``) with a signature
+    that names every task option, with its type and default, before ``**kwargs``.
+
+    Airflow reads the signature, not the code: ``default_args`` reach only named parameters, and
+    ``.partial()`` / ``.expand()`` refuse names it does not list.
+    """
+    signature = inspect.signature(init)
+    params = list(signature.parameters.values())
+    head, tail = params[:-1], params[-1:]
+    options = [
+        inspect.Parameter(
+            name, inspect.Parameter.KEYWORD_ONLY, default=spec.parameter_default, annotation=spec.type
+        )
+        for name, spec in OPTIONS.items()
+        if spec.task
+    ]
+    init.__signature__ = signature.replace(parameters=[*head, *options, *tail])  # type: ignore[attr-defined]
+    return init
+
+
+# Booleans ---------------------------------------------------------------------------------------
+_TRUE_WORDS = ("true", "t", "yes", "y", "on", "1")
+_FALSE_WORDS = ("false", "f", "no", "n", "off", "0")
+
+
+def parse_bool(text: Any) -> bool | None:
+    """The one reading of a boolean written as text (config, a connection's extra): True or
+    False for the words above (any case, surrounding spaces ignored), None for anything else.
+    A bool is itself."""
+    if isinstance(text, bool):
+        return text
+    word = str(text).strip().lower()
+    if word in _TRUE_WORDS:
+        return True
+    if word in _FALSE_WORDS:
+        return False
+    return None
+
+
+# [kinetic] keys ---------------------------------------------------------------------------------
+def closest_setting(key: str) -> str | None:
+    """The ``[kinetic]`` setting a mistyped ``key`` most likely meant (None: none is close)."""
+    settings = [name for name, spec in OPTIONS.items() if spec.config]
+    close = difflib.get_close_matches(key.lower(), settings, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def provider_config() -> dict[str, dict[str, Any]]:
+    """The ``[kinetic]`` options as the provider declares them (``get_provider_info``'s config
+    section): description, type, example and the built-in default, as Airflow shows them in
+    ``airflow config list``."""
+    declared = {}
+    for name, spec in OPTIONS.items():
+        if not spec.config:
+            continue
+        declared[name] = {
+            "description": _with_default(spec),
+            "version_added": "0.1.0",
+            "type": _CONFIG_TYPES.get(spec.kind, "string"),
+            "example": spec.setting_example or None,
+            "default": setting_text(spec.default),
+        }
+    return declared
+
+
+_CONFIG_TYPES = {"duration": "float", "count": "integer", "bool": "boolean"}
+
+
+def setting_text(value: Any) -> str | None:
+    """A built-in default as ``[kinetic]`` text (None: unset)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return str(value).lower()
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _with_default(spec: OptionSpec) -> str:
+    """``doc`` with its built-in default, where the text does not say it already."""
+    if spec.default is None or "(default" in spec.doc:
+        return spec.doc
+    return f"{spec.doc.rstrip('.')} (default {setting_text(spec.default)})."
+
+
+def reference_markdown() -> str:
+    """The options reference, as Markdown: the task options, then the ``[kinetic]`` settings.
+
+    Rendered from the table, so the docs cannot drift from what the code accepts."""
+    lines = [
+        "## Task options",
+        "",
+        "Arguments of `@task.kinetic(...)`, `kinetic_task(...)` and `KineticRunOperator(...)`, "
+        "checked at DAG import. A task argument wins over the `[kinetic]` setting of the same name, "
+        "which wins over the `KINETIC_*` environment variable, which wins over the default.",
+        "",
+        "| Option | Type | Default | Accepts | Templated | `[kinetic]` | What it does |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, spec in OPTIONS.items():
+        if not spec.task:
+            continue
+        default = _code(repr(spec.parameter_default))
+        if spec.config and spec.default is not None:
+            default += f" (`[kinetic]`: {_code(setting_text(spec.default))})"
+        lines.append(
+            f"| `{name}` | {_cell(_code(type_text(spec.type)))} | {_cell(default)} | {_cell(spec.accepts)} | "
+            f"{'yes' if spec.templated else ''} | {'yes' if spec.config else ''} | {_cell(spec.doc)} |"
+        )
+    lines += [
+        "",
+        "## `[kinetic]` settings",
+        "",
+        "Set in `airflow.cfg` under `[kinetic]`, as `AIRFLOW__KINETIC__<NAME>`, or as `KINETIC_<NAME>`. "
+        "A key that is not one of these is reported, with the closest one, when a task resolves its "
+        "settings.",
+        "",
+        "| Setting | Environment | Type | Default | Accepts | What it does |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, spec in OPTIONS.items():
+        if not spec.config:
+            continue
+        env = f"`AIRFLOW__KINETIC__{name.upper()}`, `KINETIC_{name.upper()}`"
+        default = _code(setting_text(spec.default)) if spec.default is not None else ""
+        lines.append(
+            f"| `{name}` | {env} | {_CONFIG_TYPES.get(spec.kind, 'string')} | {default} | "
+            f"{_cell(_setting_accepts(spec))} | {_cell(spec.doc)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _setting_accepts(spec: OptionSpec) -> str:
+    """What a ``[kinetic]`` value (text) may be, as ``parse_setting`` reads it."""
+    bound = ""
+    if spec.minimum is not None:
+        bound = f", more than {spec.minimum:g}" if spec.above else f", {spec.minimum:g} or more"
+    if spec.kind == "duration":
+        return "a number of seconds, no unit" + bound
+    if spec.kind == "count":
+        return "a whole number" + bound
+    if spec.kind == "bool":
+        return "true or false (also 1/0, yes/no, on/off, t/f, y/n)"
+    return spec.accepts
+
+
+def _code(text: str | None) -> str:
+    return f"`{text}`" if text else ""
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def type_text(tp: Any) -> str:
+    """A type as a reader writes it: ``float | timedelta | None``, ``Mapping[str, Data]``."""
+    if tp is None or tp is type(None):
+        return "None"
+    if isinstance(tp, typing.ForwardRef):
+        return tp.__forward_arg__
+    if isinstance(tp, str):
+        return tp
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(type_text(a) for a in args)
+    if origin is Literal:
+        return "Literal[" + ", ".join(repr(a) for a in args) + "]"
+    if origin is not None:
+        inner = ", ".join("..." if a is Ellipsis else type_text(a) for a in args)
+        return f"{getattr(origin, '__name__', str(origin))}[{inner}]"
+    if tp is Any:
+        return "Any"
+    return getattr(tp, "__name__", str(tp))
 
 
 # Task arguments ---------------------------------------------------------------------------------
@@ -570,16 +1087,12 @@ def _check_count(spec: OptionSpec, value: Any, where: str) -> int:
     raise _fail(spec, where, value, f"is {_a(value)}, not a whole number", fix)
 
 
-_TRUE_WORDS = ("true", "t", "yes", "y", "on", "1")
-_FALSE_WORDS = ("false", "f", "no", "n", "off", "0")
-
-
 def _check_bool(spec: OptionSpec, value: Any, where: str) -> bool:
     if isinstance(value, bool):
         return value
     fix = None
-    if isinstance(value, str) and value.strip().lower() in _TRUE_WORDS + _FALSE_WORDS:
-        fix = f"{spec.name}={value.strip().lower() in _TRUE_WORDS}"
+    if isinstance(value, str) and parse_bool(value) is not None:
+        fix = f"{spec.name}={parse_bool(value)}"
     elif _is_number(value) and value in (0, 1):
         fix = f"{spec.name}={bool(value)}"
     elif value is None:
@@ -737,15 +1250,11 @@ def _check_volumes(spec: OptionSpec, value: Any, where: str) -> dict[str, Any]:
 
 
 def _check_pod_override(spec: OptionSpec, value: Any, where: str) -> Any:
-    # Start-up cost: config loads this module everywhere (stdlib only at import).
-    from kinetic_airflow.backends.gke.pod_override import normalize_pod_override
-
+    """Only the form a task argument takes: the pod's shape is checked above this layer (the
+    operator, with ``backends/gke/pod_override``, which knows a pod's fields)."""
     if isinstance(value, str):  # JSON text is the config's form; a task passes the dict itself
         raise _fail(spec, where, value, "is a string; a task argument takes the dict itself")
-    try:
-        return normalize_pod_override(value, source=where)
-    except ValueError as exc:  # PodOverrideError names the field; add what a right one looks like
-        raise type(exc)(f"{exc}. A pod override looks like {spec.example}") from None
+    return value
 
 
 def _check_requirements(spec: OptionSpec, value: Any, where: str) -> str | list[str]:
@@ -765,7 +1274,8 @@ def _check_requirements(spec: OptionSpec, value: Any, where: str) -> str | list[
 
 
 def _check_impersonation(spec: OptionSpec, value: Any, where: str) -> str | list[str]:
-    from kinetic_airflow.validation import check_gke_access  # validation imports this module
+    # Start-up cost: config loads this module everywhere (stdlib only at import).
+    from kinetic_airflow.validation import check_gke_access
 
     try:
         check_gke_access(impersonation_chain=value)
@@ -819,7 +1329,7 @@ _RENDERED_CHECKS = {**_CHECKS, "accelerator": _check_accelerator_text}
 
 # The options together -----------------------------------------------------------------------
 def validate_backend(backend: Any, where: str = "backend") -> None:
-    """``backend`` is one of ``config.BACKENDS`` (None: not given); a typo gets a "did you mean"."""
+    """``backend`` is one of ``BackendName`` (None: not given); a typo gets a "did you mean"."""
     if backend is None:
         return
     check_option("backend", backend, where=where)
@@ -832,7 +1342,8 @@ def validate_options(values: Mapping[str, Any]) -> dict[str, Any]:
     Each option is checked by its row of the option table above, then
     the options are checked together (the accelerator fits the backend; no volumes on the
     local backend). Shared by the decorator (checked when it is applied) and the operator
-    (checked when it is built), so a DAG file learns about a bad option at import either way.
+    (checked when it is built), so a DAG file learns about a bad option at import either way;
+    the operator layer adds the pod override's shape (``operators.check_task_options``).
     """
     # Not at the top: config loads this module in every Airflow process (see the docstring).
     from kinetic_airflow.accelerators import parse_accelerator
@@ -881,11 +1392,10 @@ def parse_setting(name: str, text: str, source: str, default: Any = None) -> Any
         return KineticSettingError(f"{source}={text!r} {problem}: {name} takes {form}")
 
     if spec.kind == "bool":
-        if value.lower() in _TRUE_WORDS:
-            return True
-        if value.lower() in _FALSE_WORDS:
-            return False
-        raise fail("is not a boolean", "true or false")
+        flag = parse_bool(value)
+        if flag is None:
+            raise fail("is not a boolean", "true or false")
+        return flag
     if spec.kind in ("duration", "count"):
         kind = float if spec.kind == "duration" else int
         example = (

@@ -40,6 +40,11 @@ log = logging.getLogger(__name__)
 
 PROGRESS_NAME = "progress"  # status/progress.json
 _HISTORY = 50  # changes kept in progress.json
+_TIMES = ("time", "since", "running_since")  # epoch seconds
+
+
+def _is_time(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1e11
 
 
 @dataclass(frozen=True)
@@ -119,8 +124,12 @@ class ProgressTracker:
 
     def resume(self, record: dict[str, Any]) -> None:
         """Go on from an earlier watcher's record (worker, then triggerer): its last state is
-        not said again."""
-        self.record = {**record, "history": list(record.get("history") or [])}
+        not said again. Fields a watcher does not write so (a time that is no number, a history
+        that is no list of changes: job storage is writable by others) are dropped, not carried on."""
+        kept = {k: v for k, v in record.items() if k not in _TIMES or _is_time(v)}
+        history = record.get("history")
+        changes = [h for h in history if isinstance(h, dict)] if isinstance(history, list) else []
+        self.record = {**kept, "history": changes[-_HISTORY:]}
 
     async def observe(self, status: BackendStatus) -> None:
         progress = progress_of(status, self.job)

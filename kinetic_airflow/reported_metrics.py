@@ -22,7 +22,7 @@ from collections import OrderedDict
 from typing import Any
 
 from kinetic_airflow.job.layout import JobLayout
-from kinetic_airflow.job.metrics import best_of, read_attempt
+from kinetic_airflow.job.metrics import best_of, chunk_weight, read_attempt
 from kinetic_airflow.job.ref import JobRef
 
 __all__ = ["METRICS_XCOM_KEY", "combine", "publish", "read_attempts"]
@@ -30,9 +30,14 @@ __all__ = ["METRICS_XCOM_KEY", "combine", "publish", "read_attempts"]
 log = logging.getLogger(__name__)
 
 METRICS_XCOM_KEY = "kinetic_metrics"
-_CHUNKS: OrderedDict[str, Any] = OrderedDict()  # metrics chunks never change once written
+# Parsed metrics chunks, shared by every request of this process (a chunk never changes once
+# written), sized by what they hold rather than by how many there are: a chunk holds from one
+# point to ``job.metrics.MAX_CHUNK_POINTS`` (16 bytes each, compact), so a count of chunks would
+# bound nothing. The least recently used go first.
+_CHUNKS: OrderedDict[str, tuple[Any, int]] = OrderedDict()
 _CHUNKS_LOCK = threading.Lock()
-_CHUNKS_SIZE = 1000  # parsed chunks of up to 2,000 points per metric each
+_CHUNKS_POINTS = 2_000_000  # about 32 MB of points, at most
+_chunks_held = 0
 
 
 class _ChunkCache:
@@ -40,13 +45,23 @@ class _ChunkCache:
 
     def get(self, uri: str) -> Any:
         with _CHUNKS_LOCK:
-            return _CHUNKS.get(uri)
+            found = _CHUNKS.get(uri)
+            if found is None:
+                return None
+            _CHUNKS.move_to_end(uri)
+            return found[0]
 
     def __setitem__(self, uri: str, value: Any) -> None:
+        global _chunks_held
+        weight = chunk_weight(value)
         with _CHUNKS_LOCK:
-            _CHUNKS[uri] = value
-            while len(_CHUNKS) > _CHUNKS_SIZE:
-                _CHUNKS.popitem(last=False)
+            earlier = _CHUNKS.pop(uri, None)
+            if earlier is not None:
+                _chunks_held -= earlier[1]
+            _CHUNKS[uri] = (value, weight)
+            _chunks_held += weight
+            while _chunks_held > _CHUNKS_POINTS and _CHUNKS:
+                _chunks_held -= _CHUNKS.popitem(last=False)[1][1]
 
 
 def read_attempts(

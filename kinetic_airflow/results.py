@@ -108,7 +108,8 @@ def to_xcom(value: Any, result_uri: str, *, multiple_outputs: bool, max_bytes: i
     log.info(
         "the result (%s) is not XCom-serializable or exceeds %d bytes; XCom gets a reference to %s. "
         "Downstream kinetic tasks receive the real object; plain tasks call "
-        "kinetic_airflow.load_result(value).",
+        "kinetic_airflow.load_result(value), or get the value itself with "
+        "[core] xcom_backend = kinetic_airflow.xcom.KineticXComBackend.",
         ref["type"],
         max_bytes,
         result_uri,

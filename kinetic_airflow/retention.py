@@ -16,6 +16,14 @@ log cursors). What stays, whatever its age:
   task instance's output directory goes too once none of its jobs stays;
 * ``cache/`` (content-addressed uploads that any later job may reuse).
 
+Job storage is writable by more identities than Airflow (every job, CI, people), and gc does not
+hold the keys that authenticate a job's manifest. So no path it deletes is taken from a stored
+file: the job's directory is the one the listing found, its output directory is derived from
+its identity (whose hash must be that directory's name: the layout the worker wrote) and its local
+state from its job id; each is normalised (``..``, symlinks) and must lie under the store's own
+``jobs/`` or ``outputs/`` prefix (or the local state root). A path that fails is refused, kept,
+and reported with the reason.
+
 XCom references and task-instance states come from Airflow's metadata DB (where
 ``airflow db clean`` runs, so does this); ``--skip-airflow-checks`` does without them and
 keeps every job that succeeded (its result might be referenced).
@@ -43,8 +51,9 @@ from kinetic_airflow.backends.registry import backend_states
 from kinetic_airflow.config import local_state_root
 from kinetic_airflow.connections import storage_for
 from kinetic_airflow.job.interop import interop_prefix
+from kinetic_airflow.job.layout import output_dir_uri
 from kinetic_airflow.job.states import JobStatus
-from kinetic_airflow.job.storage import FileStorage, Storage, join_uri, uri_to_local_path
+from kinetic_airflow.job.storage import FileStorage, Storage, StorageError, join_uri, uri_to_local_path
 from kinetic_airflow.jobstore import JobInfo, list_job_ids, load_job
 from kinetic_airflow.lifecycle import _marker
 
@@ -192,6 +201,8 @@ class GcPlan:
     older_than: float
     jobs: list[JobVerdict] = field(default_factory=list)
     outputs: list[tuple[str, str]] = field(default_factory=list)  # (output dir URI, why)
+    # Paths a job's files named or led to that lie outside the store's own prefixes: never deleted.
+    refused: list[tuple[str, str]] = field(default_factory=list)  # (path, why)
     orphans: list[Orphan] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -258,6 +269,11 @@ def make_plan(
         facts.ti_states = airflow_facts(dag_ids).ti_states if dag_ids else {}
     cutoff = now - older_than
     plan.jobs = [_verdict(info, facts, cutoff) for info in infos]
+    for decision in plan.to_delete:
+        why = _outside_store(base_uri, "jobs", decision.info.job_uri)
+        if why:
+            decision.delete, decision.reason = False, f"refused: {why}"
+            plan.refused.append((decision.info.job_uri, why))
     if facts is not None and facts.xcom_elsewhere:
         plan.notes.append(
             f"[core] xcom_backend is {facts.xcom_elsewhere}: XCom values may live outside the metadata "
@@ -272,22 +288,81 @@ def make_plan(
 def _outputs_to_delete(
     storage: Storage, base_uri: str, plan: GcPlan, facts: AirflowFacts | None
 ) -> list[tuple[str, str]]:
-    """Output dirs (under the base URI) of task instances none of whose jobs stays."""
+    """Output dirs (under the base URI) of task instances none of whose jobs stays.
+
+    The directory is derived from the job's identity, never read from its manifest (which a
+    bucket writer can change: gc does not hold the key that authenticates it). The identity
+    counts only if it hashes to the job's own directory name, and the directory it gives must
+    lie under ``{base}/outputs/`` once normalised; a manifest naming another directory under
+    ``outputs/`` is refused and reported, one naming a directory elsewhere is the user's own
+    ``output_dir`` and left alone."""
     kept_tis = {d.info.identity.ti_key for d in plan.jobs if not d.delete and d.info.identity}
+    outputs_root = join_uri(base_uri, "outputs")
     out: dict[str, str] = {}
     for decision in plan.to_delete:
-        identity = decision.info.identity
-        output_dir = (decision.info.manifest or {}).get("output_dir")
-        if identity is None or not output_dir or identity.ti_key in kept_tis:
+        info = decision.info
+        identity = info.identity
+        named = (info.manifest or {}).get("output_dir")
+        if identity is None or not named or identity.ti_key in kept_tis:
             continue
-        if not output_dir.startswith(join_uri(base_uri, "outputs") + "/"):
+        if not isinstance(named, str):
+            plan.refused.append((repr(named)[:200], f"the manifest of {info.job_id} names no path"))
+            continue
+        if not _textually_under(named, outputs_root):
             continue  # a user-given output_dir is the user's
+        if identity.job_id != info.job_id:
+            plan.refused.append(
+                (named, f"the identity in {info.job_id}'s files is not this job's (it names job "
+                 f"{identity.job_id}): its output directory is not derived from it")
+            )  # fmt: skip
+            continue
+        derived = output_dir_uri(base_uri, identity)
+        why = _outside_store(base_uri, "outputs", derived)
+        if why:
+            plan.refused.append((derived, why))
+            continue
+        if named.rstrip("/") != derived:
+            plan.refused.append(
+                (named, f"the manifest of {info.job_id} names it, but its task instance's output "
+                 f"directory is {derived}: not deleted")
+            )  # fmt: skip
+            continue
         if facts is not None:
             ti = facts.ti(identity.ti_key)
             if ti is not None and ti[0] in ACTIVE_TI_STATES:
                 continue
-        out[output_dir] = f"KINETIC_OUTPUT_DIR of {identity.ti_key} (none of its jobs stays)"
+        out[derived] = f"KINETIC_OUTPUT_DIR of {identity.ti_key} (none of its jobs stays)"
     return sorted(out.items())
+
+
+def _textually_under(uri: str, root: str) -> bool:
+    return uri.startswith(root.rstrip("/") + "/")
+
+
+def _outside_store(base_uri: str, prefix: str, uri: str) -> str | None:
+    """Why ``uri`` is not a proper sub-path of ``{base_uri}/{prefix}/`` once normalised, or None.
+
+    ``file://``: ``..`` segments and symlinks resolved (``realpath``) on both sides. ``gs://``:
+    object names are literal, but a name with ``.``/``..``/empty segments or another bucket is
+    refused all the same (a tool copying the store to disk would resolve them)."""
+    root = join_uri(base_uri, prefix)
+    if uri.startswith("gs://") and root.startswith("gs://"):
+        parts = uri[len("gs://") :].split("/")
+        if any(p in ("", ".", "..") for p in parts[1:]):
+            return f"{uri} has '.', '..' or empty segments: it is not a path gc made"
+        if not _textually_under(uri, root):
+            return f"{uri} is not under the job store's {root}/"
+        return None
+    if uri.startswith("gs://") or root.startswith("gs://"):
+        return f"{uri} is not under the job store's {root}/"
+    try:
+        path, top = uri_to_local_path(uri), uri_to_local_path(root)
+    except StorageError as exc:
+        return str(exc)
+    real, real_top = os.path.realpath(path), os.path.realpath(top)
+    if os.path.commonpath([real, real_top]) != real_top or real == real_top:
+        return f"{uri} resolves to {real}, outside the job store's {real_top}/"
+    return None
 
 
 def find_orphans(
@@ -372,6 +447,11 @@ def _delete_prefix(storage: Storage, uri: str) -> None:
                 raise
 
 
+def _local_inside(path: str, root: str) -> bool:
+    real = os.path.realpath(path)
+    return real != root and os.path.commonpath([real, root]) == root
+
+
 def apply_plan(storage: Storage, plan: GcPlan, *, delete_orphans: bool) -> dict[str, int]:
     done = {"jobs": 0, "outputs": 0, "orphans": 0}
     root = os.path.realpath(local_state_root())
@@ -381,9 +461,10 @@ def apply_plan(storage: Storage, plan: GcPlan, *, delete_orphans: bool) -> dict[
         prefix = interop_prefix(plan.base_uri, info.job_id)
         if prefix:
             _delete_prefix(storage, prefix)
-        ref = info.ref
-        local_dir = ref.local_dir if ref is not None else None
-        if local_dir and os.path.realpath(local_dir).startswith(root + os.sep):
+        # The local state directory the operator gives a job (``{root}/{job_id}``), never the one
+        # job.json names: that file is in job storage, where anyone with write access can edit it.
+        local_dir = os.path.join(root, info.job_id)
+        if os.path.isdir(local_dir) and _local_inside(local_dir, root):
             shutil.rmtree(local_dir, ignore_errors=True)
         cursors = os.path.join(root, "log-cursors")
         if os.path.isdir(cursors):
@@ -392,6 +473,8 @@ def apply_plan(storage: Storage, plan: GcPlan, *, delete_orphans: bool) -> dict[
                     os.unlink(os.path.join(cursors, name))
         done["jobs"] += 1
     for uri, _ in plan.outputs:
+        if _outside_store(plan.base_uri, "outputs", uri):
+            continue  # make_plan refused it already; a plan built elsewhere gets the same check
         _delete_prefix(storage, uri)
         done["outputs"] += 1
     if delete_orphans:

@@ -23,11 +23,7 @@ import time
 from kinetic_airflow.backends.base import BackendStatus, JobState
 from kinetic_airflow.job.ref import JobRef, K8sFields
 
-__all__ = ["QUEUE_LOOK_SECONDS", "queue_failure", "startup_failure"]
-
-# How often a queued job's Workload is read (nothing watches Workloads): a new position or the
-# admission shows within this, and a queue of forty jobs costs eight reads a second at most.
-QUEUE_LOOK_SECONDS = 5.0
+__all__ = ["queue_failure", "startup_failure"]
 
 _REFUSAL_HINTS = {
     "service_account": (

@@ -263,8 +263,7 @@ def publish_job(storage: Storage, ref: JobRef, func_name: str) -> None:
         storage.write_text(JobLayout(ref.job_uri).record, json.dumps(record, sort_keys=True, default=str))
     except Exception as exc:
         log.warning("could not write the job record of %s: %s", ref.job_id, exc)
-    interop = resolve_setting("kinetic_interop")
-    if interop is False or str(interop).lower() in ("0", "false", "no", "off"):
+    if not resolve_setting("kinetic_interop"):  # a bool: the option table parsed the config's text
         return
     try:
         uri = write_handle(storage, ref, func_name, created)

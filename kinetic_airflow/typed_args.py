@@ -1,24 +1,24 @@
-"""The keyword arguments Airflow's BaseOperator takes, as TypedDicts for ``**kwargs: Unpack[...]``.
+"""The keyword arguments of ``KineticRunOperator`` and ``kinetic_task``, as TypedDicts for
+``**kwargs: Unpack[...]``: the task options (``kinetic_airflow.options.TaskOptions``, the option
+table) and the arguments Airflow's BaseOperator takes.
 
-``KineticRunOperator(**kwargs)`` and ``kinetic_task(**kwargs)`` pass these on to Airflow. Typed
-this way a type checker knows every argument they accept, so ``accelerater="gpu-l4"`` is an
-error instead of passing silently. ``tests/test_typed_api.py`` checks these keys against
-BaseOperator's signature, so an Airflow upgrade that adds an argument is noticed.
+Typed this way a type checker knows every argument they accept, so ``accelerater="gpu-l4"`` is an
+error instead of passing silently. ``tests/test_typed_api.py`` checks the BaseOperator keys
+against BaseOperator's signature, so an Airflow upgrade that adds an argument is noticed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, MutableMapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, Required, TypedDict
+from typing import TYPE_CHECKING, Any, Required, TypedDict
+
+from kinetic_airflow.options import BackendName, TaskOptions
 
 if TYPE_CHECKING:
     from airflow.sdk import DAG, Context, TaskGroup
 
-__all__ = ["BackendName", "OperatorArgs", "TaskArgs"]
-
-# The backends a task may name (kinetic_airflow.config.BACKENDS; checked at parse time as well).
-BackendName = Literal["local", "gke", "pathways", "auto"]
+__all__ = ["BackendName", "OperatorArgs", "OperatorOptions", "TaskArgs", "TaskOptions", "TaskWithOptions"]
 
 _Callback = Callable[["Context"], None]
 
@@ -93,3 +93,11 @@ class OperatorArgs(_CommonArgs, total=False):
 
     task_id: Required[str]
     multiple_outputs: bool
+
+
+class OperatorOptions(OperatorArgs, TaskOptions, total=False):
+    """``KineticRunOperator(**kwargs)``: the task options and BaseOperator's arguments."""
+
+
+class TaskWithOptions(TaskArgs, TaskOptions, total=False):
+    """``kinetic_task(**kwargs)``: the task options and BaseOperator's arguments."""

@@ -22,18 +22,26 @@ accelerator, backend and spot.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import time
 from datetime import timedelta
 from typing import Any
 
+from kinetic_airflow.job.accelerators import InvalidAcceleratorError, parse_accelerator
 from kinetic_airflow.job.layout import USAGE_NAME, JobLayout
 from kinetic_airflow.job.ref import JobRef
-from kinetic_airflow.job.storage import Storage
+from kinetic_airflow.job.storage import Storage, UnreadableObject
 
-__all__ = ["USAGE_NAME", "USAGE_XCOM_KEY", "attempt_usage", "chips_of", "emit_metrics", "totals"]
+__all__ = [
+    "USAGE_NAME",
+    "USAGE_XCOM_KEY",
+    "attempt_usage",
+    "chips_of",
+    "emit_metrics",
+    "ended_usage",
+    "totals",
+]
 
 log = logging.getLogger(__name__)
 
@@ -54,15 +62,55 @@ def chips_of(ref: JobRef) -> tuple[int, bool]:
     return (spec.count * slices if spec.kind in ("tpu", "gpu") else 0), spec.spot
 
 
-def _marker_time(storage: Storage, layout: JobLayout, name: str) -> float | None:
-    text = storage.read_text_or_none(layout.status(name))
-    if not text:
-        return None
+def ended_usage(
+    backend: str | None, accelerator: str | None, started: float | None, ended: float | None
+) -> dict[str, Any]:
+    """The cost of an attempt whose outcome never reached a worker, from the times its files
+    hold: a task marked failed (or cleared) while deferred has its job stopped by the trigger,
+    and no worker runs ``attempt_usage`` for it, yet its chips were held from the runner's start
+    to the stop. {} without both times. (A multislice job counts one slice here: the view's
+    history entry does not name the slices.)"""
+    if started is None or ended is None:
+        return {}
+    chips, spot = 0, False
+    if backend != "local":
+        text = accelerator or "cpu"
+        try:
+            spec = parse_accelerator(text)
+        except InvalidAcceleratorError:
+            spec = None
+        chips, spot = (spec.count if spec.kind in ("tpu", "gpu") else 0, spec.spot) if spec else (0, False)
+    run = max(0.0, ended - started)
+    return {
+        "started_at": started,
+        "finished_at": ended,
+        "run_seconds": round(run, 3),
+        "chips": chips,
+        "spot": spot,
+        "chip_hours": round(chips * run / 3600, 6),
+        "counted": "from the job's files (its outcome never reached a worker)",
+    }
+
+
+def _stored_json(storage: Storage, uri: str) -> Any:
+    """A marker or progress record, bounded; None when absent or not one a writer of ours made (a
+    figure must never fail the task)."""
     try:
-        value = json.loads(text).get("time")
-    except (ValueError, AttributeError):
+        return storage.read_json_or_none(uri)
+    except UnreadableObject as exc:
+        log.warning("usage: ignoring %s", exc)
         return None
-    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _time_in(record: Any, key: str) -> float | None:
+    value = record.get(key) if isinstance(record, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e11:
+        return None
+    return float(value)
+
+
+def _marker_time(storage: Storage, layout: JobLayout, name: str) -> float | None:
+    return _time_in(_stored_json(storage, layout.status(name)), "time")
 
 
 def attempt_usage(storage: Storage, ref: JobRef, outcome: str, *, ended: float | None = None) -> dict:
@@ -73,9 +121,7 @@ def attempt_usage(storage: Storage, ref: JobRef, outcome: str, *, ended: float |
     submitted = float(ref.submitted_at or 0) or None
     started = _marker_time(storage, layout, "started")
     if started is None:
-        progress = storage.read_text_or_none(layout.status("progress"))
-        with contextlib.suppress(ValueError, KeyError, TypeError):
-            started = float(json.loads(progress)["running_since"]) if progress else None
+        started = _time_in(_stored_json(storage, layout.status("progress")), "running_since")
     finished = _marker_time(storage, layout, "finished") or ended or time.time()
     chips, spot = chips_of(ref)
     queue = max(0.0, started - submitted) if started and submitted else None

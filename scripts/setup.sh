@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv with kinetic-airflow and the cluster emulator (emulator/, its own distribution; both
 # editable) and their test tools, and make sure the PostgreSQL server
-# binaries and redis-server are on the machine (the real-components tests start private throwaway
+# binaries, redis-server and squid are on the machine (the real-components tests start private throwaway
 # servers from them, tests/components/postgres.py and redis_server.py). Idempotent: safe to run again
 # on a machine that has everything.
 set -euo pipefail
@@ -17,6 +17,11 @@ fi
 # redis-server on a free port; the machine's own service is never used). Same rule: only when missing.
 if ! command -v redis-server >/dev/null && [ ! -x /usr/bin/redis-server ]; then
   bash scripts/debian-install.sh Redis redis-server
+fi
+# Squid: tests/test_proxy.py sends the GKE tier's traffic through a real HTTP proxy (a private squid on
+# a free loopback port; the machine's own service is never used). Same rule: only when missing.
+if ! command -v squid >/dev/null && [ ! -x /usr/sbin/squid ]; then
+  bash scripts/debian-install.sh Squid squid
 fi
 
 # A fresh clone starts from this machine's venv of the same pyproject.toml, if it has one

@@ -20,6 +20,8 @@ if [ "$oracle" -ne 0 ]; then
 fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+# The layers: import-linter's contracts ([tool.importlinter] in pyproject.toml; about a second).
+.venv/bin/lint-imports
 # The documentation site (mkdocs.yml, docs/) with warnings as errors, built into the gitignored .site/
 # (not --quiet: it hides the warnings, and --strict then passes a broken link).
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict

@@ -207,6 +207,7 @@ def test_gke_without_a_connection_uses_ambient_credentials(
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import rsa
 
+    from kinetic_airflow.backends.gke import client as gke_client
     from kinetic_airflow.backends.gke.client import api_server, resolve_gke_cluster
 
     token_uri, seen = token_endpoint
@@ -243,6 +244,7 @@ def test_gke_without_a_connection_uses_ambient_credentials(
 
     ca = base64.b64encode(b"-").decode()
     monkeypatch.setattr(GKEHook, "get_cluster", get_cluster)
+    monkeypatch.setattr(gke_client, "_ENDPOINTS", {})  # no earlier test's answer for this cluster
     cluster = resolve_gke_cluster(
         {"gcp_conn_id": None, "project": "p", "location": "us-central1-a", "name": "kinetic-cluster"}
     )

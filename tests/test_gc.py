@@ -30,7 +30,7 @@ from ops_support import (
     wait_for,
 )
 
-from kinetic_airflow.job.storage import open_storage
+from kinetic_airflow.job.storage import open_storage, uri_to_local_path
 
 __all__ = ["cluster", "gke_env", "local_env"]  # fixtures
 
@@ -324,3 +324,76 @@ def test_the_maintenance_dag_runs_gc(tmp_path):
     assert run.returncode == 0 and "kinetic_maintenance: success" in run.stdout, output[-3000:]
     assert "deleted 1 job(s)" in output
     assert not open_storage(base).list(layout.job_uri)
+
+
+def _plant_ended_job(storage, base_uri: str, identity, output_dir: str, job_id: str | None = None) -> str:
+    """What a writer of job storage can make without any key: a failed, long-ended job."""
+    job_uri = f"{base_uri}/jobs/{job_id or identity.job_id}"
+    manifest = {"identity": identity.to_dict(), "output_dir": output_dir, "created": 1000.0, "hmac": "0" * 64}
+    storage.write_text(f"{job_uri}/manifest.json", json.dumps(manifest))
+    storage.write_text(f"{job_uri}/result.json", json.dumps({"ok": False, "error_type": "ValueError"}))
+    return job_uri
+
+
+@on_storage("file", "gs")  # rmtree on disk, a prefix listing in GCS
+def test_gc_deletes_no_path_a_forged_job_names_outside_the_store(local_env, base_uri, tmp_path):
+    """A bucket writer plants ended jobs whose files point gc elsewhere: at a directory outside
+    the store (``..``), at the store's own job files through a crafted identity, at another
+    job's directory name, through a symlink. gc refuses each, reports it, and deletes only the
+    output directory an identity really gives (the planted legitimate job's)."""
+    from kinetic_airflow.job.layout import JobIdentity, output_dir_uri
+
+    storage = open_storage(base_uri)
+    gs = base_uri.startswith("gs://")
+    root = base_uri.rsplit("/", 1)[0]  # the bucket (gs) or the test's directory (file)
+    victim = f"{root}/victim"
+    storage.write_text(f"{victim}/precious.txt", "not kinetic's")
+
+    traversal = JobIdentity("forged", "r1", "t")
+    _plant_ended_job(storage, base_uri, traversal, f"{base_uri}/outputs/../../victim")
+    # an identity whose own output directory climbs out of outputs/ (dag_id "..")
+    climbing = JobIdentity("..", "jobs", "t")
+    climbed = output_dir_uri(base_uri, climbing)
+    storage.write_text(f"{base_uri}/jobs/t/-1/keep.txt", "inside the store, outside outputs/")
+    _plant_ended_job(storage, base_uri, climbing, climbed)
+    # a manifest whose identity is another job's (its hash does not give this directory's name)
+    honest = JobIdentity("honest", "r1", "t")
+    honest_output = output_dir_uri(base_uri, honest)
+    storage.write_text(f"{honest_output}/ckpt", "another task instance's checkpoint")
+    _plant_ended_job(storage, base_uri, honest, honest_output, job_id="someone-else-0123456789-t1a1")
+    # a legitimate ended job: its output directory is the one its identity gives, and it goes
+    legit = JobIdentity("legit", "r1", "t")
+    legit_output = output_dir_uri(base_uri, legit)
+    storage.write_text(f"{legit_output}/ckpt", "x")
+    _plant_ended_job(storage, base_uri, legit, legit_output)
+    linked = None
+    if not gs:  # a symlink in the store's own outputs/ to a directory outside it
+        outside = tmp_path / "linked-victim"
+        (outside / "r1" / "t" / "-1").mkdir(parents=True)
+        (outside / "r1" / "t" / "-1" / "precious.txt").write_text("not kinetic's either")
+        linked = JobIdentity("linked", "r1", "t")
+        os.symlink(outside, Path(uri_to_local_path(f"{base_uri}/outputs/linked")))
+        _plant_ended_job(storage, base_uri, linked, output_dir_uri(base_uri, linked))
+
+    code, dry_out, err = cli("gc", "--older-than", "1d", "--include-outputs", "--dry-run")
+    assert code == 0, err
+    code, out, err = cli("gc", "--older-than", "1d", "--include-outputs", "--json")
+    assert code == 0, err
+    assert storage.read_text(f"{victim}/precious.txt") == "not kinetic's"
+    report = json.loads(out)[0]
+    refused = {r["path"]: r["reason"] for r in report.get("refused", [])}
+    assert f"{base_uri}/outputs/../../victim" in refused
+    assert "not deleted" in refused[f"{base_uri}/outputs/../../victim"]
+    assert climbed in refused and ("outside the job store" in refused[climbed] or "'..'" in refused[climbed])
+    assert "is not this job's" in refused[honest_output]
+    if linked is not None:
+        assert "outside the job store" in refused[output_dir_uri(base_uri, linked)]
+
+    assert storage.read_text(f"{victim}/precious.txt") == "not kinetic's"
+    assert storage.read_text(f"{base_uri}/jobs/t/-1/keep.txt") == "inside the store, outside outputs/"
+    assert storage.read_text(f"{honest_output}/ckpt") == "another task instance's checkpoint"
+    if linked is not None:
+        assert (tmp_path / "linked-victim" / "r1" / "t" / "-1" / "precious.txt").exists()
+    assert not storage.exists(f"{legit_output}/ckpt")  # the one directory gc may delete, it did
+    assert report["deleted"]["outputs"] == 1
+    assert "outputs/../../victim" in dry_out and "nothing there was deleted" in dry_out

@@ -106,9 +106,13 @@ def service_account_key(google_endpoints, tmp_path, monkeypatch):
 
 @pytest.fixture
 def gke_api(monkeypatch):
-    """GKEHook.get_cluster answers ``cluster_info()``; records each call's hook settings."""
+    """GKEHook.get_cluster answers ``cluster_info()``; records each call's hook settings. The
+    process's cache of GKE answers starts empty: each test asks the GKE API itself."""
     from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEHook
 
+    from kinetic_airflow.backends.gke import client
+
+    monkeypatch.setattr(client, "_ENDPOINTS", {})
     calls: list[dict] = []
     answer = {"info": cluster_info()}
 
@@ -199,6 +203,25 @@ def test_without_a_chain_the_token_is_the_connections_own(service_account_key, g
     assert calls[0]["chain"] is None and calls[0]["identity"] == "worker@p.iam.gserviceaccount.com"
     assert api_server(cluster).headers()["Authorization"] == "Bearer source-token"
     assert not [r for r in seen if r["path"].startswith("/iam/")]
+
+
+def test_the_gke_api_is_asked_once_per_process_for_each_cluster_and_access(service_account_key, gke_api):
+    """Every GKE ``execute`` resolves its cluster; a process asks the GKE API once per connection,
+    project, location, cluster and access options, and answers again from what it was told."""
+    from kinetic_airflow.backends.gke.client import resolve_gke_cluster
+
+    calls, answer = gke_api
+    first = resolve_gke_cluster(_cluster())
+    answer["info"] = cluster_info(private="10.9.9.9")  # not asked again: the first answer stands
+    assert resolve_gke_cluster(_cluster()) == first and len(calls) == 1
+    assert resolve_gke_cluster(_cluster(use_internal_ip=True))["endpoint"] == "10.9.9.9"
+    resolve_gke_cluster(_cluster(impersonation_chain=CHAIN))
+    resolve_gke_cluster({**_cluster(), "name": "another"})
+    resolve_gke_cluster({**_cluster(), "project": "another"})
+    assert [c["name"] for c in calls] == ["c", "c", "c", "another", "c"]
+    assert len(calls) == 5
+    assert resolve_gke_cluster(_cluster(use_internal_ip=True))["endpoint"] == "10.9.9.9"
+    assert len(calls) == 5
 
 
 def test_a_chain_is_another_client(service_account_key):

@@ -70,6 +70,7 @@ def gke(tls_emulator, request, monkeypatch, tmp_path):
     monkeypatch.setenv("KINETIC_PROJECT", "p")
     monkeypatch.setenv("KINETIC_BASE_URI", f"file://{tmp_path}/kinetic")
     monkeypatch.setattr(client, "_CLIENTS", {})  # no client of an earlier test's cluster
+    monkeypatch.setattr(client, "_ENDPOINTS", {})  # nor its GKE API answer
     info = _ns(
         endpoint=f"127.0.0.1:{_closed_port()}",  # the public endpoint refuses this machine
         master_auth=_ns(cluster_ca_certificate=k8s.ca_certificate_b64),

@@ -1,19 +1,17 @@
-"""The package's import graph, read from the source with ``ast`` (nothing of it is imported).
+"""The package's layers: import-linter's contracts, and the one rule import-linter cannot check.
 
-Three rules keep the layout honest:
+The contracts (``[tool.importlinter]`` in pyproject.toml, run here with ``lint-imports``) hold the
+layers: every module of ``kinetic_airflow`` has its row, top down, and imports only its own row or
+rows below it; ``kinetic_airflow.job`` (what runs in a job pod, where Airflow is not installed)
+imports nothing of Airflow and nothing of kinetic_airflow outside ``job/``; backends do not import
+the operator layer; the cluster emulator (``emulator/``, its own distribution) imports nothing of
+the product; no package's modules import each other in a cycle. Imports inside functions count.
 
-* the import graph has no cycle (the Kubernetes emulator under ``emulator/cluster_emulator``
-  is its own room and is left out): not among the imports at the top of the modules, nor once
-  the imports inside functions are added - a cycle that only works because one side imports
-  inside a function is a layering mistake waiting to bite;
-* an import inside a function is allowed only with a comment on its line or the line before
-  saying why (an optional dependency, Airflow's start-up cost in a CLI or in job pods, a lazily
-  chosen backend) - otherwise it belongs at the top of the module;
-* ``kinetic_airflow.job`` (what runs inside a job pod, where Airflow is not installed) imports
-  nothing of Airflow and nothing of kinetic_airflow outside ``job/``, at any level.
-
-Run ``python tests/test_import_graph.py`` for the figures: modules at the top level, import
-layers (the longest path in the module-level graph), cycles.
+Read here from the source with ``ast`` (nothing of it is imported): an import inside a function
+is allowed only with a comment on its line or the line before saying why (an optional
+dependency, Airflow's start-up cost in a CLI or in job pods, a lazily chosen backend); otherwise
+it belongs at the top of the module. And the runner, started as a pod starts it, loads no Airflow
+module at all (import-linter reads imports, not what a dependency loads).
 """
 
 from __future__ import annotations
@@ -27,7 +25,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "kinetic_airflow"
 EMULATOR = "cluster_emulator"  # its own distribution (emulator/), outside the package
-JOB = f"{PACKAGE}.job"
 
 
 @dataclass(frozen=True)
@@ -104,100 +101,6 @@ def read_graph() -> Graph:
     return graph
 
 
-def resolve(graph: Graph, target: str) -> list[str]:
-    """The package's modules an import of ``target`` runs: the module itself and its packages.
-
-    ``from a.b import c`` names ``a.b.c``: a submodule when there is one, else a name in ``a.b``.
-    """
-    parts = target.split(".")
-    if parts[0] != PACKAGE:
-        return []
-    while parts and ".".join(parts) not in graph.modules:
-        parts.pop()
-    return [".".join(parts[:i]) for i in range(2, len(parts) + 1)]
-
-
-def edges(graph: Graph, *, function_level: bool) -> dict[str, set[str]]:
-    """Importer -> imported modules; with ``function_level`` only the imports inside functions.
-
-    A package's own ``__init__`` is not an edge from its members (Python has it loaded already).
-    """
-    out: dict[str, set[str]] = {name: set() for name in graph.modules}
-    for imp in graph.imports:
-        if imp.function_level != function_level:
-            continue
-        for target in resolve(graph, imp.target):
-            if target != imp.importer and not imp.importer.startswith(target + "."):
-                out[imp.importer].add(target)
-    return out
-
-
-def cycles(out: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components with more than one module (Tarjan), sorted."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-    counter = 0
-
-    def strongconnect(node: str) -> None:
-        nonlocal counter
-        index[node] = low[node] = counter
-        counter += 1
-        stack.append(node)
-        on_stack.add(node)
-        for nxt in sorted(out.get(node, ())):
-            if nxt not in index:
-                strongconnect(nxt)
-                low[node] = min(low[node], low[nxt])
-            elif nxt in on_stack:
-                low[node] = min(low[node], index[nxt])
-        if low[node] == index[node]:
-            component = []
-            while True:
-                member = stack.pop()
-                on_stack.discard(member)
-                component.append(member)
-                if member == node:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    sys.setrecursionlimit(10_000)
-    for node in sorted(out):
-        if node not in index:
-            strongconnect(node)
-    return sorted(found)
-
-
-def layers(out: dict[str, set[str]]) -> int:
-    """Modules on the longest import chain, cycles folded into one node each."""
-    component_of: dict[str, int] = {}
-    for number, component in enumerate(cycles(out)):
-        for member in component:
-            component_of[member] = number
-    node = {name: ("c", component_of[name]) if name in component_of else ("m", name) for name in out}
-    dag: dict[tuple, set[tuple]] = {}
-    for src, targets in out.items():
-        dag.setdefault(node[src], set()).update(node[t] for t in targets if node[t] != node[src])
-    depth: dict[tuple, int] = {}
-
-    def longest(n: tuple) -> int:
-        if n not in depth:
-            depth[n] = 1 + max((longest(m) for m in dag.get(n, ())), default=0)
-        return depth[n]
-
-    return max((longest(n) for n in dag), default=0)
-
-
-def without_emulator(out: dict[str, set[str]]) -> dict[str, set[str]]:
-    def kept(name: str) -> bool:
-        return not (name == EMULATOR or name.startswith(EMULATOR + "."))
-
-    return {src: {t for t in targets if kept(t)} for src, targets in out.items() if kept(src)}
-
-
 def has_reason(graph: Graph, imp: Import) -> bool:
     """A comment on the import's line, or above it: directly, or above the run of imports it is in."""
     lines = graph.sources[imp.importer]
@@ -217,22 +120,6 @@ def _continues_imports(line: str) -> bool:
 GRAPH = read_graph()
 
 
-def test_module_level_imports_have_no_cycle() -> None:
-    found = cycles(without_emulator(edges(GRAPH, function_level=False)))
-    assert not found, "module-level import cycles (move the shared code below both sides): " + "; ".join(
-        " -> ".join(c) for c in found
-    )
-
-
-def test_no_cycle_even_through_imports_inside_functions() -> None:
-    """An import inside a function hides a cycle from Python, not from the layering: none either."""
-    module_level = edges(GRAPH, function_level=False)
-    function_level = edges(GRAPH, function_level=True)
-    found = cycles(without_emulator({m: module_level[m] | function_level[m] for m in module_level}))
-    shown = "; ".join(" -> ".join(c) for c in found)
-    assert not found, f"import cycles through imports inside functions: {shown}"
-
-
 def test_every_function_level_import_says_why() -> None:
     silent = [
         f"{GRAPH.modules[imp.importer].relative_to(ROOT)}:{imp.line}: import {imp.target}"
@@ -244,21 +131,6 @@ def test_every_function_level_import_says_why() -> None:
         "start-up cost, a lazily chosen backend); move them to the top of the module or say why:\n"
         + "\n".join(silent)
     )
-
-
-def test_job_package_imports_nothing_of_airflow_or_the_rest() -> None:
-    assert JOB in GRAPH.modules, f"{JOB} is missing"
-    wrong = []
-    for imp in GRAPH.imports:
-        if not (imp.importer == JOB or imp.importer.startswith(JOB + ".")):
-            continue
-        top = imp.target.split(".")[0]
-        # the package's own __init__ (its version; it imports nothing eagerly) is allowed
-        ran = resolve(GRAPH, imp.target) or [imp.target.rsplit(".", 1)[0]]
-        inside = all(t in (JOB, PACKAGE) or t.startswith(JOB + ".") for t in ran)
-        if top == "airflow" or (top == PACKAGE and not inside):
-            wrong.append(f"{GRAPH.modules[imp.importer].relative_to(ROOT)}:{imp.line}: import {imp.target}")
-    assert not wrong, "kinetic_airflow.job runs in job pods without Airflow:\n" + "\n".join(wrong)
 
 
 def test_job_runner_starts_without_airflow() -> None:
@@ -274,28 +146,35 @@ def test_job_runner_starts_without_airflow() -> None:
     assert done.returncode == 0, f"the runner imported Airflow: {done.stdout} {done.stderr[-2000:]}"
 
 
-def figures(graph: Graph) -> str:
-    module_level = edges(graph, function_level=False)
-    function_level = edges(graph, function_level=True)
-    combined = {m: module_level[m] | function_level[m] for m in module_level}
-    top = [m for m, p in graph.modules.items() if p.parent == ROOT / PACKAGE and p.name != "__init__.py"]
-    lines = [f"modules at the top level of {PACKAGE}: {len(top)}"]
-    for title, out in (
-        ("module-level", module_level),
-        ("module-level, without the emulator", without_emulator(module_level)),
-        ("module- and function-level, without the emulator", without_emulator(combined)),
-    ):
-        found = cycles(out)
-        sizes = sorted((len(c) for c in found), reverse=True)
-        lines.append(f"{title}: layers {layers(out)}, cycles {len(found)} (sizes {sizes})")
-        lines.extend(f"    {' '.join(c)}" for c in found)
-    inside = [i for i in graph.imports if i.function_level and not i.importer.startswith(EMULATOR + ".")]
-    lines.append(
-        f"function-level imports outside the emulator: {len(inside)}"
-        f" (of the package's own modules: {sum(1 for i in inside if resolve(graph, i.target))})"
+def test_the_import_contracts_hold() -> None:
+    """``lint-imports`` (import-linter) keeps every contract in pyproject.toml."""
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "lint-imports"), "--no-cache"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
     )
-    return "\n".join(lines)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    assert "0 broken" in done.stdout, done.stdout[-3000:]
 
 
-if __name__ == "__main__":
-    print(figures(GRAPH))
+def test_the_contracts_say_what_the_layers_are() -> None:
+    """The rules the package keeps are contracts import-linter runs: the layers (exhaustive, so a
+    new module needs its row), job/ alone, backends below the operator layer, the emulator apart,
+    no cycles."""
+    from importlinter.api import read_configuration
+
+    config = read_configuration(str(ROOT / "pyproject.toml"))
+    contracts = {c["id"]: c for c in config["contracts_options"]}
+    assert config["session_options"]["root_packages"] == [PACKAGE, EMULATOR]
+    assert contracts["layers"]["type"] == "layers" and contracts["layers"]["exhaustive"] == "True"
+    assert contracts["job-stands-alone"]["forbidden_modules"] == ["airflow", f"{PACKAGE}.*"]
+    operator_layer = {
+        f"{PACKAGE}.{m}" for m in ("operators", "decorators", "triggers", "ui", "cli", "plugin")
+    }
+    assert operator_layer <= set(contracts["backends-below-the-operator-layer"]["forbidden_modules"])
+    assert contracts["emulator-apart"]["forbidden_modules"] == [PACKAGE]
+    assert contracts["no-cycles"]["type"] == "acyclic_siblings"
+    rows = [row.split(" : ") for row in contracts["layers"]["layers"]]
+    assert rows.index(["config"]) < rows.index(["options"]), "config reads the option table, not the reverse"

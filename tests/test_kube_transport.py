@@ -2,9 +2,9 @@
 
 Against the emulator serving HTTPS: each kubeconfig form kinetic reads itself reaches it and
 verifies its certificate, with the header the form says; a form it leaves to the cncf provider
-(an exec plugin) still works, through the provider's client configuration; and a process that
-talks to a cluster through a connection kinetic reads never loads ``kubernetes`` (the 3.5 s of
-CPU per task process this module exists to save).
+(an exec plugin) still works, through the provider's client configuration; transient errors
+are retried; and a process that talks to a cluster through a connection kinetic reads never loads
+``kubernetes`` (the per-task cost this module exists to save: bench/kube_client_bench.py).
 """
 
 from __future__ import annotations
@@ -119,6 +119,38 @@ def test_an_unverifiable_certificate_is_refused_unless_verification_is_disabled(
         server = api_server(_connection(monkeypatch, "kube_insecure", extras))
         assert not server.verify
         assert KubeApi(server).request("GET", SERVICE_ACCOUNT)["metadata"]["name"] == "kinetic"
+
+
+def test_transient_errors_are_retried_and_the_last_answer_is_the_error(tls_emulator, tmp_path, monkeypatch):
+    """429 and 5xx answers are retried (urllib3's ``Retry``, ``Retry-After`` honoured) up to the
+    client's ``retries``; past them, or with ``retry=False``, the error is the API's own answer."""
+    path = tmp_path / "config"
+    path.write_text(yaml.safe_dump(tls_emulator.kubeconfig()))
+    server = api_server(_connection(monkeypatch, "kube_retry", {"kube_config_path": str(path)}))
+    log = tls_emulator.request_log
+
+    def served() -> list[int | None]:
+        return [r.status for r in log.since(mark) if r.path == SERVICE_ACCOUNT]
+
+    try:
+        mark = log.count
+        tls_emulator.inject_api_fault("GET", "serviceaccounts/kinetic$", status=503, count=2)
+        tls_emulator.inject_api_fault("GET", "serviceaccounts/kinetic$", status=429, count=1, retry_after=0.2)
+        assert KubeApi(server).request("GET", SERVICE_ACCOUNT)["metadata"]["name"] == "kinetic"
+        assert served() == [503, 503, 429, 200]
+
+        mark = log.count
+        tls_emulator.inject_api_fault("GET", "serviceaccounts/kinetic$", status=502, count=None)
+        with pytest.raises(ApiError) as exhausted:
+            KubeApi(server, retries=2).request("GET", SERVICE_ACCOUNT)
+        assert exhausted.value.status == 502 and served() == [502, 502, 502]
+
+        mark = log.count
+        with pytest.raises(ApiError) as once:
+            KubeApi(server).request("GET", SERVICE_ACCOUNT, retry=False)
+        assert once.value.status == 502 and served() == [502]
+    finally:
+        tls_emulator.clear_faults()
 
 
 def test_an_exec_plugin_kubeconfig_goes_through_the_providers_client_configuration(

@@ -3,6 +3,7 @@ storage errors, and what Airflow reads back (plain numbers only)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -164,7 +165,8 @@ def test_reading_is_bounded_whatever_storage_holds(tmp_path, monkeypatch):
     loss = read["points"]["loss"]
     assert len(loss) == job_metrics.MAX_CURVE_POINTS and loss[-1] == [6000, 0.5] and loss[0] == [1, 0.5]
     assert "huge" not in read["points"]
-    assert len(read["points"]) - 1 == 200  # m0..m199 besides loss
+    # as many metrics as a job's writer reports at most: loss and the first 199 of the forged 300
+    assert len(read["points"]) == job_metrics._MAX_METRICS and "m198" in read["points"]
 
 
 @pytest.mark.parametrize("scheme", ["file", "gs"])
@@ -385,3 +387,108 @@ def test_attempts_after_a_preemption_continue_the_curve(tmp_path):
     assert combined["final"] == {"loss": 10.0 / 10 + 2, "acc": 1.0}
     assert combined["best"] == {"loss": min(10.0 / 5 + 1, 10.0 / 10 + 2), "acc": 1.0}
     assert combined["steps"] == {"loss": 10, "acc": 10}
+
+
+def test_the_writer_stays_within_what_readers_accept(tmp_path, capsys):
+    """The limits readers hold chunks to are the writer's own: at most 200 names a job (later ones
+    dropped with one warning), 2,000 points a metric and 20,000 a chunk, and the bytes of the
+    largest such chunk (long names, long floats) under the readers' byte limit."""
+    storage = CountingStorage()
+    layout, writer = _writer(tmp_path, storage, interval=600)
+    wide = "é" * 100  # \u00e9 in JSON: six characters for one
+    for step in range(2000):
+        job_metrics.report(
+            step=step * 1.000000000000001e300,
+            **{f"{wide[:95]}{i:05d}": -1.2345678901234567e-300 for i in range(250)},
+        )
+    writer.close()
+    assert capsys.readouterr().err.count("more than 200 metric names") == 1
+    (chunk,) = storage.list(layout.metrics_prefix)
+    data = open(chunk[len("file://") :], "rb").read()
+    document = json.loads(data)
+    assert len(document["points"]) == 200 and len(document["summary"]) == 200
+    assert sum(len(series) for series in document["points"].values()) <= job_metrics.MAX_CHUNK_POINTS
+    assert len(data) <= job_metrics._MAX_CHUNK_BYTES and job_metrics._within_writer_limits(data)
+    read = job_metrics.read_attempt(storage, layout)
+    assert len(read["points"]) == 200 and all(series for series in read["points"].values())
+
+
+def _forged_chunk(points: int) -> bytes:
+    return json.dumps({"points": {"loss": [[i, 0.5] for i in range(points)]}}).encode()
+
+
+def test_forged_chunks_are_refused_before_they_are_parsed(tmp_path):
+    """20 chunks of 8 MiB (1.4 M points each, what the old cap let through) and 20 of the
+    largest size a writer's chunk can have, but packed with tiny points: the reader refuses them
+    all from their bytes, and its peak allocation stays far below what one parse would cost."""
+    import tracemalloc
+
+    storage = open_storage(f"file://{tmp_path}")
+    layout = JobLayout.for_job(f"file://{tmp_path}", "job-1")
+    big = _forged_chunk(1_400_000)
+    assert len(big) >= 8 * 1024 * 1024 - 1024 * 1024
+    packed = b'{"points": {"loss": [' + b"[1,0]," * ((job_metrics._MAX_CHUNK_BYTES - 64) // 6) + b"[1,0]]}}"
+    assert len(packed) <= job_metrics._MAX_CHUNK_BYTES
+    for seq in range(1, 21):
+        storage.write_bytes(layout.metrics_chunk(seq), big[: 8 * 1024 * 1024])
+        storage.write_bytes(layout.metrics_chunk(100 + seq), packed)
+    storage.write_text(layout.metrics_chunk(200), json.dumps({"points": {"loss": [[1, 0.5]]}}))
+    tracemalloc.start()
+    try:
+        read = job_metrics.read_attempt(storage, layout, cache={})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert read["points"] == {"loss": [[1, 0.5]]}
+    assert peak < 8 * 1024 * 1024, peak  # the bytes of one bounded read, not a parse of them
+
+
+def test_curves_are_thinned_as_they_are_read_evenly_and_keep_the_last_point(tmp_path):
+    """A long job's chunks (here 400 of 2,000 points: 800,000) come back as MAX_CURVE_POINTS evenly
+    spaced points from first to last, and all curves of an attempt together within
+    MAX_ATTEMPT_POINTS, while no more than a few of each curve's shares are held at once."""
+    storage = open_storage(f"file://{tmp_path}")
+    layout = JobLayout.for_job(f"file://{tmp_path}", "job-1")
+    step = 0
+    for seq in range(1, 401):
+        series = [[step + i, float(step + i)] for i in range(2000)]
+        step += 2000
+        storage.write_text(layout.metrics_chunk(seq), json.dumps({"points": {"loss": series}}))
+    read = job_metrics.read_attempt(storage, layout)
+    loss = read["points"]["loss"]
+    assert len(loss) == job_metrics.MAX_CURVE_POINTS
+    assert loss[0] == [0, 0] and loss[-1] == [step - 1, step - 1]
+    gaps = {b[0] - a[0] for a, b in itertools.pairwise(loss[:-1])}
+    assert max(gaps) <= 2 * min(gaps), sorted(gaps)  # evenly spaced (strides of 2^k, at most two)
+
+    many = JobLayout.for_job(f"file://{tmp_path}", "job-2")
+    for seq in range(1, 11):
+        points = {f"m{i}": [[seq * 100 + j, 1.0] for j in range(100)] for i in range(200)}
+        storage.write_text(many.metrics_chunk(seq), json.dumps({"points": points}))
+    read = job_metrics.read_attempt(storage, many)
+    assert len(read["points"]) == 200
+    assert sum(len(s) for s in read["points"].values()) <= job_metrics.MAX_ATTEMPT_POINTS
+    assert all(len(s) == job_metrics.MAX_ATTEMPT_POINTS // 200 for s in read["points"].values())
+
+
+def test_the_chunk_cache_is_sized_by_the_points_it_holds(tmp_path, monkeypatch):
+    """However many chunks are read, the process-wide cache holds at most its budget of points
+    (a count of chunks bounded nothing: one chunk may hold 20,000 points or one)."""
+    from kinetic_airflow import reported_metrics
+
+    monkeypatch.setattr(reported_metrics, "_CHUNKS", reported_metrics.OrderedDict())
+    monkeypatch.setattr(reported_metrics, "_chunks_held", 0)
+    monkeypatch.setattr(reported_metrics, "_CHUNKS_POINTS", 50_000)
+    storage = open_storage(f"file://{tmp_path}")
+    jobs = []
+    for n in range(4):
+        layout = JobLayout.for_job(f"file://{tmp_path}", f"job-{n}")
+        for seq in range(1, 11):
+            series = [[seq * 2000 + i, 0.5] for i in range(2000)]
+            storage.write_text(layout.metrics_chunk(seq), json.dumps({"points": {"loss": series}}))
+        jobs.append({"job_id": f"job-{n}", "job_uri": layout.job_uri})
+    attempts = reported_metrics.read_attempts(jobs, lambda uri: storage)
+    assert all(len(a["points"]["loss"]) == job_metrics.MAX_CURVE_POINTS for a in attempts)
+    held = sum(weight for _, weight in reported_metrics._CHUNKS.values())
+    assert held == reported_metrics._chunks_held <= 50_000
+    assert len(reported_metrics._CHUNKS) == 50_000 // 2002  # whole chunks, the newest kept

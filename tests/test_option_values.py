@@ -486,3 +486,118 @@ def test_keras_kinetic_takes_these_values_silently_and_we_refuse_them():
         kinetic_task(accelerator="gpu-l4", spot="false")
     with pytest.raises(KineticOptionError, match=r"write capture_env_vars=\['WANDB_API_KEY'\]"):
         kinetic_task(capture_env_vars="WANDB_API_KEY")
+
+
+# [kinetic] keys that are not settings: reported with the closest one ---------------------------
+@pytest.fixture
+def fresh_key_check(monkeypatch):
+    """The unknown-key report runs once per process; each test here starts before it ran."""
+    from kinetic_airflow import config
+
+    monkeypatch.setattr(config, "_warned_unknown", False)
+    for variable in [v for v in __import__("os").environ if v.startswith("AIRFLOW__KINETIC__")]:
+        monkeypatch.delenv(variable)
+    return config
+
+
+def test_a_mistyped_environment_key_is_reported_with_the_closest_setting(
+    fresh_key_check, monkeypatch, caplog
+):
+    monkeypatch.setenv("AIRFLOW__KINETIC__POLL_INTERVALL", "30")
+    monkeypatch.setenv("AIRFLOW__KINETIC__BACKEND_CMD", "echo local")  # a known key's _CMD form: fine
+    with caplog.at_level("WARNING", logger="kinetic_airflow.config"), pytest.warns(UserWarning) as warned:
+        with_typo = fresh_key_check.resolve_setting("poll_interval")
+    expected = (
+        "AIRFLOW__KINETIC__POLL_INTERVALL: 'poll_intervall' is not a kinetic setting and is ignored; "
+        "did you mean poll_interval (AIRFLOW__KINETIC__POLL_INTERVAL)?"
+    )
+    assert [str(w.message) for w in warned] == [expected]
+    assert [r.getMessage() for r in caplog.records if r.name == "kinetic_airflow.config"] == [expected]
+    monkeypatch.delenv("AIRFLOW__KINETIC__POLL_INTERVALL")
+    assert fresh_key_check.resolve_setting("poll_interval") == with_typo != 30  # the typo changed nothing
+    monkeypatch.setenv("AIRFLOW__KINETIC__POLL_INTERVALL", "30")
+    fresh_key_check.resolve_setting("poll_interval")  # once per process, not once per setting read
+    assert len([r for r in caplog.records if r.name == "kinetic_airflow.config"]) == 1
+
+
+def test_a_mistyped_airflow_cfg_key_is_reported(fresh_key_check):
+    import configparser
+
+    from airflow.sdk.configuration import conf
+
+    added_section = not configparser.ConfigParser.has_section(conf, "kinetic")
+    if added_section:
+        configparser.ConfigParser.add_section(conf, "kinetic")
+    configparser.ConfigParser.set(conf, "kinetic", "heartbeat_secondz", "3")
+    try:
+        messages = fresh_key_check.unknown_settings()
+    finally:
+        configparser.ConfigParser.remove_option(conf, "kinetic", "heartbeat_secondz")
+        if added_section:
+            configparser.ConfigParser.remove_section(conf, "kinetic")
+    assert messages == [
+        "[kinetic] heartbeat_secondz in airflow.cfg: 'heartbeat_secondz' is not a kinetic setting and is "
+        "ignored; did you mean heartbeat_seconds (AIRFLOW__KINETIC__HEARTBEAT_SECONDS)?"
+    ]
+
+
+def test_a_key_like_no_setting_points_at_the_list(fresh_key_check, monkeypatch):
+    monkeypatch.setenv("AIRFLOW__KINETIC__ZZZ", "1")
+    assert fresh_key_check.unknown_settings() == [
+        "AIRFLOW__KINETIC__ZZZ: 'zzz' is not a kinetic setting and is ignored; the settings are listed "
+        "by `airflow config list --section kinetic`."
+    ]
+
+
+def test_a_mistyped_key_is_a_warning_of_the_dag_file_at_import(fresh_key_check, monkeypatch, tmp_path):
+    from airflow.dag_processing.dagbag import DagBag
+
+    monkeypatch.setenv("AIRFLOW__KINETIC__POLL_INTERVALL", "30")
+    path = _dag_file(tmp_path, "typo_key", "operator", "spot", "False")
+    bag = DagBag(dag_folder=str(tmp_path))
+    assert bag.import_errors == {} and "typo_key" in bag.dags
+    warned = "\n".join(bag.captured_warnings.get(str(path), ()))
+    assert "'poll_intervall' is not a kinetic setting" in warned, bag.captured_warnings
+    assert "did you mean poll_interval (AIRFLOW__KINETIC__POLL_INTERVAL)?" in warned
+
+
+# One reading of a boolean written as text ------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "flag"),
+    [
+        *[(w, True) for w in ("true", "True", " TRUE ", "t", "yes", "y", "on", "1")],
+        *[(w, False) for w in ("false", "F", "no", "n", "off", "0", " Off")],
+        *[(w, None) for w in ("", "maybe", "2", "truee", "none")],
+        (True, True),
+        (False, False),
+    ],
+)
+def test_parse_bool_is_the_one_reading_of_a_boolean(text, flag):
+    from kinetic_airflow.options import parse_bool
+
+    assert parse_bool(text) is flag
+
+
+def test_config_reads_the_same_words(monkeypatch):
+    from kinetic_airflow.config import resolve_setting
+
+    monkeypatch.delenv("AIRFLOW__KINETIC__USE_INTERNAL_IP", raising=False)
+    for word, flag in (("on", True), ("n", False), ("YES", True)):
+        monkeypatch.setenv("KINETIC_USE_INTERNAL_IP", word)
+        assert resolve_setting("use_internal_ip") is flag
+
+
+# The docs' reference, rendered from the table --------------------------------------------------
+def test_the_reference_lists_every_option_and_setting_in_well_formed_tables():
+    from kinetic_airflow.options import OPTIONS, reference_markdown
+
+    text = reference_markdown()
+    for name, spec in OPTIONS.items():
+        assert f"| `{name}` |" in text, name
+        if spec.config:
+            assert f"`AIRFLOW__KINETIC__{name.upper()}`" in text, name
+    for table in text.split("\n\n"):
+        rows = [line for line in table.splitlines() if line.startswith("|")]
+        cells = {len(re.split(r"(?<!\\)\|", row)) for row in rows}
+        assert len(cells) <= 1, table  # every row has the header's number of cells
+    assert "| `poll_interval` | `float \\| timedelta \\| None` | `None` (`[kinetic]`: `2`) |" in text

@@ -55,67 +55,68 @@ def test_py_typed_ships_with_the_package():
     assert '"py.typed"' in (ROOT / "pyproject.toml").read_text()
 
 
-def test_typed_options_are_the_operators_options():
-    """kinetic_task's typed keywords are KineticRunOperator's options plus BaseOperator's arguments."""
+def test_typed_options_are_the_option_tables():
+    """kinetic_task's and KineticRunOperator's typed keywords are the table's task options (its
+    TypedDict) plus BaseOperator's arguments; the operator's runtime signature, which Airflow reads
+    for default_args and .partial()/.expand(), names the same options with the table's types and
+    defaults."""
     from airflow.sdk import BaseOperator
 
     from kinetic_airflow import KineticRunOperator, kinetic_task
-    from kinetic_airflow.typed_args import OperatorArgs, TaskArgs
+    from kinetic_airflow.options import OPTIONS, TaskOptions, task_option_names
+    from kinetic_airflow.typed_args import OperatorArgs, OperatorOptions, TaskArgs, TaskWithOptions
 
     base = {p for p in inspect.signature(BaseOperator.__init__).parameters if p not in ("self", "kwargs")}
     assert set(OperatorArgs.__annotations__) == base
     assert set(TaskArgs.__annotations__) == base - {"multiple_outputs"}
-    operator = {
-        p
-        for p in inspect.signature(KineticRunOperator.__init__).parameters
-        if p not in ("self", "kwargs", "python_callable", "op_args", "op_kwargs")
-    }
+    options = list(TaskOptions.__annotations__)
+    assert options == list(task_option_names())
+    assert not set(options) & base, "a task option shadows a BaseOperator argument"
+    assert set(OperatorOptions.__annotations__) == base | set(options)
+    assert set(TaskWithOptions.__annotations__) == (base - {"multiple_outputs"}) | set(options)
     with_options = typing.get_overloads(kinetic_task)[1]
-    decorator = {
-        p for p in inspect.signature(with_options).parameters if p not in ("python_callable", "kwargs")
-    }
-    decorator -= {"multiple_outputs"}
-    assert decorator == operator, (
-        "kinetic_task's typed options (the second overload in kinetic_airflow/decorators.py) must be "
-        f"KineticRunOperator's: add {sorted(operator - decorator)}, drop {sorted(decorator - operator)}"
-    )
-    # ... with the same types and defaults, so mypy holds a DAG to what the parse-time checks hold it to
-    ours = inspect.signature(KineticRunOperator.__init__).parameters
-    theirs = inspect.signature(with_options).parameters
-    drift = {
-        name: (
-            str(ours[name].annotation),
-            ours[name].default,
-            str(theirs[name].annotation),
-            theirs[name].default,
-        )
-        for name in operator
-        if (ours[name].annotation, ours[name].default) != (theirs[name].annotation, theirs[name].default)
-    }
-    assert not drift, f"operator vs kinetic_task (annotation, default): {drift}"
+    assert [p.name for p in inspect.signature(with_options).parameters.values()] == [
+        "python_callable",
+        "multiple_outputs",
+        "kwargs",
+    ]
+    assert "TaskWithOptions" in str(inspect.signature(with_options).parameters["kwargs"].annotation)
+    parameters = inspect.signature(KineticRunOperator.__init__).parameters
+    named = [p for p in parameters if p not in ("self", "kwargs", "python_callable", "op_args", "op_kwargs")]
+    assert named == options
+    hints = typing.get_type_hints(TaskOptions, include_extras=False, localns={"Data": kinetic_airflow.Data})
+    for name in options:
+        parameter = parameters[name]
+        assert parameter.kind is inspect.Parameter.KEYWORD_ONLY, name
+        assert parameter.default == OPTIONS[name].parameter_default, name
+        assert (
+            typing.get_type_hints(
+                type("Probe", (), {"__annotations__": {"x": parameter.annotation}}),
+                localns={"Data": kinetic_airflow.Data},
+            )["x"]
+            == hints[name]
+        ), name
+    # a setting the task can also give defaults to None there (the [kinetic] value), the others to
+    # the table's default
+    assert parameters["poll_interval"].default is None and OPTIONS["poll_interval"].default == 2.0
+    assert parameters["accelerator"].default == "cpu" and parameters["deferrable"].default is True
 
 
-def test_every_option_has_a_row_in_the_option_table():
-    """The parse-time checks (kinetic_airflow/options.py) cover every option and every [kinetic] setting."""
+def test_the_option_table_feeds_config_template_fields_and_the_provider_section():
+    """config's defaults, the operator's template fields and get_provider_info's [kinetic] section
+    are the table's, with the declared types Airflow's config parser reads."""
     from kinetic_airflow import KineticRunOperator
     from kinetic_airflow.config import BACKENDS, DEFAULTS
     from kinetic_airflow.get_provider_info import get_provider_info
-    from kinetic_airflow.options import OPTIONS, task_option_names
+    from kinetic_airflow.options import OPTIONS
     from kinetic_airflow.typed_args import BackendName
 
-    operator = [
-        p
-        for p in inspect.signature(KineticRunOperator.__init__).parameters
-        if p not in ("self", "kwargs", "python_callable", "op_args", "op_kwargs")
-    ]
-    assert list(task_option_names()) == operator
     assert {n for n, spec in OPTIONS.items() if spec.config} == set(DEFAULTS)
     assert {n for n, spec in OPTIONS.items() if spec.templated} == set(KineticRunOperator.template_fields) - {
         "op_args",
         "op_kwargs",
     }
     assert OPTIONS["backend"].choices == BACKENDS == typing.get_args(BackendName)
-    # the config's declared types agree with the table's kinds
     kinds = {"float": "duration", "integer": "count", "boolean": "bool"}
     declared = get_provider_info()["config"]["kinetic"]["options"]
     assert set(declared) == set(DEFAULTS)
@@ -124,3 +125,12 @@ def test_every_option_has_a_row_in_the_option_table():
             assert OPTIONS[name].kind == kinds[option["type"]], name
         else:
             assert OPTIONS[name].kind not in kinds.values(), name
+        assert option["description"] and option["example"], name
+        # Airflow's config parser reads the declared default back as the setting's value
+        if DEFAULTS[name] is None:
+            assert option["default"] is None, name
+        else:
+            assert str(option["default"]).lower() == str(DEFAULTS[name]).lower().replace(".0", ""), name
+    assert declared["poll_interval"]["default"] == "2"
+    assert declared["use_internal_ip"]["default"] == "false"
+    assert declared["requirements_cache"]["default"] == "hostpath"

@@ -15,6 +15,7 @@ Screenshots go to ``$KINETIC_TEST_ARTIFACTS`` (default ``test-artifacts/``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -31,12 +32,13 @@ from typing import Any
 
 import pytest
 from browser import Browser
-from components.airflow_services import AirflowServices, poll
+from components.airflow_services import AirflowServices, poll, session_members
 from components.dag_runs import parsed, run_path, trigger
 from components.stack import ComponentStack
 
 HERE = Path(__file__).resolve().parent
 DAG_FILE = HERE / "ui_dags" / "kn_ui.py"
+COSTS_DAG_FILE = HERE / "ui_support" / "kn_ui_costs.py"  # a job that runs until it is stopped
 PASSWORDS = {"admin": "admin-pass", "outsider": "outsider-pass"}
 ARTIFACTS = Path(os.environ.get("KINETIC_TEST_ARTIFACTS") or HERE.parent / "test-artifacts")
 
@@ -76,6 +78,7 @@ class UiStack(ComponentStack):
     def __init__(self, root: Path) -> None:
         super().__init__(root)
         shutil.copy(DAG_FILE, self.dags / DAG_FILE.name)
+        shutil.copy(COSTS_DAG_FILE, self.dags / COSTS_DAG_FILE.name)
         self.release = root / "release-slow"
         self.statsd = StatsdSink()
         self.tokens: dict[str, str] = {}
@@ -112,7 +115,14 @@ class UiStack(ComponentStack):
             database_url=self.pg.create_database("airflow"),
         )
         self.airflow.start()
-        for dag_id in ("kn_ui_sweep", "kn_ui_keras", "kn_ui_gke", "kn_ui_secret", "kn_ui_fail"):
+        for dag_id in (
+            "kn_ui_sweep",
+            "kn_ui_keras",
+            "kn_ui_gke",
+            "kn_ui_secret",
+            "kn_ui_fail",
+            "kn_ui_costs",
+        ):
             poll(
                 lambda d=dag_id: parsed(self.api, d),
                 timeout=120,
@@ -267,6 +277,10 @@ def test_the_view_sums_chip_hours_per_run_and_filters_by_state(stack: UiStack, s
     assert run["tasks"] == 2 and run["states"] == {"succeeded": 2}
     expected = sum(r["duration_seconds"] for r in body["jobs"])
     assert run["run_seconds"] == pytest.approx(expected, abs=1e-3) and run["run_seconds"] >= 2.0
+    # wall time: from the first job's start to the last one's end, not the jobs' times added up
+    span = max(r["ended_at"] for r in body["jobs"]) - min(r["first_started_at"] for r in body["jobs"])
+    assert run["wall_seconds"] == pytest.approx(span, abs=1e-3)
+    assert max(r["duration_seconds"] for r in body["jobs"]) <= run["wall_seconds"] + 1e-3
     assert run["chip_hours"] == 0  # local runs hold no accelerator
     body = _jobs(stack, f"dag_id=kn_ui_sweep&state=failed&run_id={run_id}")
     listed = {r["task_id"] for r in body["jobs"]}
@@ -333,6 +347,175 @@ def test_extra_links_are_right_on_every_backend(stack: UiStack, sweep: dict[str,
     gke = poll(deferred_links, timeout=120, what="the deferred gke task's links")
     assert gke["Kinetic job"].endswith("/tasks/after_scale_up/plugin/kinetic-job")
     assert not gke.get("Kinetic Job (GKE console)") and not gke.get("Kinetic Job logs (Cloud Logging)")
+
+
+# What a writer of job storage can do to the view ------------------------------------------------
+_FORMATTERS_JS = """[when("yesterday"), when(1e20), when(null), dur("soon"), chipHours("many"),
+  rowOr(() => { throw new Error("bad row"); }, {}, 3, () => "x")]"""
+
+
+def test_a_progress_file_no_watcher_wrote_leaves_the_pages_drawn(stack: UiStack, sweep: dict) -> None:
+    """A bucket writer puts times that are no numbers into a running job's progress.json: its row
+    says "unreadable" and why, and the rest of the jobs page and the job's tab are drawn (the
+    page's time formatting threw on them: "could not load: Invalid time value", nothing drawn)."""
+    slow = sweep["rows"][("slow", -1)]
+    progress = stack.kinetic_root / "jobs" / slow["job_id"] / "status" / "progress.json"
+    original = progress.read_text()
+    forged = {
+        **json.loads(original),
+        "time": "noon",
+        "running_since": "yesterday",
+        "history": [{"state": "running", "text": "forged", "time": "noon"}],
+    }
+    run = urllib.parse.quote(sweep["run_id"], safe="")
+    base = stack.api.base_url
+    try:
+        progress.write_text(json.dumps(forged))  # the watcher rewrites it only on a change: none now
+
+        def forged_seen() -> dict[str, Any] | None:  # the view shares its reads for a few seconds
+            row = _by_task(_jobs(stack, f"dag_id=kn_ui_sweep&run_id={run}"))[("slow", -1)]
+            return row if row["state"] != "running" else None
+
+        row = poll(forged_seen, timeout=30, what="the view to read the forged progress.json")
+        # its state in the one vocabulary (the jobs CLI's word) is unknown; its ending says why
+        assert row["state"] == "unknown" and row["ending"] == "unreadable" and row["started_at"] is None, row
+        assert "progress file cannot be read" in row["doing"] and "running_since" in row["doing"], row
+        status, tab = stack.get(f"/kinetic/api/task/kn_ui_sweep/{run}/slow/-1")
+        assert status == 200 and tab["state"] == "unknown" and tab["ending"] == "unreadable", tab
+        assert tab["history"] == [], tab
+        with Browser() as browser:
+            browser.set_cookie("_token", stack.token("admin"), base)
+            browser.goto(f"{base}/kinetic/jobs?dag_id=kn_ui_sweep")
+            text = browser.wait_for_text("loss diverged at step 3", timeout=60)  # the other rows
+            assert "unreadable" in text and "progress file cannot be read" in text, text
+            assert "could not load" not in text and "updated " in text, text
+            assert browser.evaluate(_FORMATTERS_JS)[:5] == ["", "", "", "", ""]
+            assert "bad row" in browser.evaluate(_FORMATTERS_JS)[5]
+            _shot(browser, "kinetic-jobs-page-unreadable-row.png")
+            browser.goto(f"{base}/kinetic/task/kn_ui_sweep/{run}/slow/-1")
+            browser.wait_for_text("progress file cannot be read", timeout=60)
+            text = browser.wait_for_text("updated ", timeout=60)  # the whole tab drawn, metrics too
+            assert "Attempts" in text and slow["job_id"] in text, text
+            assert "could not load" not in text and "progress file cannot be read" in text, text
+            _shot(browser, "kinetic-task-tab-unreadable.png")
+    finally:
+        progress.write_text(original)
+
+
+def _rss_mb(stack: UiStack) -> float:
+    """Resident memory of the api-server (every process of its session), in MB."""
+    assert stack.airflow is not None
+    total_kb = 0
+    for pid in session_members(stack.airflow.procs["api-server"].pid):
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total_kb += int(line.split()[1])
+    return total_kb / 1024
+
+
+def test_forged_metrics_chunks_do_not_exhaust_the_api_server(stack: UiStack, sweep: dict[str, Any]) -> None:
+    """20 chunks of 8 MiB, each 1.4 M points, beside a job's one real chunk, read by an ordinary
+    viewer twice (the tab re-reads them every few seconds): the real curve is shown, and the
+    api-server's memory grows by less than 100 MB (before, about 123 MB a chunk, kept)."""
+    train = sweep["rows"][("train", 0)]
+    metrics = stack.kinetic_root / "jobs" / train["job_id"] / "metrics"
+    path = f"/kinetic/api/metrics/kn_ui_sweep/{urllib.parse.quote(sweep['run_id'], safe='')}/train/0"
+    status, body = stack.get(path, "outsider")  # the route and what it imports, before measuring
+    assert status == 200 and body["metrics"] == [], body
+    before = _rss_mb(stack)
+    metrics.mkdir(exist_ok=True)
+    real = {"points": {"loss": [[1, 0.5], [2, 0.25]]}}
+    real["summary"] = {"loss": {"last": 0.25, "last_step": 2, "min": 0.25, "max": 0.5, "count": 2}}
+    (metrics / "h0-900000.json").write_text(json.dumps(real))
+    count = (8 * 1024 * 1024 - 32) // len(b"[1,0],")
+    forged = b'{"points":{"loss":[' + b"[1,0]," * count + b"[1,0]]}}"
+    assert len(forged) <= 8 * 1024 * 1024
+    planted = [metrics / f"h0-9{seq:05d}.json" for seq in range(1, 21)]
+    try:
+        for chunk in planted:
+            chunk.write_bytes(forged)
+        for _ in range(2):
+            status, body = stack.get(path, "outsider")
+            assert status == 200, body
+        (attempt,) = body["attempts"]
+        assert body["metrics"] == ["loss"] and attempt["points"]["loss"] == [[1, 0.5], [2, 0.25]], body
+        after = _rss_mb(stack)
+        print(f"api-server RSS: {before:.0f} MB before, {after:.0f} MB after 20 forged chunks")
+        assert after - before < 100, (before, after)
+    finally:
+        for chunk in [*planted, metrics / "h0-900000.json"]:
+            chunk.unlink(missing_ok=True)
+
+
+def test_a_job_stopped_by_mark_failed_shows_what_it_ran(stack: UiStack) -> None:
+    """A user marks a deferred task failed: the listener (or the trigger) stops its job and no
+    worker counts what it ran, yet it ran. The view shows its run time and chip-hours (none on
+    the local backend), from its start to the stop, and counts it in its DAG run's wall time and
+    job time."""
+    run_id = trigger(stack.api, "kn_ui_costs")
+    query = f"dag_id=kn_ui_costs&run_id={urllib.parse.quote(run_id, safe='')}"
+
+    def running() -> dict[str, Any] | None:
+        rows = _jobs(stack, query)["jobs"]
+        ready = rows and rows[0]["state"] == "running" and rows[0]["ti_state"] == "deferred"
+        return rows[0] if ready else None
+
+    poll(running, timeout=180, what="kn_ui_costs's job to run, deferred", diagnostics=stack.api.diagnostics)
+    stack.api.api("PATCH", f"{run_path('kn_ui_costs', run_id)}/taskInstances/held", {"new_state": "failed"})
+
+    def stopped() -> dict[str, Any] | None:
+        body = _jobs(stack, query)
+        return body if body["jobs"] and body["jobs"][0]["ending"] == "cancelled" else None
+
+    body = poll(stopped, timeout=120, what="the trigger to stop the job", diagnostics=stack.api.diagnostics)
+    (row,) = body["jobs"]
+    assert row["doing"].startswith("cancelled by "), row  # the listener or the trigger, first to act
+    assert row["duration_seconds"] > 0 and row["chip_hours"] == 0, row  # it ran; local: no chips
+    status, tab = stack.get(f"/kinetic/api/task/kn_ui_costs/{urllib.parse.quote(run_id, safe='')}/held/-1")
+    assert status == 200, tab
+    (job,) = tab["jobs"]
+    assert job["finished_at"] - job["started_at"] == pytest.approx(job["duration_seconds"], abs=1e-3), job
+    (run,) = body["runs"]
+    assert run["run_seconds"] == pytest.approx(row["duration_seconds"], abs=1e-3)
+    assert run["wall_seconds"] == pytest.approx(row["ended_at"] - row["first_started_at"], abs=1e-3)
+
+
+_AXIS_JS = """(async () => {
+  const holder = document.createElement("div");
+  document.body.appendChild(holder);
+  const data = [[1, 2, 3], [7998000, 7999000, 8000000]];
+  const entry = chart(holder, "axis-check", "big values", ["bytes"], data);
+  await new Promise((r) => setTimeout(r, 200));
+  const axis = entry.plot.axes[1];
+  const ctx = document.createElement("canvas").getContext("2d");
+  ctx.font = axis.font[0];
+  const room = axis._size - axis.ticks.size - axis.gap;
+  const labels = axis._values || [];
+  const cut = labels.filter((l) => ctx.measureText(l).width / devicePixelRatio > room + 0.5);
+  entry.plot.destroy();
+  holder.remove();
+  return {labels, cut};
+})()"""
+
+
+def test_a_charts_value_axis_shows_large_numbers_whole(stack: UiStack, sweep: dict[str, Any]) -> None:
+    """Values near 8 million: uPlot's default labels (7,998,000) did not fit its 50-pixel axis and
+    read "0,000"; the axis now labels them 7.998M... and is as wide as its longest label."""
+    run = urllib.parse.quote(sweep["run_id"], safe="")
+    base = stack.api.base_url
+    with Browser() as browser:
+        browser.set_cookie("_token", stack.token("admin"), base)
+        browser.goto(f"{base}/kinetic/task/kn_ui_sweep/{run}/train/0")
+        browser.wait_for_text("Attempts", timeout=60)
+        found = poll(
+            lambda: browser.evaluate("typeof chart === 'function'") and browser.evaluate(_AXIS_JS),
+            timeout=30,
+            what="a chart drawn on the tab",
+        )
+    assert found["cut"] == [] and found["labels"], found
+    assert all(label.endswith("M") for label in found["labels"] if label != "0"), found
+    assert len(set(found["labels"])) == len(found["labels"]), found  # neighbouring ticks differ
 
 
 def test_accelerator_hours_reach_xcom_and_airflow_metrics(stack: UiStack, sweep: dict[str, Any]) -> None:

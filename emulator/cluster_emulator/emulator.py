@@ -33,7 +33,7 @@ from .cluster import DEFAULT_NAMESPACES, DEFAULT_SERVICE_ACCOUNTS, Cluster
 from .faults import ApiFault, RequestLog
 from .kubeconfig import DEFAULT_CONTEXT, DUMMY_TOKEN, kubeconfig_dict, write_kubeconfig
 from .nodes import NodePool
-from .resources import by_plural
+from .resources import by_plural, check_unserved
 from .selectors import parse_label_selector
 from .server import ApiServer
 from .tls import ServingCertificate
@@ -96,9 +96,11 @@ class ClusterEmulator:
         image_pull_backoff_seconds: float = 0.5,
         tls: bool = False,
         service_accounts: Sequence[str] = DEFAULT_SERVICE_ACCOUNTS,
+        unserved_versions: Sequence[str] = (),
     ) -> None:
         self._options = {
             "service_accounts": list(service_accounts),
+            "unserved_versions": check_unserved(unserved_versions),
             "node_pools": list(node_pools) if node_pools is not None else None,
             "namespaces": list(namespaces),
             "max_grace_seconds": max_grace_seconds,
@@ -374,7 +376,9 @@ class ClusterEmulator:
         """Evict a Kueue Workload as Kueue does (``pkg/workload/evict``): condition
         ``Evicted=True`` with ``reason``/``message``, admission checks reset to Pending; the job is
         suspended (its pods killed), then the quota is released (``QuotaReserved=False``, reason
-        ``Pending``) and the Workload requeued (``Requeued=True``, reason ``reason``)."""
+        ``Pending``) and ``Requeued`` set as Kueue sets it (True for ``Preempted`` and
+        ``NodeFailures``; otherwise False with ``reason`` until the backoff or the queue's stop ends,
+        see ``KueueController._requeue``)."""
         self._call(self.cluster.evict_workload, namespace, name, reason, message)
 
     def set_provisioning(

@@ -15,7 +15,12 @@ from typing import Any
 
 from kinetic_airflow.job.ref import JobRef
 
-__all__ = ["Backend", "BackendStatus", "JobRef", "JobState"]
+__all__ = ["QUEUE_LOOK_SECONDS", "Backend", "BackendStatus", "JobRef", "JobState"]
+
+# How often a queued job's queue state (a Kueue Workload) is read, by the backend and so by the
+# watcher's wake-ups (nothing watches Workloads): a new position or the admission shows within
+# this, and a queue of forty jobs costs eight reads a second at most.
+QUEUE_LOOK_SECONDS = 5.0
 
 
 class JobState(str, enum.Enum):

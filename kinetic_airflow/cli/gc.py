@@ -95,6 +95,10 @@ def _gc(args: argparse.Namespace) -> int:
          "action": "would delete" if args.dry_run else "delete", "reason": why}
         for uri, why in plan.outputs
     ]  # fmt: skip
+    rows += [
+        {"job_id": "-", "task_instance": path, "state": "-", "age": "-", "action": "refuse", "reason": why}
+        for path, why in plan.refused
+    ]  # fmt: skip
     orphan_rows = [
         {
             "kind": o.obj.kind,
@@ -115,6 +119,7 @@ def _gc(args: argparse.Namespace) -> int:
             "files": rows,
             "orphans": orphan_rows,
             "deleted": done,
+            "refused": [{"path": path, "reason": why} for path, why in plan.refused],
             "notes": plan.notes,
         }
         print_rows([report], args.output)
@@ -126,6 +131,11 @@ def _gc(args: argparse.Namespace) -> int:
         print_rows(orphan_rows, "table")
     for note in plan.notes:
         print(f"note: {note}")
+    if plan.refused:
+        print(
+            f"refused {len(plan.refused)} path(s) outside the job store's own prefixes (listed above): "
+            "job storage names them, and anyone who can write it could have; nothing there was deleted"
+        )
     if done is None:
         print(
             f"dry run: would delete {len(plan.to_delete)} job(s) and {len(plan.outputs)} output dir(s)"

@@ -55,7 +55,7 @@ def print_logs(info: JobInfo, storage: Storage, *, follow: bool, raw: bool = Fal
         return _cluster_logs(info, ref, follow=follow)
     if ref is not None and ref.local_dir and Path(ref.local_dir, LOG_NAME).exists():
         return _local_logs(Path(ref.local_dir), follow=follow)
-    text = storage.read_text_or_none(f"{info.job_uri}/job.log")
+    text = storage.read_text_or_none(f"{info.job_uri}/job.log", limit=None)  # asked for: whole
     if text is None:
         print(
             f"kinetic-airflow: job {info.job_id} has no log in {info.job_uri}/job.log"

@@ -49,6 +49,7 @@ __all__ = [
 ]
 
 DEBUG_MARKER = "debug"  # status/debug.json (status/debug-host<N>.json is never written: host 0 only)
+# The option table's defaults (options.TaskOptions), for a manifest that lacks them
 DEFAULT_WAIT_SECONDS = 600.0
 DEFAULT_ON_TIMEOUT = "fail"
 DEBUGPY_REQUIREMENT = "debugpy>=1.8"
@@ -74,7 +75,8 @@ def check_debug_options(checked: Mapping[str, Any], error: Callable[[str], Excep
     """
     debug = checked.get("debug")
     if debug is False:
-        given = [name for name in ("debug_wait", "debug_on_timeout") if checked.get(name) is not None]
+        defaults = {"debug_wait": DEFAULT_WAIT_SECONDS, "debug_on_timeout": DEFAULT_ON_TIMEOUT}
+        given = [name for name, default in defaults.items() if checked.get(name) not in (None, default)]
         if given:
             shown = ", ".join(f"{name}={checked[name]!r}" for name in given)
             raise error(

@@ -47,6 +47,10 @@ FORMAT_VERSION = 1
 PHASES = ("download", "verify", "unpickle", "setup", "execute", "upload")
 
 _REF_KEY = "__kinetic_result_ref__"
+REF_NOTE = (
+    "a reference to a kinetic result kept in job storage: kinetic_airflow.load_result(value) returns "
+    "the value; with [core] xcom_backend = kinetic_airflow.xcom.KineticXComBackend every task gets it"
+)
 
 
 def summary_from_envelope(envelope: dict[str, Any]) -> dict[str, Any]:
@@ -115,6 +119,8 @@ class ResultRef:
             "type": self.type_name,
             "summary": self.summary,
             "sha256": self.sha256,
+            # For whoever meets the reference where they expected the value (a plain task, the UI).
+            "note": REF_NOTE,
         }
 
     @classmethod

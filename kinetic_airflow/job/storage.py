@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import tempfile
@@ -28,14 +29,18 @@ from kinetic_airflow.job.integrity import HashingFile, file_sha256
 from kinetic_airflow.job.streamed import copy_hashed
 
 __all__ = [
+    "JSON_DEPTH_LIMIT",
+    "SMALL_OBJECT_LIMIT",
     "FileStorage",
     "GCSStorage",
     "Storage",
     "StorageError",
     "StorageNotFound",
+    "UnreadableObject",
     "is_storage_error",
     "join_uri",
     "open_storage",
+    "parse_json",
     "uri_to_local_path",
 ]
 
@@ -49,6 +54,55 @@ class StorageError(RuntimeError):
 
 class StorageNotFound(StorageError, FileNotFoundError):
     """The object does not exist."""
+
+
+# What a read of one of a job's small files may cost. The markers, progress record, job record,
+# manifest and log cursor the worker, runner and watcher write are a few KiB; a result summary
+# carries the exception's message and traceback, which a function controls, so the bound is
+# generous. A larger object (or deeper JSON) was written by someone else with access to job
+# storage: reading it whole would let them exhaust the reader (a triggerer, an api-server).
+SMALL_OBJECT_LIMIT = 16 * 1024 * 1024
+# Nothing kinetic-airflow writes nests deeper than a few levels; Python's parser recurses once
+# per level and raises RecursionError near 1,000.
+JSON_DEPTH_LIMIT = 64
+
+
+class UnreadableObject(ValueError):
+    """An object in job storage that no kinetic-airflow writer makes: too large, nested too
+    deeply, not UTF-8 or not JSON. Not a storage failure (reading it again gives the same), so
+    it is never retried; readers say which object and carry on without it where they can."""
+
+
+def parse_json(text: str | bytes, where: str, *, max_depth: int = JSON_DEPTH_LIMIT) -> Any:
+    """``text`` parsed, or ``UnreadableObject`` naming ``where`` and what is wrong with it.
+
+    Bounded in depth: Python's parser raises ``RecursionError`` (not ``ValueError``) on deep
+    nesting, which callers that expect bad JSON would not catch."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise UnreadableObject(
+            f"{where} is JSON nested too deeply to read: kinetic-airflow never writes it so; someone "
+            "with write access to job storage did. Delete or rewrite it (or re-run the task)"
+        ) from None
+    except ValueError as exc:
+        raise UnreadableObject(
+            f"{where} is not JSON ({exc}): kinetic-airflow did not write it. Delete or rewrite it "
+            "(or re-run the task)"
+        ) from None
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > max_depth:
+            raise UnreadableObject(
+                f"{where} nests JSON more than {max_depth} levels deep: kinetic-airflow never writes it "
+                "so; someone with write access to job storage did. Delete or rewrite it (or re-run the task)"
+            )
+        stack.extend((child, depth + 1) for child in children)
+    return value
 
 
 def is_storage_error(exc: BaseException) -> bool:
@@ -143,16 +197,35 @@ class Storage:
         data = self.read_bytes(uri)
         return None if len(data) > limit else data
 
-    def read_text_or_none(self, uri: str) -> str | None:
+    def read_text_or_none(self, uri: str, *, limit: int | None = SMALL_OBJECT_LIMIT) -> str | None:
+        """The object's text; None when it does not exist. At most ``limit`` bytes are read (None:
+        no bound, for a log a person asked for): a larger object, or one that is not UTF-8,
+        raises ``UnreadableObject`` naming it."""
         try:
-            return self.read_text(uri)
+            data = self.read_bytes(uri) if limit is None else self.read_at_most(uri, limit)
         except StorageNotFound:
             return None
+        if data is None:
+            raise UnreadableObject(
+                f"{uri} is larger than {limit:,} bytes, which no kinetic-airflow writer makes: someone "
+                "with write access to job storage wrote it. It is not read; delete or rewrite it (or "
+                "re-run the task)"
+            )
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise UnreadableObject(f"{uri} is not UTF-8 ({exc}): kinetic-airflow did not write it") from None
+
+    def read_json_or_none(self, uri: str, *, limit: int = SMALL_OBJECT_LIMIT) -> Any:
+        """The JSON value stored at ``uri`` (None when absent or empty), bounded in bytes and depth;
+        ``UnreadableObject`` for one no kinetic-airflow writer makes."""
+        text = self.read_text_or_none(uri, limit=limit)
+        return parse_json(text, uri) if text else None
 
     # Async wrappers for the trigger: the triggerer's event loop must never block on I/O,
     # and both backends here are blocking clients, so each call runs in a worker thread.
-    async def aread_text_or_none(self, uri: str) -> str | None:
-        return await asyncio.to_thread(self.read_text_or_none, uri)
+    async def aread_text_or_none(self, uri: str, *, limit: int | None = SMALL_OBJECT_LIMIT) -> str | None:
+        return await asyncio.to_thread(self.read_text_or_none, uri, limit=limit)
 
     async def awrite_text(self, uri: str, text: str) -> bool:
         return await asyncio.to_thread(self.write_text, uri, text)
@@ -332,9 +405,13 @@ class GCSStorage(Storage):
             raise self._bucket_exists_or_raise(uri, exc) from exc
         return True
 
-    def read_bytes(self, uri: str) -> bytes:
+    def read_bytes(self, uri: str, *, end: int | None = None) -> bytes:
+        """The object's bytes; with ``end``, bytes 0 to ``end`` (inclusive) in one ranged request.
+        Every read of an object goes through here (bounded or not)."""
         try:
-            return self._blob(uri).download_as_bytes()
+            if end is None:
+                return self._blob(uri).download_as_bytes()
+            return self._blob(uri).download_as_bytes(start=0, end=end)
         except Exception as exc:
             raise self._translate(uri, exc) from exc
 
@@ -343,11 +420,9 @@ class GCSStorage(Storage):
         from google.api_core import exceptions as gexc
 
         try:  # one ranged request (the end is inclusive): a larger object shows one byte over
-            data = self._blob(uri).download_as_bytes(start=0, end=limit)
+            data = self.read_bytes(uri, end=limit)
         except gexc.RequestRangeNotSatisfiable:
             return b""  # 416: no byte 0 to start from, an empty object (a missing one is a 404)
-        except Exception as exc:
-            raise self._translate(uri, exc) from exc
         return None if len(data) > limit else data
 
     def exists(self, uri: str) -> bool:

@@ -18,12 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kinetic_airflow.backends.base import Backend, BackendStatus, JobRef, JobState
+from kinetic_airflow.backends.base import QUEUE_LOOK_SECONDS, Backend, BackendStatus, JobRef, JobState
 from kinetic_airflow.backends.gke.classify import classify, with_refusal
 from kinetic_airflow.backends.gke.client import ApiError, KubeApi, cached_kube_api, kube_api
 from kinetic_airflow.backends.gke.console import job_links
 from kinetic_airflow.backends.gke.job_key import create_key_secret, key_env
-from kinetic_airflow.backends.gke.kueue import QueueState, queue_state, with_queue
+from kinetic_airflow.backends.gke.kueue import QueueState, check_local_queue, queue_state, with_queue
 from kinetic_airflow.backends.gke.logstream import PodLogStream
 from kinetic_airflow.backends.gke.manifest import (
     CONTAINER_NAME,
@@ -42,7 +42,6 @@ from kinetic_airflow.backends.gke.watch_cache import (
 from kinetic_airflow.capacity import placement_of
 from kinetic_airflow.config import resolve_setting
 from kinetic_airflow.job.layout import JOB_PREFIX, check_derived_names
-from kinetic_airflow.startup import QUEUE_LOOK_SECONDS
 
 __all__ = ["GKEBackend", "JobOwnershipError", "Observed", "k8s_job_name"]
 
@@ -179,6 +178,9 @@ class GKEBackend(Backend):
         # a name the controllers cannot derive pods from is refused here, not silently there
         check_derived_names(job.job_id, int(job.hosts or 1))
         api = self._api(job)
+        k8s = job.on_cluster()
+        if k8s.local_queue:  # a LocalQueue that does not exist would hold the job for ever
+            check_local_queue(api, k8s.namespace, str(k8s.local_queue))
         # pod_override= / [kinetic] pod_override over every pod template, checked before the POST
         manifest = apply_to_manifest(self.manifest(job), job.on_cluster().pod_override)
         created = self._create(api, job, manifest)

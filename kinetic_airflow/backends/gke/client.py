@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from typing import TYPE_CHECKING, Any
 
 from kinetic_airflow.config import resolve_setting
@@ -65,7 +64,7 @@ class ApiError(RuntimeError):
         super().__init__(f"Kubernetes API error {status} {reason}: {message}")
 
 
-_RETRYABLE = {429, 500, 502, 503, 504}
+_RETRYABLE = frozenset({429, 500, 502, 503, 504})
 
 
 _KEY_FIELDS = (
@@ -104,7 +103,7 @@ def api_server(cluster: dict[str, Any]) -> ApiServer:
         server = from_kubernetes_connection(_connection_extras(conn_id))
         if server is not None:
             return server
-        # Start-up cost (the Kubernetes client library, about 3.5 s): only for the connection forms
+        # Start-up cost (the cncf hook module and the Kubernetes client, seconds): only for the forms
         # transport.py leaves to the provider (exec plugins, in-cluster, the default kubeconfig...).
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
@@ -208,16 +207,55 @@ def _chosen_endpoint(info: Any, cluster: dict[str, Any]) -> str:
     return str(info.endpoint)
 
 
+# What the GKE API said about a cluster, per (connection, project, location, cluster, access options):
+# the endpoint and CA are public and change only when the cluster is re-created, so a process asks
+# once. Guarded like _CLIENTS: the lock covers the dict only, never the GKE call.
+_ENDPOINTS: dict[str, dict[str, Any]] = {}
+_ENDPOINTS_LOCK = threading.Lock()
+_RESOLVED_FIELDS = (
+    "gcp_conn_id",
+    "impersonation_chain",
+    "use_internal_ip",
+    "use_dns_endpoint",
+    "endpoint",
+    "ca",
+)
+
+
+def _endpoint_key(cluster: dict[str, Any]) -> str:
+    chain = impersonation_chain_of(cluster.get("impersonation_chain"))
+    fields = ("gcp_conn_id", "project", "location", "name")
+    return json.dumps(
+        [
+            *(cluster.get(k) for k in fields),
+            bool(cluster.get("use_internal_ip")),
+            bool(cluster.get("use_dns_endpoint")),
+            chain,
+        ]
+    )
+
+
 def resolve_gke_cluster(cluster: dict[str, Any]) -> dict[str, Any]:
     """Fill in a GKE cluster's endpoint and CA certificate (public data) from the GKE API.
 
     The endpoint is the public one, the private one (``use_internal_ip``) or the DNS one
     (``use_dns_endpoint``); ``impersonation_chain`` is used for this call and kept in the
     result, so every later client (worker, triggerer, CLI) acts as the same identity.
+    The GKE API is asked once per process for each connection, project, location, cluster and
+    access options; later calls in the process reuse its answer (a re-created cluster is seen by
+    the next process).
     """
     if cluster.get("kubernetes_conn_id") or cluster.get("endpoint"):
         return cluster
-    return resolve_gke_cluster_info(cluster)[0]
+    key = _endpoint_key(cluster)
+    with _ENDPOINTS_LOCK:
+        known = _ENDPOINTS.get(key)
+    if known is not None:
+        return {**cluster, **known}
+    resolved = resolve_gke_cluster_info(cluster)[0]  # outside the lock: a network call
+    with _ENDPOINTS_LOCK:
+        _ENDPOINTS[key] = {k: resolved[k] for k in _RESOLVED_FIELDS}
+    return resolved
 
 
 def resolve_gke_cluster_info(cluster: dict[str, Any]) -> tuple[dict[str, Any], Any]:
@@ -263,33 +301,55 @@ class KubeApi:
         timeout: float | tuple[float, float | None] | None = 30,
         retry: bool = True,
     ) -> Any:
-        """JSON of the response (or the unread streaming response); 429/5xx/resets are retried."""
+        """JSON of the response (or the unread streaming response); 429/5xx/resets are retried
+        (``retry``) by urllib3's ``Retry``, honouring ``Retry-After``; what is still failing after
+        the last retry is an ``ApiError`` (status 0: no answer, with the connection error)."""
         # Optional dependency: urllib3 comes with Airflow, not with the bare package (api_server).
-        from urllib3.exceptions import HTTPError
+        from urllib3.exceptions import HTTPError, MaxRetryError
 
-        attempt = 0
-        while True:
-            attempt += 1
+        try:
+            response = self.server.request(
+                method,
+                path,
+                query=query,
+                body=body,
+                timeout=timeout,
+                retries=self._retry_policy() if retry else False,
+                preload_content=not stream,  # a body cut short is retried too, as the headers are
+            )
+        except HTTPError as exc:
+            cause = exc.reason if isinstance(exc, MaxRetryError) and exc.reason is not None else exc
+            raise ApiError(0, type(cause).__name__, str(cause)) from exc
+        if response.status < 400:
+            if stream:
+                return response
             try:
-                response = self.server.request(method, path, query=query, body=body, timeout=timeout)
-                if response.status < 400:
-                    if stream:
-                        return response
-                    try:
-                        return json.loads(response.data or b"{}")
-                    finally:
-                        response.release_conn()
-                body_text = response.data.decode("utf-8", "replace")
+                return json.loads(response.data or b"{}")
+            finally:
                 response.release_conn()
-                if not retry or response.status not in _RETRYABLE or attempt > self.retries:
-                    raise ApiError(response.status, response.reason or "", body_text)
-                retry_after = response.headers.get("Retry-After")
-                delay = float(retry_after) if retry_after else min(0.2 * 2 ** (attempt - 1), 5.0)
-            except (HTTPError, ConnectionError) as exc:
-                if not retry or attempt > self.retries:
-                    raise ApiError(0, type(exc).__name__, str(exc)) from exc
-                delay = min(0.2 * 2 ** (attempt - 1), 5.0)
-            time.sleep(delay)
+        body_text = response.data.decode("utf-8", "replace")
+        response.release_conn()
+        raise ApiError(response.status, response.reason or "", body_text)
+
+    def _retry_policy(self) -> Any:
+        """urllib3's ``Retry`` for one request: up to ``retries`` more attempts on throttling
+        (429), a transient server or proxy error (500, 502, 503, 504), a refused or reset
+        connection and a read timeout, for every method (a repeated create meets the object
+        the first made: 409, which the callers handle); pauses 0.2 s doubling to 5 s, or what
+        ``Retry-After`` asks. Redirects are not followed: the API server sends none."""
+        # Optional dependency: urllib3 comes with Airflow, not with the bare package (api_server).
+        from urllib3.util.retry import Retry
+
+        return Retry(
+            total=self.retries,
+            status_forcelist=_RETRYABLE,
+            allowed_methods=None,
+            backoff_factor=0.2,
+            backoff_max=5.0,
+            respect_retry_after_header=True,
+            raise_on_status=False,
+            redirect=False,
+        )
 
     # Paths -----------------------------------------------------------------------------------
     @staticmethod

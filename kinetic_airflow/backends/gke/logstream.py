@@ -16,6 +16,11 @@ stream, and what this does about it:
 * only lines the watcher has not consumed are held (``read_from`` / ``release``), so a
   job printing for ten hours costs no memory in the triggerer.
 
+Each request goes the way the client's own requests go (``transport.ApiServer``): through its
+proxy (``HTTPS_PROXY`` / ``HTTP_PROXY`` unless ``NO_PROXY`` names the server, a kubeconfig's
+``proxy-url``, the hook's configured proxy) with its ``Proxy-Authorization``, and with its TLS
+settings, ``tls_server_name`` included.
+
 Errors of any kind are retried with a growing pause (400/404: the container has not
 started, or the pod is gone; the rest are transient); a stream that makes no progress
 for ``GIVE_UP_SECONDS`` is abandoned.
@@ -169,7 +174,15 @@ class PodLogStream:
                 while time.monotonic() - last_progress < GIVE_UP_SECONDS:
                     try:
                         url, headers, tls = await asyncio.to_thread(_target, self.api, self._path())
-                        async with session.get(url, headers=headers, ssl=tls) as response:
+                        server = self.api.server
+                        async with session.get(
+                            url,
+                            headers=headers,
+                            ssl=tls,
+                            proxy=server.proxy,
+                            proxy_headers=server.proxy_headers,
+                            server_hostname=server.tls_server_name if tls is not False else None,
+                        ) as response:
                             if response.status >= 300:
                                 body = await response.text()
                                 raise ApiError(response.status, response.reason or "", body)

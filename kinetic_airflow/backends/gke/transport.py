@@ -1,13 +1,16 @@
 """HTTP to a Kubernetes API server without loading the Kubernetes client library.
 
-Why: a task process that submits a GKE job used to build its client with the cncf provider's
-``KubernetesHook`` or the google provider's ``GKEKubernetesHook``. Both load the ``kubernetes``
-package (its ``client`` package imports every API and model class) and ``kubernetes_asyncio``:
-about 3.5 s of CPU in *every* task process, before the first request - most of the time a
-deferred GKE task spent in ``execute`` (measured: README, Benchmarks). The backend never used the
-client's model objects (it asked for raw JSON), only an authenticated connection pool, which is
-what ``ApiServer`` is: an address, TLS settings, a fresh ``Authorization`` header, and one
-urllib3 pool.
+Why: every deferred GKE task builds one connection in a fresh process, and what it costs there is
+paid once per task. The provider hooks' modules (``KubernetesHook``, ``GKEKubernetesHook``, which
+load ``kubernetes_asyncio`` too) cost seconds; the maintained clients alone still cost more than
+this module, measured side by side (``bench/kube_client_bench.py``: from a GKE task process's
+imports to three answered requests, the kubernetes client adds 0.34-0.65 s and lightkube 0.44-0.51 s
+over this module on the shared 2-core machine, more than the 0.3 s per task the project allows
+for the choice; ``bench/race_bench.py --transports handwritten kubernetes`` runs whole tasks). The
+backend never uses a client's model objects (it asks for raw JSON), only an authenticated
+connection pool, which is what ``ApiServer`` is: an address, TLS settings, a proxy, a fresh
+``Authorization`` header, and one urllib3 pool (its retries are urllib3's ``Retry``, chosen per
+request by ``client.KubeApi``).
 
 Where the credentials come from is unchanged, and so is who decides it:
 
@@ -20,9 +23,17 @@ Where the credentials come from is unchanged, and so is who decides it:
   CA (or ``insecure-skip-tls-verify``): read here, with the kubeconfig rules the Kubernetes
   client applies (relative paths from the file's folder, ``*-data`` fields base64);
 * anything else - exec plugins (``gke-gcloud-auth-plugin``), auth providers, in-cluster or the
-  default kubeconfig, proxies, several options at once: the cncf provider's ``KubernetesHook``
-  builds its client configuration as before (paying the import), and its address, TLS files
-  and ``Authorization`` header (refreshed by the client's own hook) are used the same way.
+  default kubeconfig, several options at once: the cncf provider's ``KubernetesHook``
+  builds its client configuration as before (paying the import), and its address, TLS files,
+  proxy and ``Authorization`` header (refreshed by the client's own hook) are used the same way.
+
+Proxies, on every path, as the Kubernetes python client and Google's clients choose them: a
+kubeconfig's ``proxy-url`` or the hook's configured proxy (with its ``no_proxy`` and
+``proxy_headers``), else ``HTTPS_PROXY`` / ``HTTP_PROXY`` (by the server's scheme, either case)
+unless ``NO_PROXY`` names the server (hosts, domains, CIDR ranges, ``*``: the rules
+of ``requests.utils.should_bypass_proxies``). Credentials in a proxy URL are sent as a
+``Proxy-Authorization`` header and kept out of the server's ``repr`` and of anything logged. The
+aiohttp log streams (``logstream.py``) use the same proxy.
 """
 
 from __future__ import annotations
@@ -40,10 +51,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import unquote, urlencode, urlsplit, urlunsplit
 
 import urllib3
 import yaml
+
+from kinetic_airflow.backends.gke.api_warnings import log_api_warnings
+from kinetic_airflow.options import parse_bool
 
 __all__ = ["ApiServer", "from_client_configuration", "from_google_credentials", "from_kubernetes_connection"]
 
@@ -69,7 +83,10 @@ class ApiServer:
     key_file: str | None = None
     verify: bool = True
     tls_server_name: str | None = None
-    proxy: str | None = None
+    # scheme://host:port of the proxy to reach ``host`` through (None: direct); never credentials,
+    # which are in ``proxy_headers`` (``Proxy-Authorization``): neither is shown by ``repr``.
+    proxy: str | None = field(default=None, repr=False)
+    proxy_headers: dict[str, str] | None = field(default=None, repr=False)
     built_by: str = "kinetic"  # "kinetic", or the hook whose client configuration it comes from
     _tls: ssl.SSLContext | bool | None = field(default=None, repr=False)
     _pool: urllib3.PoolManager | None = field(default=None, repr=False)
@@ -122,7 +139,7 @@ class ApiServer:
         options: dict[str, Any] = {
             "num_pools": 4,
             "maxsize": 16,  # the triggerer's threads share one client per cluster
-            "retries": False,  # KubeApi retries what is worth retrying
+            "retries": False,  # per request: KubeApi passes the Retry it wants
             "socket_options": urllib3.connection.HTTPConnection.default_socket_options + _KEEPALIVE,
         }
         context = self.ssl_context()
@@ -133,7 +150,7 @@ class ApiServer:
             elif self.tls_server_name:
                 options["server_hostname"] = self.tls_server_name
         if self.proxy:
-            return urllib3.ProxyManager(self.proxy, **options)
+            return urllib3.ProxyManager(self.proxy, proxy_headers=self.proxy_headers, **options)
         return urllib3.PoolManager(**options)
 
     def request(
@@ -144,8 +161,12 @@ class ApiServer:
         query: dict[str, Any] | None = None,
         body: Any = None,
         timeout: float | tuple[float | None, float | None] | None = 30,
+        retries: urllib3.util.Retry | bool = False,
+        preload_content: bool = False,
     ) -> urllib3.BaseHTTPResponse:
-        """The unread response (``preload_content=False``), whatever its status."""
+        """The response, whatever its status: unread, or read whole with ``preload_content`` (then a
+        connection lost while reading the body is retried like one lost before the headers);
+        ``retries``: urllib3's ``Retry`` for this request (False: one attempt)."""
         if isinstance(timeout, tuple):
             limit = urllib3.Timeout(connect=timeout[0], read=timeout[1])
         else:
@@ -155,9 +176,65 @@ class ApiServer:
         if body is not None:
             headers["Content-Type"] = "application/json"
             data = json.dumps(body).encode()
-        return self.pool().request(
-            method, self.url(path, query), body=data, headers=headers, timeout=limit, preload_content=False
+        response = self.pool().request(
+            method,
+            self.url(path, query),
+            body=data,
+            headers=headers,
+            timeout=limit,
+            retries=retries,
+            preload_content=preload_content,
         )
+        log_api_warnings(response.headers)  # e.g. a deprecated API version (api_warnings.py)
+        return response
+
+
+_PROXY_VARIABLES = ("https_proxy", "http_proxy", "all_proxy", "no_proxy")
+
+
+def _environment_proxy(host: str) -> str | None:
+    """The proxy the environment names for ``host`` (``HTTPS_PROXY`` for https://, ``HTTP_PROXY``
+    for http://, ``ALL_PROXY``; upper or lower case), None when there is none or ``NO_PROXY``
+    names the host: what ``requests`` (Google's clients) decides for the same URL."""
+    if not any(os.environ.get(name) or os.environ.get(name.upper()) for name in _PROXY_VARIABLES[:3]):
+        return None  # the common case, without loading requests
+    # Start-up cost: requests (it comes with Airflow; its rules are the ones the Kubernetes python
+    # client applies) loads only when a proxy is configured.
+    from requests.utils import get_environ_proxies, select_proxy
+
+    return select_proxy(host, get_environ_proxies(host)) or None
+
+
+def _configured_proxy(host: str, proxy: str | None, no_proxy: str | None) -> str | None:
+    """A client configuration's proxy for ``host`` unless its ``no_proxy`` names the host (as the
+    Kubernetes python client's ``RESTClientObject`` decides)."""
+    if not proxy:
+        return None
+    # Start-up cost: requests loads only when a proxy is configured.
+    from requests.utils import should_bypass_proxies
+
+    return None if should_bypass_proxies(host, no_proxy=no_proxy or "") else proxy
+
+
+def _proxy_parts(proxy: str | None, headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """``proxy`` / ``proxy_headers`` of an ``ApiServer``: a proxy URL's credentials become a
+    ``Proxy-Authorization`` header (neither urllib3 nor a log line should see them in a URL)."""
+    if not proxy:
+        return {"proxy": None, "proxy_headers": None}
+    if "://" not in proxy:
+        proxy = "http://" + proxy  # a bare host:port, as curl and requests read it
+    parts = urlsplit(proxy)
+    merged = dict(headers or {})
+    if parts.username is not None:
+        basic = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+        merged.update(urllib3.util.make_headers(proxy_basic_auth=basic))
+        netloc = parts.hostname or ""
+        if ":" in netloc:  # IPv6
+            netloc = f"[{netloc}]"
+        if parts.port:
+            netloc += f":{parts.port}"
+        proxy = urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    return {"proxy": proxy.rstrip("/"), "proxy_headers": merged or None}
 
 
 def _static(value: str | None) -> Callable[[], str | None]:
@@ -187,7 +264,8 @@ def from_google_credentials(host: str, ca_base64: str | None, credentials: Any) 
     ca = base64.b64decode(ca_base64).decode() if ca_base64 else None
     token = _GoogleToken(credentials)
     token()  # minted now, in the thread that builds the client: its first users find it valid
-    return ApiServer(host=host.rstrip("/"), authorization=token, ca_data=ca)
+    host = host.rstrip("/")
+    return ApiServer(host=host, authorization=token, ca_data=ca, **_proxy_parts(_environment_proxy(host)))
 
 
 class _TokenFile:
@@ -217,6 +295,8 @@ _NATIVE_CLUSTER_FIELDS = {
     "certificate-authority",
     "certificate-authority-data",
     "insecure-skip-tls-verify",
+    "tls-server-name",
+    "proxy-url",
     "extensions",
 }
 
@@ -275,6 +355,8 @@ def from_kubeconfig(
         return None
     if set(cluster) - _NATIVE_CLUSTER_FIELDS or set(user) - _NATIVE_USER_FIELDS:
         return None
+    if not str(cluster.get("proxy-url") or "http").startswith("http"):
+        return None  # a SOCKS proxy: the provider's client says what it makes of it
     if user.get("token"):
         authorization: Callable[[], str | None] = _static(f"Bearer {user['token']}")
     elif user.get("tokenFile"):
@@ -282,14 +364,19 @@ def from_kubeconfig(
     else:
         authorization = _static(None)
     ca_data = cluster.get("certificate-authority-data")
+    host = str(cluster["server"]).rstrip("/")
+    # A kubeconfig's proxy-url is this cluster's proxy, whatever the environment says (as kubectl).
+    proxy = str(cluster["proxy-url"]) if cluster.get("proxy-url") else _environment_proxy(host)
     return ApiServer(
-        host=str(cluster["server"]).rstrip("/"),
+        host=host,
         authorization=authorization,
         ca_data=base64.b64decode(str(ca_data)).decode() if ca_data else None,
         ca_file=None if ca_data else _file_or_data(cluster, "certificate-authority", base, ".crt"),
         cert_file=_file_or_data(user, "client-certificate", base, ".crt"),
         key_file=_file_or_data(user, "client-key", base, ".key"),
         verify=verify and not cluster.get("insecure-skip-tls-verify"),
+        tls_server_name=str(cluster["tls-server-name"]) if cluster.get("tls-server-name") else None,
+        **_proxy_parts(proxy),
     )
 
 
@@ -302,7 +389,7 @@ def _extra(extras: dict[str, Any], name: str) -> Any:
 
 
 def _truthy(value: Any) -> bool:
-    return value is True or str(value).strip().lower() in ("true", "1", "yes")
+    return parse_bool(value) is True
 
 
 def from_kubernetes_connection(extras: dict[str, Any]) -> ApiServer | None:
@@ -334,14 +421,19 @@ def from_client_configuration(configuration: Any, built_by: str) -> ApiServer:
                 return str(setting.get("value") or "") or None
         return None
 
+    host = str(configuration.host).rstrip("/")
+    # The client configuration's proxy (a kubeconfig's proxy-url, or HTTPS_PROXY / HTTP_PROXY as the
+    # client read them), its no_proxy and proxy_headers, as the client's own REST layer uses them.
+    proxy = _configured_proxy(host, configuration.proxy, getattr(configuration, "no_proxy", None))
+    headers = getattr(configuration, "proxy_headers", None) if proxy else None
     return ApiServer(
-        host=str(configuration.host).rstrip("/"),
+        host=host,
         authorization=authorization,
         ca_file=configuration.ssl_ca_cert or None,
         cert_file=configuration.cert_file or None,
         key_file=configuration.key_file or None,
         verify=bool(configuration.verify_ssl),
         tls_server_name=getattr(configuration, "tls_server_name", None) or None,
-        proxy=configuration.proxy or None,
         built_by=built_by,
+        **_proxy_parts(proxy, dict(headers) if headers else None),
     )

@@ -8,18 +8,35 @@ const BASE = location.pathname.slice(0, location.pathname.indexOf("/kinetic/"));
 function esc(value) {
   return String(value ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
 }
+// Figures come from job files others can write: a value that is no time or number shows empty
+// (toISOString throws on an invalid date, and one throw would blank the whole page).
 function when(seconds) {
-  return seconds ? new Date(seconds * 1000).toISOString().replace("T", " ").slice(0, 19) + "Z" : "";
+  const ms = Number(seconds) * 1000;
+  if (!seconds || !Number.isFinite(ms) || Math.abs(ms) > 8.64e15) return "";
+  return new Date(ms).toISOString().replace("T", " ").slice(0, 19) + "Z";
 }
 function dur(seconds) {
   if (seconds === null || seconds === undefined) return "";
-  const s = Math.round(seconds);
+  const s = Math.round(Number(seconds));
+  if (!Number.isFinite(s)) return "";
   if (s < 90) return s + "s";
   if (s < 5400) return Math.round(s / 60) + "m";
   return (s / 3600).toFixed(1) + "h";
 }
 function chipHours(value) {
-  return value === null || value === undefined ? "" : Number(value).toFixed(value >= 10 ? 1 : 3);
+  const v = Number(value);
+  return value === null || value === undefined || !Number.isFinite(v) ? "" : v.toFixed(v >= 10 ? 1 : 3);
+}
+// One table row, or, if it cannot be drawn, a row that says so: the rest of the page stays.
+function rowOr(draw, item, columns, name) {
+  try {
+    return draw(item);
+  } catch (err) {
+    return `<tr class="unreadable"><td colspan="${columns}">${badge("unreadable")} <span class="muted small">${esc(name(item))}: ${esc(err.message)}</span></td></tr>`;
+  }
+}
+function list(value) {
+  return Array.isArray(value) ? value : [];
 }
 function badge(state) {
   return `<span class="state ${esc(state)}">${esc(String(state).replace(/_/g, " "))}</span>`;
@@ -111,13 +128,14 @@ function jobsPage() {
     const data = await getJSON("jobs?" + query);
     choose(dagSelect, data.dag_ids, dag);
     choose(stateSelect, data.states, stateSelect.value);
-    document.getElementById("runs").innerHTML = data.runs.map((run) => `<tr>
-        <td>${esc(run.dag_id)}</td><td>${esc(run.run_id)}</td><td class="num">${run.tasks}</td>
-        <td>${Object.entries(run.states).map(([s, n]) => `${badge(s)} ${n}`).join(" ")}</td>
-        <td class="num">${run.preemptions}</td><td class="num">${dur(run.run_seconds)}</td>
-        <td class="num">${chipHours(run.chip_hours)}</td></tr>`).join("")
-      || `<tr><td colspan="7" class="muted">no kinetic jobs match</td></tr>`;
-    document.getElementById("jobs").innerHTML = data.jobs.map((row) => `<tr>
+    document.getElementById("runs").innerHTML = list(data.runs).map((run) => rowOr((run) => `<tr>
+        <td>${esc(run.dag_id)}</td><td>${esc(run.run_id)}</td><td class="num">${esc(run.tasks)}</td>
+        <td>${Object.entries(run.states || {}).map(([s, n]) => `${badge(s)} ${esc(n)}`).join(" ")}</td>
+        <td class="num">${esc(run.preemptions)}</td><td class="num">${dur(run.wall_seconds)}</td>
+        <td class="num">${dur(run.run_seconds)}</td>
+        <td class="num">${chipHours(run.chip_hours)}</td></tr>`, run, 8, (r) => `${r.dag_id} ${r.run_id}`)).join("")
+      || `<tr><td colspan="8" class="muted">no kinetic jobs match</td></tr>`;
+    document.getElementById("jobs").innerHTML = list(data.jobs).map((row) => rowOr((row) => `<tr>
         <td>${clip(row.dag_id)}</td><td class="small">${clip(row.run_id)}</td>
         <td>${clip(row.task_id)} ${clip(row.label, "muted")}</td>
         <td>${device(row)}</td><td>${esc(row.backend)}</td>
@@ -127,7 +145,8 @@ function jobsPage() {
         <td class="num">${chipHours(row.chip_hours)}</td>
         <td class="small">${resultText(row.result)}</td>
         <td class="small links"><a href="${tiPath(row)}" target="_top">log</a> ·
-          <a href="${tiPath(row)}/plugin/kinetic-job" target="_top">job</a> · ${outputLink(row.output_dir)}${row.map_index >= 0 ? ` · <a href="${sweepPath(row)}" target="_blank" rel="noopener">sweep</a>` : ""}</td></tr>`).join("")
+          <a href="${tiPath(row)}/plugin/kinetic-job" target="_top">job</a> · ${outputLink(row.output_dir)}${row.map_index >= 0 ? ` · <a href="${sweepPath(row)}" target="_blank" rel="noopener">sweep</a>` : ""}</td></tr>`,
+      row, 12, (r) => `${r.dag_id}/${r.run_id}/${r.task_id}`)).join("")
       || `<tr><td colspan="12" class="muted">no kinetic jobs match</td></tr>`;
   }
   every(draw);
@@ -154,14 +173,14 @@ function taskPage() {
       <tr><th>chip-hours</th><td>${chipHours(row.chip_hours)}</td><th>output</th><td>${outputLink(row.output_dir)}</td></tr>
       <tr><th>result</th><td colspan="3">${resultText(row.result)}</td></tr></table>
       ${tracebackBlock(row.result)}`;
-    document.getElementById("attempts").innerHTML = row.jobs.slice().reverse().map((job) => `<tr>
+    document.getElementById("attempts").innerHTML = list(row.jobs).slice().reverse().map((job) => rowOr((job) => `<tr>
         <td class="num">${job.try_number ?? ""}</td><td class="num">${job.attempt ?? ""}</td>
         <td><code>${esc(job.job_id)}</code></td><td>${badge(job.state)}<div class="small muted wrap">${esc(job.doing)}</div></td>
         <td class="small">${when(job.submitted_at)}</td><td class="num">${dur(job.queue_seconds)}</td>
         <td class="num">${dur(job.duration_seconds)}</td><td class="num">${job.chips ?? ""}</td>
-        <td class="num">${chipHours(job.chip_hours)}</td></tr>`).join("");
-    document.getElementById("history").innerHTML = (row.history || []).slice().reverse().map((h) => `<tr>
-        <td class="small">${when(h.time)}</td><td>${badge(h.state)}</td><td>${esc(h.text)}</td></tr>`).join("");
+        <td class="num">${chipHours(job.chip_hours)}</td></tr>`, job, 9, (j) => j.job_id)).join("");
+    document.getElementById("history").innerHTML = list(row.history).slice().reverse().map((h) => rowOr((h) => `<tr>
+        <td class="small">${when(h.time)}</td><td>${badge(h.state)}</td><td>${esc(h.text)}</td></tr>`, h, 3, () => "a change")).join("");
     const sweep = document.getElementById("sweep-link");
     if (row.map_index >= 0) {
       sweep.innerHTML = `<a href="${sweepPath(row)}" target="_blank" rel="noopener">compare the sweep</a> ·
@@ -179,6 +198,28 @@ function num(value) {
   if (value === null || value === undefined) return "";
   const v = Number(value);
   return Math.abs(v) >= 1e4 || (v !== 0 && Math.abs(v) < 1e-3) ? v.toExponential(3) : v.toPrecision(4);
+}
+// A value axis's labels: short (7.998M, not 7,998,000, which uPlot's fixed 50-pixel axis cut to
+// "0,000"), with as many decimals as the step between ticks needs to tell them apart.
+const UNITS = [[1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "k"]];
+function axisValues(_u, splits) {
+  const finite = splits.filter((v) => Number.isFinite(v));
+  const top = Math.max(0, ...finite.map(Math.abs));
+  if (top !== 0 && (top < 1e-3 || top >= 1e15)) return splits.map((v) => (Number.isFinite(v) ? v.toExponential(2) : ""));
+  const [scale, unit] = UNITS.find(([s]) => top >= s) || [1, ""];
+  const step = finite.length > 1 ? Math.abs(finite[1] - finite[0]) / scale : 1;
+  let digits = step > 0 ? Math.max(0, -Math.floor(Math.log10(step))) : 0;
+  if (digits < 6 && Math.abs(step * 10 ** digits - Math.round(step * 10 ** digits)) > 1e-6) digits += 1;
+  const label = (v) => (v === 0 ? "0" : (v / scale).toFixed(Math.min(digits, 6)) + unit);
+  return splits.map((v) => (Number.isFinite(v) ? label(v) : ""));
+}
+// The axis as wide as its longest label (uPlot measures with its own font), so none is cut.
+function axisSize(u, values, axisIdx, cycleNum) {
+  const axis = u.axes[axisIdx];
+  if (cycleNum > 1) return axis._size; // uPlot settles the size in a few cycles: keep the last
+  u.ctx.font = axis.font[0];
+  const longest = Math.max(0, ...(values || []).map((v) => u.ctx.measureText(String(v)).width / devicePixelRatio));
+  return Math.ceil(longest + axis.ticks.size + axis.gap + 6);
 }
 // Aligned data for uPlot from several [[x, y], ...] series: the union of their x values.
 function aligned(seriesPoints) {
@@ -215,7 +256,7 @@ function chart(holder, key, title, labels, data, opts = {}) {
     const plot = new uPlot({
       title, width, height: opts.height || 220, series,
       scales: { x: { time: false, distr: opts.logX ? 3 : 1 } },
-      axes: [{ label: opts.xLabel || "step" }, {}],
+      axes: [{ label: opts.xLabel || "step" }, { values: axisValues, size: axisSize }],
     }, data, el);
     entry = { el, plot, signature };
     holder.charts.set(key, entry);
