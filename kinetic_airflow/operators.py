@@ -42,6 +42,7 @@ from kinetic_airflow.capacity import startup_timeout_for
 from kinetic_airflow.config import DEFAULTS, local_state_root, resolve_setting
 from kinetic_airflow.context_args import check_context_parameters
 from kinetic_airflow.driver import JobDriver, airflow_dags_folder
+from kinetic_airflow.job.debugging import debug_settings
 from kinetic_airflow.job.inputs import data_in
 from kinetic_airflow.job.layout import JobIdentity, JobLayout
 from kinetic_airflow.job.ref import K8sFields
@@ -138,6 +139,7 @@ class KineticRunOperator(BaseOperator):
         self.pod_override = validate_at_parse(
             self.pod_override, trial_accelerator, self.spot, configured=resolve_setting("pod_override")
         )
+        self.debug_settings = debug_settings(self.debug, self.debug_wait, self.debug_on_timeout)
         if _parse_time_backend(self.backend) == "local":  # no cluster: no GKE console or Cloud Logging
             self.operator_extra_links = (KineticViewLink(),)
 
@@ -197,6 +199,8 @@ class KineticRunOperator(BaseOperator):
         lines, source = resolve_requirements(self.requirements, self._code_search_dirs())
         if lines:
             ref = ref.replace(requirements=lines, requirements_source=source)
+        if self.debug_settings:  # kinetic_airflow.job.debugging
+            ref = ref.replace(debug=self.debug_settings)
         fuse = sorted(
             {d.source for d in data_in(self.op_args, self.op_kwargs, self.volumes) if d.fuse and d.is_remote}
         )

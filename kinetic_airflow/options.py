@@ -534,6 +534,41 @@ class TaskOptions(TypedDict, total=False):
             minimum=1,
         ),
     ]
+    # Remote debugging (kinetic_airflow.job.debugging): checked together in validate_options
+    debug: Annotated[
+        bool,
+        _row(
+            "bool",
+            _A_BOOL,
+            "debug=True",
+            doc="Start debugpy in the job (host 0) and wait for a debugger before the function runs; "
+            "`kinetic-airflow jobs debug JOB_ID` connects your editor (how-to/debug.md).",
+            default=False,
+            optional=False,
+        ),
+    ]
+    debug_wait: Annotated[
+        float | timedelta | None,
+        _row(
+            "duration",
+            _SECONDS + ", more than 0: how long a debug=True job waits for a debugger",
+            "debug_wait=timedelta(minutes=10)",
+            doc="How long a debug=True job waits for a debugger before debug_on_timeout applies.",
+            default=600.0,
+            **_MORE_THAN_0,
+        ),
+    ]
+    debug_on_timeout: Annotated[
+        str | None,
+        _row(
+            "enum",
+            "fail (the job fails before the function runs) or run (it runs without a debugger)",
+            'debug_on_timeout="run"',
+            doc="What a debug=True job does when no debugger attached within debug_wait.",
+            default="fail",
+            choices=("fail", "run"),
+        ),
+    ]
 
 
 def _setting(kind: str, accepts: str, doc: str, example: str, **kw: Any) -> OptionSpec:
@@ -1337,6 +1372,9 @@ def validate_options(values: Mapping[str, Any]) -> dict[str, Any]:
         from kinetic_airflow.slices import check_slices  # (as above)
 
         check_slices(checked["slices"], accelerator, backend, spot=checked.get("spot"))
+    from kinetic_airflow.job.debugging import check_debug_options  # (as above)
+
+    check_debug_options(checked, KineticOptionError)
     return checked
 
 

@@ -342,6 +342,9 @@ def ship_payload(
         "image": ref.k8s.image if ref.k8s is not None else None,
         "code": code,
         "requirements": ref.requirements or [],
+        # debug=True (job.debugging), HMAC-checked with the rest; absent otherwise, so the manifest
+        # of every other job stays as it was
+        **({"debug": ref.debug} if ref.debug else {}),
     }
     # The manifest goes last: its presence tells the runner the payload is complete. Its HMAC
     # under the job key vouches for the payload's digest, the code archive and the requirements.

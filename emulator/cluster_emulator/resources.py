@@ -60,7 +60,7 @@ class ResourceType:
 
 NAMESPACES = ResourceType("", "v1", "namespaces", "Namespace", False, "namespace", ("ns",), ("status",))
 NODES = ResourceType("", "v1", "nodes", "Node", False, "node", ("no",), ("status",))
-PODS = ResourceType("", "v1", "pods", "Pod", True, "pod", ("po",), ("status", "log"), ("all",))
+PODS = ResourceType("", "v1", "pods", "Pod", True, "pod", ("po",), ("status", "log", "portforward"), ("all",))
 EVENTS = ResourceType("", "v1", "events", "Event", True, "event", ("ev",))
 SERVICES = ResourceType("", "v1", "services", "Service", True, "service", ("svc",), ("status",), ("all",))
 CONFIGMAPS = ResourceType("", "v1", "configmaps", "ConfigMap", True, "configmap", ("cm",))
@@ -415,6 +415,8 @@ def api_resource_list_doc(group: str, version: str, unserved: Collection[str] = 
         entries.append(entry)
         for sub in rt.subresources:
             verbs = ["get"] if sub in ("log", "pendingworkloads") else ["get", "patch", "update"]
+            if sub == "portforward":  # a connect subresource, as kube-apiserver's discovery lists it
+                verbs = ["create", "get"]
             entry = {
                 "name": f"{rt.plural}/{sub}",
                 "singularName": "",

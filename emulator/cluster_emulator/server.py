@@ -31,6 +31,7 @@ from .cluster import Cluster
 from .conversion import from_storage, to_storage
 from .faults import ApiFault, WatchDropRule
 from .kueue import cluster_queue_of, pending_workloads_summary
+from .portforward import serve_portforward
 from .rbac import UserInfo, authorize, forbidden, request_attributes
 from .resources import (
     CLUSTERQUEUES,
@@ -398,6 +399,8 @@ class ApiServer:
             if method == "DELETE":
                 return await self._delete_collection(request, rt, namespace)
             raise errors.method_not_allowed()
+        if sub == "portforward":  # a WebSocket upgrade (GET, or POST as kubectl sends): portforward.py
+            return await serve_portforward(self.cluster, request, namespace or "", name)
         if sub == "log":
             if method != "GET":
                 raise errors.method_not_allowed()

@@ -6,6 +6,8 @@ kinetic-airflow jobs logs JOB [--follow]
 kinetic-airflow jobs result JOB [--load]
 kinetic-airflow jobs cancel JOB [--reason TEXT]
 kinetic-airflow jobs show JOB
+kinetic-airflow jobs debug JOB [--local-port P] [--local-root DIR]
+                         (a debug=True job: forward its debugger here, print the VS Code config)
 
 JOB is a job id (looked up under the base URI) or a job URI. Everything is read from job
 storage (each job's ``job.json``, manifest, markers and result summary) and, for jobs
@@ -37,6 +39,7 @@ from kinetic_airflow.cli.common import (
     resolve_job,
     storage_of,
 )
+from kinetic_airflow.cli.debug import add_debug_command, cmd_debug
 from kinetic_airflow.cli.job_keys import NO_KEY_HELP, recorded_integrity
 from kinetic_airflow.cli.logs import print_logs
 from kinetic_airflow.cli.reproduce import reproduce_commands
@@ -320,6 +323,7 @@ def add_job_commands(sub: Any) -> None:
     actions.choices["cancel"].add_argument(
         "--reason", default="cancelled from the command line", help="recorded in status/cancelled.json"
     )
+    add_debug_command(actions)  # jobs debug JOB (kinetic_airflow.cli.debug)
 
 
 def run_jobs_command(args: argparse.Namespace) -> int:
@@ -329,5 +333,6 @@ def run_jobs_command(args: argparse.Namespace) -> int:
         "result": cmd_result,
         "cancel": cmd_cancel,
         "logs": cmd_logs,
+        "debug": cmd_debug,
     }[args.jobs_command]
     return guarded(handler, args)

@@ -31,6 +31,7 @@ import cloudpickle
 
 from kinetic_airflow import __version__
 from kinetic_airflow.job.codebundle import install_code_bundle, unpacked_sources
+from kinetic_airflow.job.debugging import wait_for_debugger
 from kinetic_airflow.job.envelope import (
     FORMAT_VERSION,
     RERUN_REFUSED_EXIT,
@@ -400,6 +401,7 @@ class JobRunner:
             metrics = start_for_job(
                 self.storage, self.layout, self.host, float(self.manifest.get("metrics_interval") or 5.0)
             )
+            wait_for_debugger(self, fn, log)  # debug=True: debugpy, bounded wait for a client
             name = getattr(fn, "__qualname__", None) or _qualname(fn)
             log(f"running {name} (job {self.manifest.get('job_id')}, host {self.host})")
             with self._timed("execute"):

@@ -90,8 +90,8 @@ PROVISIONING_GROUP = "autoscaling.x-k8s.io"
 class RoleRule:
     """One rule of the Role kinetic needs: ``verbs`` on ``resource`` (``pods/log`` for a
     subresource) of API ``group``; ``needed_by`` says which feature calls it (``all``, a backend:
-    ``gke``, ``pathways``, ``multislice``; ``kueue`` when a task names a LocalQueue; ``doctor``
-    for doctor's own reads) and ``why`` what fails without it."""
+    ``gke``, ``pathways``, ``multislice``; ``kueue`` when a task names a LocalQueue; ``debug`` for
+    ``jobs debug``; ``doctor`` for doctor's own reads) and ``why`` what fails without it."""
 
     group: str
     resource: str
@@ -149,6 +149,14 @@ REQUIRED_RULES: tuple[RoleRule, ...] = (
         ("list",),
         "kueue",
         "the ProvisioningRequest of a queued job's admission check",
+    ),
+    # A WebSocket upgrade is a GET, an SPDY one (kubectl) a POST: RBAC reads them as get / create.
+    RoleRule(
+        "",
+        "pods/portforward",
+        ("get", "create"),
+        "debug",
+        "kinetic-airflow jobs debug (tasks with debug=True)",
     ),
     RoleRule("", "namespaces", ("get",), "doctor", "doctor's namespace check (this namespace only)"),
     RoleRule("", "serviceaccounts", ("get",), "doctor", "doctor's service account check"),
