@@ -168,6 +168,7 @@ class JobRef:
     hosts: int | None = None
     startup_timeout: float | None = None
     heartbeat_timeout: float | None = None
+    stop_grace_seconds: float | None = None  # the function's grace after SIGTERM (job.stop)
     k8s: K8sFields | None = None  # a cluster job's fields; None on the local backend
     extra: dict[str, Any] = field(default_factory=dict)  # keys of a newer version, kept as they were
     # ``accelerator`` parsed (never written; compared through the string): given by whoever
