@@ -143,3 +143,90 @@ def test_stop_grace_seconds_is_checked_at_parse_time():
     fix = r"stop_grace_seconds=-5 must be 0 or more.*e\.g\. stop_grace_seconds=60"
     with pytest.raises(KineticOptionError, match=fix):
         check_option("stop_grace_seconds", -5)
+
+
+# Through the backends' own cancel: the local process tree and the emulated cluster's pods -------
+def _cancel_and_check(backend: str, folder: Path, grace: float):
+    from jobkit import gke_job
+
+    from kinetic_airflow.backends.registry import get_backend
+    from kinetic_airflow.job.layout import JobLayout
+
+    _, ref, storage = gke_job(
+        "stops",
+        _checkpoints_on_stop,
+        [str(folder)],
+        backend=backend,
+        operator_kwargs={"stop_grace_seconds": grace},
+        manifest={"stop_grace_seconds": grace, "metrics_interval": 600},
+    )
+    assert ref.stop_grace_seconds == grace
+    _wait_for(folder / "running")
+    get_backend(backend).cancel(ref)  # what `kinetic-airflow jobs cancel` and on_kill end with
+    _wait_for(folder / "checkpoint.json", seconds=60)
+    layout = JobLayout(ref.job_uri)
+    deadline = time.monotonic() + 60
+    while "final_loss" not in job_metrics.read_attempt(storage, layout)["summary"]:
+        assert time.monotonic() < deadline, "the stop hook's metrics never reached storage"
+        time.sleep(0.2)
+    read = job_metrics.read_attempt(storage, layout)
+    assert read["summary"]["final_loss"]["last"] == 0.5 and read["summary"]["loss"]["count"] >= 3
+    assert storage.read_text_or_none(layout.result_summary()) is None, "a stopped job has no result"
+    return ref
+
+
+def test_local_cancel_leaves_the_checkpoint_and_the_last_metrics(tmp_path, monkeypatch):
+    monkeypatch.setenv("KINETIC_BASE_URI", f"file://{tmp_path}/kinetic")
+    _cancel_and_check("local", tmp_path, 30)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    from emulated_cluster import running_emulator
+
+    with running_emulator(tmp_path_factory) as running:
+        yield running
+
+
+def test_an_emulated_pod_deleted_leaves_the_checkpoint_and_the_last_metrics(cluster, tmp_path, monkeypatch):
+    """The Job's pod gets terminationGracePeriodSeconds = grace + the flush's margin; deleting the
+    Job (the backend's cancel) sends SIGTERM to the runner, which saves and flushes in it (the
+    emulator caps grace periods at 5 s, still room for this function's quick save)."""
+    import kubernetes
+    from emulated_cluster import point_kinetic_at
+
+    point_kinetic_at(*cluster, monkeypatch)
+    monkeypatch.setenv("KINETIC_BASE_URI", f"file://{tmp_path}/kinetic")
+    from kinetic_airflow.backends.gke.backend import GKEBackend
+
+    ref = _cancel_and_check("gke", tmp_path, 3)
+    assert GKEBackend().manifest(ref)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 13
+    core = kubernetes.client.CoreV1Api(cluster[0].api_client())
+    pods = core.list_namespaced_pod("default", label_selector="kinetic.airflow/task-id=stops").items
+    for pod in pods:  # the pod may already be gone once deleted
+        assert pod.spec.termination_grace_period_seconds == 13
+
+
+def test_execution_timeout_leaves_the_checkpoint_and_the_last_metrics(tmp_path, monkeypatch):
+    """dag.test(): the task's execution_timeout stops the local job; the function sees it, saves
+    its checkpoint in KINETIC_OUTPUT_DIR, and its stop hook's metrics are in storage."""
+    import kn_stop
+    from helpers import ti_states
+
+    from kinetic_airflow.job.layout import JobLayout
+    from kinetic_airflow.job.storage import uri_to_local_path
+
+    base_uri = f"file://{tmp_path}/kinetic"
+    monkeypatch.setenv("KINETIC_BASE_URI", base_uri)
+    dr = kn_stop.kn_stop_timeout().test()
+    assert ti_states(dr) == {"trains_until_stopped": "failed"}
+    storage = open_storage(base_uri)
+    (job,) = [p.name for p in (tmp_path / "kinetic/jobs").iterdir()]
+    layout = JobLayout.for_job(base_uri, job)
+    manifest = json.loads(storage.read_text_or_none(layout.manifest))
+    assert manifest["stop_grace_seconds"] == 30
+    checkpoint = Path(uri_to_local_path(manifest["output_dir"])) / "checkpoint.json"
+    assert json.loads(checkpoint.read_text())["step"] >= 1
+    read = job_metrics.read_attempt(storage, layout)
+    assert read["summary"]["final_loss"]["last"] == 0.5, read["summary"]
+    assert storage.read_text_or_none(layout.result_summary()) is None
