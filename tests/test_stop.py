@@ -230,3 +230,53 @@ def test_execution_timeout_leaves_the_checkpoint_and_the_last_metrics(tmp_path, 
     read = job_metrics.read_attempt(storage, layout)
     assert read["summary"]["final_loss"]["last"] == 0.5, read["summary"]
     assert storage.read_text_or_none(layout.result_summary()) is None
+
+
+def _fits_until_stopped(folder: str) -> str:
+    import os
+    import pathlib
+
+    os.environ.setdefault("KERAS_BACKEND", "jax")
+    import keras
+    import numpy as np
+
+    from kinetic_airflow.keras import CheckpointOnStop
+
+    class Started(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 1:
+                pathlib.Path(folder, "running").write_text("2 epochs")
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    stop = CheckpointOnStop(filepath=str(pathlib.Path(folder, "stopped.keras")))
+    history = model.fit(x, y, epochs=100_000, batch_size=16, verbose=0, callbacks=[Started(), stop])
+    pathlib.Path(folder, "fit_returned").write_text(str(len(history.epoch)))
+    return "stopped"
+
+
+def test_the_keras_callback_saves_the_model_and_ends_fit_when_asked(tmp_path):
+    layout = make_job(
+        f"file://{tmp_path}",
+        _fits_until_stopped,
+        (str(tmp_path),),
+        manifest_overrides={"stop_grace_seconds": 60},
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kinetic_airflow.runner", "--job-uri", layout.job_uri],
+        env={**os.environ, KEY_ENV: key_of(layout.job_uri), "KERAS_BACKEND": "jax"},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for(tmp_path / "running", proc, seconds=300)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGTERM, stderr
+    assert (tmp_path / "stopped.keras").stat().st_size > 0
+    assert int((tmp_path / "fit_returned").read_text()) < 100_000  # fit ended early, on the stop
