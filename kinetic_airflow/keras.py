@@ -65,7 +65,7 @@ def _stop_callback_class() -> Any:
     global _stop_class
     if _stop_class is not None:
         return _stop_class
-    import keras
+    import keras  # the job's own Keras, when first used (the runner imports this package without it)
 
     class CheckpointOnStop(keras.callbacks.Callback):
         """When the job is asked to stop (``kinetic_airflow.stop_requested()``): at the end of the

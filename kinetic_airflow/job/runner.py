@@ -14,6 +14,7 @@ means the result is complete), then ``status/finished.json``.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import platform
@@ -597,8 +598,6 @@ def _die_of(signum: int) -> None:
     works only in the main thread, which may be inside the function: reset the C-level
     disposition instead."""
     try:
-        import ctypes
-
         libc = ctypes.CDLL(None, use_errno=True)
         libc.signal.restype = ctypes.c_void_p
         libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
