@@ -43,6 +43,7 @@ __all__ = [
     "check_task_placement",
     "parse_capacity",
     "placement_of",
+    "startup_timeout_for",
 ]
 
 # Node labels, taints and annotations (shared/ACCELERATORS.md section 3).
@@ -61,6 +62,15 @@ ANNOTATION_PROVREQ_MAX_RUN = "provreq.kueue.x-k8s.io/maxRunDurationSeconds"
 
 # GKE's limit for flex-start VMs ("VMs last up to 7 days", concepts/dws).
 MAX_RUN_SECONDS = 7 * 24 * 3600
+# How long a flex-start or queued job may wait for its VMs by default (``startup_timeout``'s
+# default for these capacities, where the usual 30 minutes is one scale-up). Dynamic Workload
+# Scheduler holds the pods Pending until it obtains capacity, and the wait GKE's stack states is
+# the cluster autoscaler's: a ProvisioningRequest not provisioned within 7 days is failed
+# (kubernetes/autoscaler cluster-autoscaler/processors/provreq/processor.go, ``refresh`` with
+# ``defaultExpirationTime = 7 * 24 * time.Hour``, reason ``Expired``). No shorter bound for
+# flex-start VMs without queued provisioning was found in GKE's pages (concepts/dws), so the
+# same 7 days apply; a task's startup_timeout= or [kinetic] startup_timeout still wins.
+FLEX_START_WAIT_SECONDS = 7 * 24 * 3600
 CAPACITY_MODELS = ("on-demand", "spot", "flex-start", "queued", "reservation", "any-reservation")
 # DWS covers only these TPU generations (concepts/dws: v6e, v5e, v5p; no v3/v4/TPU7x)...
 _DWS_TPUS = ("v5e", "v5p", "v6e")
@@ -226,6 +236,18 @@ def placement_of(
     )
 
 
+def startup_timeout_for(placement: Placement, given: float | None, resolved: float, default: float) -> float:
+    """The startup_timeout of a job: the task's (``given``), else the configured one
+    (``resolved``), except that the built-in ``default`` (one node scale-up) becomes
+    ``FLEX_START_WAIT_SECONDS`` for flex-start and queued capacity, which wait for Dynamic
+    Workload Scheduler to find the VMs."""
+    if given is not None:
+        return float(given)
+    if placement.capacity.dws and float(resolved) == float(default):
+        return float(FLEX_START_WAIT_SECONDS)
+    return float(resolved)
+
+
 def check_task_placement(options: dict[str, Any], spec: AcceleratorSpec) -> None:
     """At DAG parse time: the capacity options a task gives, with its accelerator. Configured
     ``[kinetic]`` defaults join them when the task runs (``submission.resolve_placement``)."""
@@ -281,6 +303,11 @@ def check_placement(
                 f"not {spec.name} ({spec.text}); use one of those generations, or "
                 "capacity='on-demand', 'spot' or a reservation"
             )
+        # GKE's guidance (how-to/provisioningrequest): flex-start with queued provisioning for
+        # workloads that "are required to run across multiple nodes simultaneously", flex-start
+        # VMs for "smaller workloads that can run on a single node"; concepts/dws (snapshot in
+        # shared/ACCELERATORS.md section 3) lists flex-start TPUs as single-host TPU slice node
+        # pools. A multi-host slice's VMs come up as one unit only through queued provisioning.
         if model == "flex-start" and spec.multi_host:
             raise InvalidCapacityError(
                 f"capacity='flex-start'{at}: flex-start VMs come one node pool node at a time, and "

@@ -28,7 +28,7 @@ from typing import Any
 
 from kinetic_airflow.job.layout import RECORD_NAME, JobIdentity, JobLayout
 from kinetic_airflow.job.ref import JobRef, JobRefError
-from kinetic_airflow.job.states import FINAL, LIVE, JobStatus, status_of
+from kinetic_airflow.job.states import FINAL, LIVE, Cancellation, JobStatus, status_of
 from kinetic_airflow.job.storage import FileStorage, Storage, UnreadableObject, join_uri, uri_to_local_path
 from kinetic_airflow.job.tracebacks import user_summary
 
@@ -163,7 +163,8 @@ class JobInfo:
         """What the job is (``kinetic_airflow.job.states``): its result, a cancellation, its backend."""
         return status_of(
             ok=bool(self.summary.get("ok")) if self.summary is not None else None,
-            cancelled=self.cancelled is not None,
+            # who stopped it, and whether its worker failed (then: failed, as the view says)
+            cancelled=Cancellation.from_dict(self.cancelled) or self.cancelled is not None,
             backend_state=self.backend_state,
             started=any(name.startswith("started") for name in self.markers),
             finished=any(name.startswith("finished") for name in self.markers),

@@ -62,14 +62,17 @@ from typing import Any
 
 from kinetic_airflow.job.layout import STATE_KEY, JobLayout
 from kinetic_airflow.job.ref import JobRef
+from kinetic_airflow.job.states import WORKER, Cancellation, Cause, JobStatus, status_of
 
 __all__ = [
     "Action",
     "Decision",
+    "HistoryEntry",
     "JobRecord",
     "Phase",
     "TryInfo",
     "UnwatchedJobGuard",
+    "WorkerStep",
     "acancel_job",
     "after_observing",
     "cancel_job",
@@ -83,6 +86,7 @@ __all__ = [
     "load_record",
     "record_job",
     "recorded_jobs",
+    "recorded_status",
     "save_record",
     "until_watched",
 ]
@@ -167,6 +171,104 @@ def _typed(record: dict[str, Any], key: str, types: tuple[type, ...], wanted: st
     raise _refuse(key, value, wanted)
 
 
+_ENTRY_KEYS = (
+    "job_id",
+    "job_uri",
+    "backend",
+    "accelerator",
+    "try_number",
+    "attempt",
+    "submitted_at",
+    "phase",
+    "outcome",
+    "usage",
+    "cancelled",
+)
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One job a task instance ran (``JobRecord.jobs``): what the Kinetic view and the metrics read.
+
+    Decoded from, and encoded back to, the stored object: a key that was absent stays absent,
+    one this version does not know is kept (``extra``), and ``cancelled`` is a ``Cancellation``.
+    """
+
+    job_id: str
+    job_uri: str | None = None
+    backend: str | None = None
+    accelerator: str | None = None
+    try_number: int | None = None
+    attempt: int | None = None
+    submitted_at: float | None = None
+    phase: str | None = None
+    outcome: str | None = None
+    usage: dict[str, Any] | None = None
+    cancelled: Cancellation | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    stored: tuple[str, ...] = field(default=(), compare=False, repr=False)
+
+    @classmethod
+    def of(cls, job: JobRef) -> HistoryEntry:
+        """A new entry for ``job`` (what ``history_entry`` has always written)."""
+        identity = job.identity
+        return cls(
+            job_id=job.job_id,
+            job_uri=job.job_uri,
+            backend=job.backend,
+            accelerator=job.accelerator or "cpu",
+            try_number=identity.try_number if identity else None,
+            attempt=identity.attempt if identity else None,
+            submitted_at=job.submitted_at,
+            stored=_ENTRY_KEYS[:7],
+        )
+
+    @classmethod
+    def from_dict(cls, value: dict[str, Any]) -> HistoryEntry:
+        """An entry as stored; ``ValueError`` names a field of the wrong type."""
+        job_id = value.get("job_id")
+        if not isinstance(job_id, str):
+            raise _refuse("jobs", [value], "a list of objects with a job_id (the job history)")
+        for key, types, words in (
+            ("job_uri", (str,), "a string"),
+            ("backend", (str,), "a string"),
+            ("accelerator", (str,), "a string"),
+            ("try_number", (int,), "a number"),
+            ("attempt", (int,), "a number"),
+            ("submitted_at", (int, float), "a time"),
+            ("phase", (str,), "a string"),
+            ("outcome", (str,), "a string"),
+            ("usage", (dict,), "an object"),
+        ):
+            _typed(value, key, types, words)
+        cancelled = value.get("cancelled")
+        return cls(
+            **{k: value.get(k) for k in _ENTRY_KEYS[:10]},
+            cancelled=Cancellation.from_dict(cancelled) if cancelled is not None else None,
+            extra={k: v for k, v in value.items() if k not in _ENTRY_KEYS},
+            stored=tuple(value),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored object: its stored keys in order, then any a change added."""
+        out: dict[str, Any] = {}
+        for key in (*self.stored, *_ENTRY_KEYS):
+            if key in out:
+                continue
+            if key in self.extra:
+                out[key] = self.extra[key]
+                continue
+            if key not in _ENTRY_KEYS:
+                continue
+            value = getattr(self, key)
+            if key in self.stored or value is not None:
+                out[key] = value.to_dict() if isinstance(value, Cancellation) else value
+        return out
+
+    def replace(self, **changes: Any) -> HistoryEntry:
+        return dataclasses.replace(self, **changes)
+
+
 @dataclass(frozen=True)
 class JobRecord:
     """The job record of one task instance, as the worker keeps it in ``task_state_store``.
@@ -178,7 +280,8 @@ class JobRecord:
     the wrong type is refused, naming the field, rather than read as "no job".
 
     ``phase`` is None in the records written before the lifecycle existed (``current_phase``
-    says what that means). ``jobs`` is the history (``job_history``), its entries kept as stored.
+    says what that means). ``jobs`` is the history (``job_history``), one ``HistoryEntry`` a job;
+    ``cancelled`` says who stopped the job, why, and the ``Cause``.
     """
 
     job: JobRef
@@ -191,9 +294,9 @@ class JobRecord:
     updated: float | None = None
     outcome: str | None = None
     usage: dict[str, Any] | None = None
-    cancelled: dict[str, Any] | None = None
+    cancelled: Cancellation | None = None
     integrity: dict[str, Any] | None = None
-    jobs: tuple[dict[str, Any], ...] | None = None
+    jobs: tuple[HistoryEntry, ...] | None = None
     unknown: dict[str, Any] = field(default_factory=dict)
     # The stored keys, in their order ((): a new record, in the usual order). Not compared: a
     # decoded record equals the one that was saved.
@@ -233,9 +336,9 @@ class JobRecord:
             updated=_typed(record, "updated", (int, float), "a time"),
             outcome=_typed(record, "outcome", (str,), "a string"),
             usage=_typed(record, "usage", (dict,), "an object"),
-            cancelled=_typed(record, "cancelled", (dict,), "an object"),
+            cancelled=Cancellation.from_dict(_typed(record, "cancelled", (dict,), "an object")),
             integrity=_typed(record, "integrity", (dict,), "an object"),
-            jobs=tuple(jobs) if jobs is not None else None,
+            jobs=tuple(HistoryEntry.from_dict(j) for j in jobs) if jobs is not None else None,
             unknown={key: value for key, value in record.items() if key not in _KNOWN_KEYS},
             keys=tuple(record),
         )
@@ -253,9 +356,9 @@ class JobRecord:
             "updated": self.updated,
             "outcome": self.outcome,
             "usage": self.usage,
-            "cancelled": self.cancelled,
+            "cancelled": self.cancelled.to_dict() if self.cancelled is not None else None,
             "integrity": self.integrity,
-            "jobs": [dict(j) for j in self.jobs] if self.jobs is not None else None,
+            "jobs": [j.to_dict() for j in self.jobs] if self.jobs is not None else None,
         }
         present = set(self.keys) if self.keys else {"job", *_BASE_KEYS}
         out: dict[str, Any] = {}
@@ -344,7 +447,7 @@ def save_record(
     previous: JobRecord | None = None,
     outcome: str | None = None,
     usage: dict[str, Any] | None = None,
-    cancelled: dict[str, Any] | None = None,
+    cancelled: Cancellation | None = None,
     integrity: dict[str, Any] | None = None,
 ) -> JobRecord:
     """Write the record in ``phase``; refuses transitions the table above does not allow.
@@ -396,40 +499,42 @@ def integrity_of_job(integrity: Any, job_id: str) -> dict[str, Any]:
 
 def job_history(
     earlier: JobRecord | None, job: JobRef, phase: Phase, extra: dict[str, Any]
-) -> list[dict[str, Any]]:
+) -> list[HistoryEntry]:
     """Every job this task instance ran (all tries and attempts, newest last), for the Kinetic
     view: the record itself names only the current one, and the store survives clears."""
-    jobs = [dict(j) for j in ((earlier.jobs if earlier else None) or ())]
-    entry = next((j for j in jobs if j.get("job_id") == job.job_id), None)
-    if entry is None:
-        entry = history_entry(job)
-        jobs.append(entry)
-    entry["phase"] = phase.value
-    for key in ("outcome", "usage", "cancelled"):
-        if key in extra:
-            entry[key] = extra[key]
+    jobs = list((earlier.jobs if earlier else None) or ())
+    at = next((i for i, j in enumerate(jobs) if j.job_id == job.job_id), None)
+    if at is None:
+        jobs.append(history_entry(job))
+        at = len(jobs) - 1
+    changes = {key: extra[key] for key in ("outcome", "usage", "cancelled") if key in extra}
+    jobs[at] = jobs[at].replace(phase=phase.value, **changes)
     return jobs[-_HISTORY_LIMIT:]
 
 
-def history_entry(job: JobRef) -> dict[str, Any]:
+def history_entry(job: JobRef) -> HistoryEntry:
     """What the history keeps of a job (the Kinetic view and the metrics read these few fields)."""
-    identity = job.identity
-    return {
-        "job_id": job.job_id,
-        "job_uri": job.job_uri,
-        "backend": job.backend,
-        "accelerator": job.accelerator or "cpu",
-        "try_number": identity.try_number if identity else None,
-        "attempt": identity.attempt if identity else None,
-        "submitted_at": job.submitted_at,
-    }
+    return HistoryEntry.of(job)
 
 
-def recorded_jobs(record: JobRecord) -> list[dict[str, Any]]:
+def recorded_jobs(record: JobRecord) -> list[HistoryEntry]:
     """The jobs of a record, its current one last with the record's phase and outcome (records
     written before the history existed name only the current job)."""
     extra = {key: getattr(record, key) for key in ("outcome", "usage", "cancelled") if key in record.present}
     return job_history(record, record.job, record.current_phase, extra)
+
+
+def recorded_status(record: JobRecord) -> JobStatus | None:
+    """The status of a record's job from the record alone (``job.states.status_of``): final once
+    its outcome was delivered or it was cancelled; None while its files and backend decide."""
+    phase = record.current_phase
+    if phase not in (Phase.DELIVERED, Phase.CANCELLED):
+        return None
+    return status_of(
+        ok=None,
+        cancelled=record.cancelled or phase is Phase.CANCELLED,
+        outcome=record.outcome or "failed",  # delivered without an outcome: from before outcomes
+    )
 
 
 # Cancellation --------------------------------------------------------------------------------
@@ -437,27 +542,32 @@ def cancelled_marker(job: JobRef) -> str:
     return JobLayout(job.job_uri).status("cancelled")
 
 
-def _marker(by: str, reason: str) -> str:
-    return json.dumps({"by": by, "reason": reason, "time": time.time()})
+def _marker(by: str, reason: str, cause: Cause = Cause.STOPPED) -> str:
+    return json.dumps(Cancellation.now(by, reason, cause).to_dict())
 
 
-def cancel_job(job: JobRef, storage: Any, backend: Any, *, by: str, reason: str) -> None:
+def cancel_job(
+    job: JobRef, storage: Any, backend: Any, *, by: str, reason: str, cause: Cause = Cause.STOPPED
+) -> None:
     """Mark the job cancelled in its storage, then stop it. Safe to call twice or on an ended job.
 
     The marker goes first: whoever looks next (a new try, the watcher) must see that the job
     was stopped on purpose even if stopping it takes a while or this process dies meanwhile.
-    Nothing is deleted: payload, logs and any result stay where they are.
+    ``cause`` says whether it was stopped on purpose or because its worker failed (the job is
+    then shown ``failed``). Nothing is deleted: payload, logs and any result stay where they are.
     """
     try:
-        storage.write_text(cancelled_marker(job), _marker(by, reason))
+        storage.write_text(cancelled_marker(job), _marker(by, reason, cause))
     except Exception as exc:  # stopping the job matters more than the marker
         log.warning("could not write the cancelled marker of job %s: %s", job.job_id, exc)
     backend.cancel(job)
 
 
-async def acancel_job(job: JobRef, storage: Any, backend: Any, *, by: str, reason: str) -> None:
+async def acancel_job(
+    job: JobRef, storage: Any, backend: Any, *, by: str, reason: str, cause: Cause = Cause.STOPPED
+) -> None:
     """``cancel_job`` for the triggerer's event loop (both storages and backends block)."""
-    await asyncio.to_thread(cancel_job, job, storage, backend, by=by, reason=reason)
+    await asyncio.to_thread(cancel_job, job, storage, backend, by=by, reason=reason, cause=cause)
 
 
 # The worker's ownership of a job it has not handed to a watcher yet -----------------------------
@@ -466,9 +576,33 @@ ON_KILL_BY = "operator.on_kill"
 ON_KILL_REASON = "the task was killed (timeout, SIGTERM, a user)"
 
 
+class WorkerStep(str, enum.Enum):
+    """The worker's steps between creating a job and handing it to a watcher. Each value is the
+    words of the cancel reason; ``cause`` is what programs read (the view, the CLI), so rewording
+    a step changes no state."""
+
+    RECORDING = "recording the job"
+    PUBLISHING = "publishing the job's description"
+    CREATING = "creating the job"
+    RECORDING_CREATED = "recording the job as created"
+    SHIPPING = "shipping the payload"
+    RECORDING_SHIPPED = "recording the job as shipped"
+    RECORDING_WAITING = "recording the job as waiting"
+    PUSHING_LINKS = "pushing the job's links"
+    STARTING_WATCH = "starting to watch the job in the worker"
+    WATCHING = "watching the job in the worker"
+    BUILDING_TRIGGER = "building the trigger"
+    DEFERRING = "deferring to the triggerer"
+
+    @property
+    def cause(self) -> Cause:
+        return Cause.PACKAGING_FAILED if self is WorkerStep.SHIPPING else Cause.WORKER_FAILED
+
+
 class UnwatchedJobGuard:
-    """What ``until_watched`` knows: the job, the step the worker is at (for the reason), and
-    which exceptions Airflow follows with the operator's ``on_kill`` (which stops the job).
+    """What ``until_watched`` knows: the job, the step the worker is at (``WorkerStep``: the
+    reason's words and the cause), and which exceptions Airflow follows with the operator's
+    ``on_kill`` (which stops the job).
 
     ``job`` is the reference as the worker holds it now: the reference is frozen, so a worker
     that stamps it (``submitted_at`` when it submits) hands the guard the stamped copy, which is
@@ -476,7 +610,7 @@ class UnwatchedJobGuard:
 
     def __init__(self, job: JobRef) -> None:
         self.job = job
-        self.step = "creating the job"
+        self.step = WorkerStep.CREATING
         self.on_kill_follows: tuple[type[BaseException], ...] = ()
 
 
@@ -515,15 +649,16 @@ def until_watched(
 
         if isinstance(exc, TaskDeferred):
             raise
-        by, reason = "worker", f"{WORKER_FAILED}: {_error_text(exc)} (while {guard.step})"
+        by, reason = WORKER, f"{WORKER_FAILED}: {_error_text(exc)} (while {guard.step.value})"
+        cause = guard.step.cause
         if isinstance(exc, guard.on_kill_follows):
             # Airflow's execution_timeout in the worker's own wait: Airflow calls on_kill next,
             # which stops the job (a task killed while it waits in the worker); record that.
-            by, reason = ON_KILL_BY, ON_KILL_REASON
+            by, reason, cause = ON_KILL_BY, ON_KILL_REASON, Cause.STOPPED
         else:
             log.error("kinetic job %s: %s; cancelling the job", guard.job.job_id, reason)
             try:
-                cancel(guard.job, by=by, reason=reason)
+                cancel(guard.job, by=by, reason=reason, cause=cause)
             except Exception as cancel_exc:
                 log.error(
                     "could not cancel kinetic job %s (%s): it may still be running. Stop it with "
@@ -533,14 +668,14 @@ def until_watched(
                     guard.job.job_id,
                 )
         try:
-            _record_cancelled(store, guard.job, now, deadline, by=by, reason=reason)
+            _record_cancelled(store, guard.job, now, deadline, Cancellation.now(by, reason, cause))
         except Exception as record_exc:
             log.error("could not record kinetic job %s as cancelled: %s", guard.job.job_id, record_exc)
         raise
 
 
 def _record_cancelled(
-    store: Any, job: JobRef, now: TryInfo, deadline: float | None, *, by: str, reason: str
+    store: Any, job: JobRef, now: TryInfo, deadline: float | None, cancelled: Cancellation
 ) -> None:
     """Move this job's record to cancelled, from whatever phase the store holds now (the step
     that failed may have been a record write). Another job's record is left alone."""
@@ -558,7 +693,7 @@ def _record_cancelled(
         now=now,
         deadline=deadline,
         previous=record,
-        cancelled={"by": by, "reason": reason, "time": time.time()},
+        cancelled=cancelled,
     )
 
 

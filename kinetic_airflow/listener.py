@@ -21,7 +21,7 @@ from airflow.listeners import hookimpl
 from kinetic_airflow.backends.registry import get_backend
 from kinetic_airflow.connections import storage_for
 from kinetic_airflow.job.ref import JobRef
-from kinetic_airflow.lifecycle import cancel_job, read_record_from_db
+from kinetic_airflow.lifecycle import cancel_job, read_record_from_db, recorded_status
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +29,14 @@ _MANUAL = "manually set"
 
 
 def _recorded_job(task_instance: Any) -> JobRef | None:
+    """The job to stop: the recorded one, unless the record says it has ended (its outcome was
+    delivered, or it was cancelled): an ended job keeps the state it ended in."""
     record = read_record_from_db(
         task_instance.dag_id, task_instance.run_id, task_instance.task_id, task_instance.map_index
     )
-    return record.job if record else None
+    if record is None or recorded_status(record) is not None:
+        return None
+    return record.job
 
 
 def _cancel(job: JobRef) -> None:

@@ -697,12 +697,14 @@ _SETTINGS: dict[str, OptionSpec] = {
     ),
     "requirements_cache": _setting(
         "enum",
-        "hostpath (a node folder every job on the node reuses) or emptydir (per pod; GKE Autopilot)",
+        "auto (emptydir on GKE Autopilot, else hostpath), hostpath (a node folder every job on "
+        "the node reuses) or emptydir (per pod)",
         "Where cluster nodes cache the environments of requirements=: hostpath (a node folder every "
-        "job on the node reuses) or emptydir (per pod; for GKE Autopilot, which refuses hostPath).",
-        "hostpath",
-        default="hostpath",
-        choices=("hostpath", "emptydir"),
+        "job on the node reuses), emptydir (per pod) or auto (emptydir on GKE Autopilot, which "
+        "refuses writable hostPath volumes; hostpath elsewhere).",
+        "auto",
+        default="auto",
+        choices=("auto", "hostpath", "emptydir"),
     ),
 }
 

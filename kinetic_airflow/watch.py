@@ -1,4 +1,4 @@
-"""Observe one job until it ends and describe how it ended, as one event dict.
+"""Observe one job until it ends and describe how it ended, as one event (``JobEvent``).
 
 Shared by the deferrable trigger and the in-worker wait (``deferrable=False``) so
 both report the same outcome the same way. It only observes; the exceptions are
@@ -25,7 +25,8 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from kinetic_airflow.backends.base import QUEUE_LOOK_SECONDS, Backend, BackendSt
 from kinetic_airflow.config import DEFAULTS, local_state_root
 from kinetic_airflow.job.layout import JobLayout
 from kinetic_airflow.job.multihost import host_label
+from kinetic_airflow.job.ref import JobRefError
 from kinetic_airflow.job.states import EVENT_FAILED, EVENT_PREEMPTED, EVENT_SUCCESS, EVENT_TIMEOUT, Stage
 from kinetic_airflow.job.storage import Storage, StorageError, UnreadableObject, is_storage_error, parse_json
 from kinetic_airflow.job.tracebacks import StreamedTracebackFilter, type_name, user_names
@@ -42,6 +44,8 @@ from kinetic_airflow.startup import startup_failure
 
 __all__ = [
     "EVENT_JOB_FIELDS",
+    "JobEvent",
+    "JobEventError",
     "JobWatcher",
     "StorageOutage",
     "describe_failure",
@@ -102,35 +106,128 @@ def event_job(job: JobRef) -> dict[str, Any]:
     return {k: v for k, v in job.to_dict().items() if k in EVENT_JOB_FIELDS}
 
 
-def final_progress(event: dict[str, Any]) -> Progress:
+_EVENT_KEYS = (
+    "status",
+    "job",
+    "summary",
+    "cause",
+    "host",
+    "other_failed_hosts",
+    "where",
+    "exit_code",
+    "message",
+    "hint",
+)
+
+
+class JobEventError(ValueError):
+    """An event that names no job or no ending (not written by a kinetic watcher)."""
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """How a watcher's wait for a job ended: the trigger's one event, and the in-worker wait's.
+
+    ``status`` is one of ``job.states.EVENT_STATUSES``; ``cause`` names the failure for programs
+    (``user_error``, ``exit``, ``cancelled``, ``timeout``, ...), ``message`` and ``hint`` say it
+    for people. ``job`` is the brief reference (``EVENT_JOB_FIELDS``), ``summary`` the brief
+    result summary (``_EVENT_SUMMARY_FIELDS``): the triggerer logs every event whole and the
+    metadata DB keeps it, so it holds no log line, traceback or secret. ``to_dict`` is the JSON
+    form Airflow carries (the watcher's ``wait`` returns it); ``from_dict`` is its one decoder
+    (``execute_complete``); keys of a newer version are kept (``extra``).
+    """
+
+    status: str
+    job: JobRef
+    summary: dict[str, Any] | None = None
+    cause: str | None = None
+    host: int | None = None
+    other_failed_hosts: list[int] | None = None
+    where: str | None = None
+    exit_code: int | None = None
+    message: str | None = None
+    hint: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def host_index(self) -> int:
+        """The host whose result is reported (0 for a one-host job)."""
+        return int(self.host or 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"status": self.status, "job": event_job(self.job)}
+        for key in _EVENT_KEYS[2:]:
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        out.update({k: v for k, v in self.extra.items() if k not in out})
+        return out
+
+    @classmethod
+    def from_dict(cls, value: Any) -> JobEvent:
+        """The event Airflow handed back; ``JobEventError`` saying what is missing otherwise."""
+        if not isinstance(value, Mapping) or not isinstance(value.get("job"), Mapping):
+            raise JobEventError(f"the trigger returned no usable event: {value!r}")
+        status = value.get("status")
+        if not isinstance(status, str):
+            raise JobEventError(f"the trigger's event has no status: {value!r}")
+        try:
+            job = JobRef.from_dict(value["job"])
+        except JobRefError as exc:
+            raise JobEventError(f"the trigger's event names no job it can read: {exc}") from None
+        summary = value.get("summary")
+        host = value.get("host")
+        exit_code = value.get("exit_code")
+        others = value.get("other_failed_hosts")
+        others = [h for h in others if isinstance(h, int)] if isinstance(others, list) else None
+        return cls(
+            status=status,
+            job=job,
+            summary=dict(summary) if isinstance(summary, Mapping) else None,
+            cause=_text_or_none(value.get("cause")),
+            host=int(host) if isinstance(host, int) and not isinstance(host, bool) else None,
+            other_failed_hosts=others,
+            where=_text_or_none(value.get("where")),
+            exit_code=exit_code if isinstance(exit_code, int) and not isinstance(exit_code, bool) else None,
+            message=_text_or_none(value.get("message")),
+            hint=_text_or_none(value.get("hint")),
+            extra={k: v for k, v in value.items() if k not in _EVENT_KEYS},
+        )
+
+
+def _text_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def final_progress(event: JobEvent) -> Progress:
     """The last progress line of a job, from the event that ends its wait."""
-    status = str(event.get("status"))
+    status = event.status
     if status == EVENT_SUCCESS:
         return Progress(Stage.FINISHED, "finished: succeeded", outcome=status)
     if status == EVENT_PREEMPTED:
-        text = f"preempted: {event.get('message')}; a new attempt follows"
+        text = f"preempted: {event.message}; a new attempt follows"
         return Progress(Stage.PREEMPTED, text, outcome=status)
-    cause = event.get("cause") or status
-    if event.get("summary") is not None:  # the task's error shows the job's own exception, once
+    cause = event.cause or status
+    if event.summary is not None:  # the task's error shows the job's own exception, once
         return Progress(
             Stage.FINISHED, f"finished: {status} ({cause}; the task's error says why)", outcome=status
         )
-    return Progress(Stage.FINISHED, f"finished: {status} ({cause}: {event.get('message')})", outcome=status)
+    return Progress(Stage.FINISHED, f"finished: {status} ({cause}: {event.message})", outcome=status)
 
 
-def describe_failure(event: dict[str, Any], full_log: str = "") -> str:
+def describe_failure(event: JobEvent, full_log: str = "") -> str:
     """The task's error text: cause, job, hint, and where its log is.
 
     The job's last log lines are not repeated here: the watcher streamed them into this same
     task log just above the error (the triggerer's part is merged into the task's log view).
     """
-    job = event.get("job") or {}  # the event's JSON as sent: any event is described, even a damaged one
-    lines = [f"kinetic job {job.get('job_id')} ({job.get('backend')}) failed: {event.get('message')}"]
-    if event.get("hint"):
-        lines.append(f"Hint: {event['hint']}")
+    job = event.job
+    lines = [f"kinetic job {job.job_id} ({job.backend}) failed: {event.message}"]
+    if event.hint:
+        lines.append(f"Hint: {event.hint}")
     where = f"; the whole log: {full_log}" if full_log else ""
     lines.append(f"The job's last log lines are just above in this task log{where}.")
-    lines.append(f"Job files: {job.get('job_uri')}")
+    lines.append(f"Job files: {job.job_uri}")
     return "\n".join(lines)
 
 
@@ -146,6 +243,10 @@ def _short(text: str) -> str:
     first = text.splitlines()[0] if text else ""
     cut = len(first) > _EVENT_MESSAGE_CHARS or first != text.rstrip("\n")
     return (first[: _EVENT_MESSAGE_CHARS - 1] + "…") if cut else first
+
+
+# A suspended Job Kueue will not run (or not run this attempt again): deleted when the task ends.
+_KUEUE_ENDED = ("ProvisioningFailed", "LocalQueueMissing")
 
 
 def _classify_exit(status: BackendStatus) -> tuple[str, str, str]:
@@ -204,6 +305,8 @@ def _classify_exit(status: BackendStatus) -> tuple[str, str, str]:
             "the job process was terminated (SIGTERM) before it wrote a result",
             "Something stopped the job from outside (preemption, node shutdown or a cancel).",
         )
+    if status.reason == "LocalQueueMissing":  # the message names the queue and those that exist
+        return "local_queue_missing", status.message, ""
     if status.reason == "Lost":
         return "lost", status.message, "The machine or node running the job went away."
     if status.reason == "Forbidden":
@@ -552,14 +655,14 @@ class JobWatcher:
                     "error_message": f"the job's result cannot be read: {exc}"}  # fmt: skip
         return summary
 
-    def _event(self, status: str, **fields: Any) -> dict[str, Any]:
+    def _event(self, status: str, **fields: Any) -> JobEvent:
         """The one event; the triggerer logs it whole and the metadata DB keeps it, so it is
         small: no log lines (they were streamed already) and no traceback (in ``result.json``)."""
-        return {"status": status, "job": event_job(self.job), **fields}
+        return JobEvent(status, self.job, **fields)
 
     def _result_event(
         self, summary: dict[str, Any], host: int | None = None, others: list[int] | None = None
-    ) -> dict[str, Any]:
+    ) -> JobEvent:
         """``host``/``others``: on a multi-host job, the failing host reported and the other
         hosts that failed too (the lowest index is the one reported)."""
         brief = {k: summary.get(k) for k in _EVENT_SUMMARY_FIELDS if k in summary}
@@ -592,7 +695,8 @@ class JobWatcher:
         )
 
     async def wait(self, give_up_after: float | None = None) -> dict[str, Any] | None:
-        """The job's end as an event; None if ``give_up_after`` seconds pass first.
+        """The job's end as an event (``JobEvent``'s JSON form, which the trigger yields and
+        ``execute_complete`` decodes); None if ``give_up_after`` seconds pass first.
 
         Event-driven: between looks it sleeps in ``backend.await_change`` (the cluster watch and
         the pod's log stream; the local supervisor's exit), and storage is read only when it
@@ -603,13 +707,14 @@ class JobWatcher:
         """
         give_up_at = time.monotonic() + give_up_after if give_up_after is not None else None
         try:
-            return await self._watch(give_up_at)
+            event = await self._watch(give_up_at)
         except StorageOutage as exc:
-            return await self._storage_outage_event(exc)
+            event = await self._storage_outage_event(exc)
         finally:
             self.backend.close()
+        return event.to_dict() if event is not None else None  # the form Airflow carries
 
-    async def _storage_outage_event(self, exc: StorageOutage) -> dict[str, Any]:
+    async def _storage_outage_event(self, exc: StorageOutage) -> JobEvent:
         """Nobody could tell how the job ends: stop it, and say which storage failed, and how."""
         try:
             await acancel_job(self.job, self.storage, self.backend, by="watcher", reason=str(exc))
@@ -632,7 +737,7 @@ class JobWatcher:
         await self.progress.tell(final_progress(event))
         return event
 
-    async def _watch(self, give_up_at: float | None) -> dict[str, Any] | None:
+    async def _watch(self, give_up_at: float | None) -> JobEvent | None:
         await self._load_cursor()
         await self._load_progress()
         while True:
@@ -691,7 +796,7 @@ class JobWatcher:
         log line, or the last heartbeat read). A pod whose log flows is not read at all."""
         return max(self.last_output, self.last_heartbeat_check) + (self.heartbeat_timeout or 0) / 4
 
-    async def _settle(self, status: BackendStatus) -> dict[str, Any] | None:
+    async def _settle(self, status: BackendStatus) -> JobEvent | None:
         """The event that ends the wait, if this status ends it."""
         if (
             status.state.terminal
@@ -712,7 +817,7 @@ class JobWatcher:
                 return self._cancelled_event(cancelled)
             if status.reason == "Forbidden":  # the task fails: its job must not run on unseen
                 await self.backend.acancel(self.job)
-            if status.details.get("evicted_by") or status.reason == "ProvisioningFailed":
+            if status.details.get("evicted_by") or status.reason in _KUEUE_ENDED:
                 # Kueue requeued the suspended Job: deleted, so it cannot run this attempt again
                 await self.backend.acancel(self.job)
             cause, message, hint = _classify_exit(status)
@@ -773,7 +878,7 @@ class JobWatcher:
                 )
         return None
 
-    async def _settle_on_output_end(self) -> dict[str, Any] | None:
+    async def _settle_on_output_end(self) -> JobEvent | None:
         """The result event as soon as a one-host job's output has closed with its result stored.
 
         The runner writes the result summary last, after the result itself, so a summary is the
@@ -792,7 +897,7 @@ class JobWatcher:
         await self._show_the_rest()  # the stream has ended: every line it had is in memory
         return self._result_event(summary)
 
-    async def _settle_group(self, status: BackendStatus) -> dict[str, Any]:
+    async def _settle_group(self, status: BackendStatus) -> JobEvent:
         """All hosts ended, or some failed: every failing host's own record decides the event.
 
         Read only now, once the pods say so: host 0's result, and the failure record of each
@@ -832,7 +937,7 @@ class JobWatcher:
             hint="Check host 0's log lines.",
         )
 
-    async def _settle_not_found(self) -> dict[str, Any] | None:
+    async def _settle_not_found(self) -> JobEvent | None:
         summary = await self._summary()  # ended long ago, and its Job has been cleaned up since
         if summary is not None:
             await self._drain()
@@ -851,7 +956,7 @@ class JobWatcher:
             )
         return None
 
-    def _timeout_event(self) -> dict[str, Any]:
+    def _timeout_event(self) -> JobEvent:
         """The same event (and so the same AirflowTaskTimeout) whoever enforced the timeout."""
         return self._event(
             EVENT_TIMEOUT,
@@ -873,7 +978,7 @@ class JobWatcher:
         except UnreadableObject as exc:  # it is there: the job was stopped, by whom is unknown
             return {"by": "someone (the cancelled marker cannot be read)", "reason": str(exc)}
 
-    def _cancelled_event(self, marker: dict[str, Any]) -> dict[str, Any]:
+    def _cancelled_event(self, marker: dict[str, Any]) -> JobEvent:
         return self._event(
             EVENT_FAILED,
             cause="cancelled",

@@ -15,11 +15,14 @@ __all__ = ["point_kinetic_at", "running_emulator"]
 
 
 @contextmanager
-def running_emulator(tmp_path_factory: Any, node_pools: Any = None) -> Iterator[tuple[ClusterEmulator, Path]]:
-    """An emulator (its default pools: every TPU and GPU type) and a kubeconfig for it."""
+def running_emulator(
+    tmp_path_factory: Any, node_pools: Any = None, **options: Any
+) -> Iterator[tuple[ClusterEmulator, Path]]:
+    """An emulator (its default pools: every TPU and GPU type) and a kubeconfig for it;
+    ``options``: more ClusterEmulator arguments (e.g. unserved_versions)."""
     from kinetic_airflow.backends.gke.watch_cache import reset_shared_state
 
-    kwargs = {"node_pools": node_pools} if node_pools is not None else {}
+    kwargs = {"node_pools": node_pools, **options} if node_pools is not None else dict(options)
     emulator = ClusterEmulator(work_dir=tmp_path_factory.mktemp("emulator"), **kwargs)
     emulator.start()
     try:

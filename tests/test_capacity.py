@@ -187,6 +187,25 @@ def test_run_duration_is_gkes_seven_days_at_most_and_only_for_flex_start():
         check_placement(placement_of("spot", 3600), parse_accelerator("gpu-l4"))
 
 
+def test_flex_start_and_queued_jobs_wait_as_long_as_gke_does_for_their_vms():
+    """startup_timeout's built-in 30 minutes is one node scale-up; Dynamic Workload Scheduler may
+    take days (the autoscaler fails a ProvisioningRequest after 7), so flex-start and queued jobs
+    default to 7 days. A task's or a configured startup_timeout still wins."""
+    from kinetic_airflow.capacity import FLEX_START_WAIT_SECONDS, startup_timeout_for
+
+    assert FLEX_START_WAIT_SECONDS == 7 * 24 * 3600
+    flex, queued, spot = (
+        placement_of("flex-start"),
+        placement_of("queued", local_queue="q"),
+        placement_of("spot"),
+    )
+    assert startup_timeout_for(flex, None, 1800.0, 1800.0) == FLEX_START_WAIT_SECONDS
+    assert startup_timeout_for(queued, None, 1800.0, 1800.0) == FLEX_START_WAIT_SECONDS
+    assert startup_timeout_for(spot, None, 1800.0, 1800.0) == 1800.0
+    assert startup_timeout_for(flex, 600.0, 1800.0, 1800.0) == 600.0  # the task's
+    assert startup_timeout_for(flex, None, 3600.0, 1800.0) == 3600.0  # [kinetic] startup_timeout
+
+
 def test_capacity_spellings():
     assert parse_capacity("reservation:ml-capacity/v6e").text == "reservation:ml-capacity/v6e"
     assert parse_capacity("Flex_Start").text == "flex-start"

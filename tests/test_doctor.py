@@ -23,7 +23,11 @@ from kinetic_airflow.backends.gke.doctor import FAIL, OK, SKIP, WARN, rbac_yaml,
 ROOT = Path(__file__).resolve().parent.parent
 NS, SA = "ml", "kinetic"
 GSA = "kinetic-pods@p.iam.gserviceaccount.com"
-TPU = {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice", "cloud.google.com/gke-tpu-topology": "2x4"}
+TPU = {
+    "cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
+    "cloud.google.com/gke-tpu-topology": "2x4",
+    "cloud.google.com/gke-accelerator-count": "4",
+}
 HERE = f"{sys.version_info[0]}.{sys.version_info[1]}"
 
 
@@ -87,8 +91,11 @@ def test_a_correctly_set_up_cluster_passes(cluster, accelerator):
         "workload identity": OK,
         "leaderworkerset api": OK if multi_host else SKIP,
         "accelerator nodes": OK,
+        "requirements cache": OK,
     }
     assert "kubernetes connection 'kinetic_doctor'" in report.check("cluster").detail
+    cache = report.check("requirements cache").detail  # no GKE API to ask whether it is Autopilot
+    assert "hostPath /var/cache/kinetic/envs" in cache and "requirements_cache = emptydir" in cache
     if multi_host:
         assert "LeaderWorkerSet of 2 host(s) on pathways" in report.check("settings").detail
         assert "leaderworkersets" in report.check("permissions").detail
@@ -270,6 +277,7 @@ def test_unreachable_endpoint(cluster, monkeypatch, tmp_path):
         "service account",
         "leaderworkerset api",
         "accelerator nodes",
+        "requirements cache",
     }
 
 

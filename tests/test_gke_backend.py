@@ -290,14 +290,15 @@ def test_a_job_past_its_active_deadline_is_the_same_timeout_as_everywhere(gke_en
     from airflow.sdk.exceptions import AirflowTaskTimeout
 
     from kinetic_airflow.backends.gke.backend import GKEBackend
-    from kinetic_airflow.watch import JobWatcher
+    from kinetic_airflow.driver import JobDriver
+    from kinetic_airflow.watch import JobEvent, JobWatcher
 
     # Kubernetes stops it after 3 s; the watcher itself has no deadline.
     op, ref, storage = gke_job("deadline", time.sleep, [600], active_deadline_seconds=3)
     event = asyncio.run(JobWatcher(ref, storage, GKEBackend(), poll_interval=0.3).wait())
     assert event["status"] == "timeout" and event["cause"] == "timeout", event
     with pytest.raises(AirflowTaskTimeout) as raised:
-        op._outcome(ref, event)
+        JobDriver(op, {})._outcome(ref, JobEvent.from_dict(event))
     assert "the task's execution_timeout passed while the job was running; the job was stopped" in str(
         raised.value
     )

@@ -17,7 +17,7 @@ import pytest
 from emulated_cluster import point_kinetic_at, running_emulator
 from helpers import ti_states, xcom
 
-from kinetic_airflow import operators, submission
+from kinetic_airflow import driver, operators, submission
 from kinetic_airflow.job.layout import JobLayout
 from kinetic_airflow.job.storage import open_storage
 
@@ -177,7 +177,7 @@ def test_a_payload_and_manifest_digest_replaced_together_are_refused(
 
 def test_a_tampered_result_loaded_downstream_is_refused(backend, marker, evil, monkeypatch, capfd):
     """The reference went to XCom with the verified digest; the envelope is replaced afterwards."""
-    real = operators.to_xcom
+    real = driver.to_xcom
     tampered: list[str] = []
 
     def to_xcom(value, result_uri, **kwargs):
@@ -186,7 +186,7 @@ def test_a_tampered_result_loaded_downstream_is_refused(backend, marker, evil, m
         tampered.append(_replace_envelope(job_uri, 0, evil))
         return out
 
-    monkeypatch.setattr(operators, "to_xcom", to_xcom)
+    monkeypatch.setattr(driver, "to_xcom", to_xcom)
     dr = _dag("downstream", backend).test()
     log = _log(capfd)
     assert ti_states(dr) == {"produce": "success", "load_plain": "failed", "load_in_job": "failed"}

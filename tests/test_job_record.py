@@ -198,7 +198,7 @@ def test_what_the_typed_fields_say():
     assert "outcome" not in old.present and "deadline" not in old.present
     delivered = JobRecord.from_dict(EARLIER_FORMS["version 2"])
     assert delivered.phase is Phase.DELIVERED and delivered.outcome == "success"
-    assert delivered.integrity["key"] == "k" * 64 and delivered.jobs[0]["job_id"] == "j-1"
+    assert delivered.integrity["key"] == "k" * 64 and delivered.jobs[0].job_id == "j-1"
     assert JobRecord.from_dict(EARLIER_FORMS["an unknown key"]).unknown == {"newer": {"x": [1]}}
 
 

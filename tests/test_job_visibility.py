@@ -15,6 +15,7 @@ import pytest
 from kinetic_airflow.backends.base import BackendStatus, JobState
 from kinetic_airflow.backends.gke.classify import classify
 from kinetic_airflow.backends.gke.console import is_gke_cluster
+from kinetic_airflow.driver import push_links
 from kinetic_airflow.job.layout import JobIdentity, JobLayout
 from kinetic_airflow.job.ref import JobRef
 from kinetic_airflow.job.states import Stage
@@ -100,13 +101,12 @@ def test_only_a_gke_cluster_gets_console_and_cloud_logging_links():
         def xcom_push(self, key: str, value: Any) -> None:
             pushed.append((key, value))
 
-    op = KineticRunOperator(task_id="t", python_callable=print, backend="gke")
     base = {"namespace": "default", "job_id": "j", "backend": "gke", "job_uri": "gs://b/jobs/j"}
     behind_a_connection = {**base, "cluster": {"kubernetes_conn_id": "emulator"}}
-    op._push_links({"ti": Ti()}, JobRef.from_dict(behind_a_connection))
+    push_links(Ti(), JobRef.from_dict(behind_a_connection))
     assert pushed == []  # no GKE console for a cluster behind a Kubernetes connection
     on_gke = {**base, "cluster": {"project": "p", "location": "l", "name": "c"}}
-    op._push_links({"ti": Ti()}, JobRef.from_dict(on_gke))
+    push_links(Ti(), JobRef.from_dict(on_gke))
     ((key, links),) = pushed
     assert key == LINKS_XCOM_KEY
     assert links["console"].startswith("https://console.cloud.google.com/kubernetes/job/l/c/default/")

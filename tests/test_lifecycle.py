@@ -270,3 +270,29 @@ def test_a_cancelled_job_says_who_stopped_it(tmp_path):
     assert event["message"] == "the job was cancelled by a test: it had to stop"
     assert not (tmp_path / "jobs/stopped/result.json").exists()
     assert (tmp_path / "jobs/stopped/payload.pkl").exists()  # nothing was deleted
+
+
+def test_on_kill_has_the_driver_stop_the_job_it_watches(tmp_path):
+    """The operator is the Airflow face: it keeps no job state of its own. The job a worker
+    watches is its driver's (``kinetic_airflow.driver``), and ``on_kill`` stops that job."""
+    from kinetic_airflow.driver import JobDriver
+    from kinetic_airflow.operators import KineticRunOperator
+
+    base = f"file://{tmp_path}"
+    make_job(base, time.sleep, (600,), job_id="killed")
+    ref = _local_ref(base, "killed")
+    backend = LocalBackend()
+    backend.submit(ref, job_key=key_of(ref.job_uri))
+    op = KineticRunOperator(task_id="t", python_callable=print, backend="local")
+    op.on_kill()  # no driver yet: nothing to stop, nothing fails
+    driver = op._driver_for({})
+    assert isinstance(driver, JobDriver) and op._driver_for({}) is driver  # one driver per operator
+    driver.active_job = ref  # what the driver holds while the worker itself watches the job
+    op.on_kill()
+    event, _ = _watch(ref)
+    assert event["status"] == "failed" and event["cause"] == "cancelled"
+    assert (
+        event["message"]
+        == "the job was cancelled by operator.on_kill: the task was killed (timeout, SIGTERM, a user)"
+    )
+    assert not {"_integrity", "_active_job"} & set(vars(op))  # the job's state is the driver's

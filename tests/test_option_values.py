@@ -439,7 +439,7 @@ def test_cluster_settings_are_checked_for_cluster_backends(monkeypatch):
         check_settings(task, "gke")
     monkeypatch.delenv("KINETIC_NAMESPACE")
     with pytest.raises(
-        KineticSettingError, match=r"REQUIREMENTS_CACHE\)='tmpfs' is not one of hostpath, emptydir"
+        KineticSettingError, match=r"REQUIREMENTS_CACHE\)='tmpfs' is not one of auto, hostpath, emptydir"
     ):
         check_settings(task, "pathways")
 

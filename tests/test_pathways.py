@@ -261,14 +261,15 @@ def test_the_multihost_example_runs_as_it_is_on_the_emulator_walkthrough(lws_env
 
 
 def test_a_cluster_without_leader_worker_sets_is_named(lws_env):
-    from kinetic_airflow.backends.gke.pathways import LwsMissingError, PathwaysBackend, _discovered_version
+    from kinetic_airflow.backends.gke import discovery
+    from kinetic_airflow.backends.gke.pathways import LwsMissingError, PathwaysBackend
     from kinetic_airflow.job.layout import JobIdentity
     from kinetic_airflow.operators import KineticRunOperator
 
-    _discovered_version.cache_clear()
+    discovery.forget()
     lws_env.inject_api_fault("GET", r"^/apis/leaderworkerset\.x-k8s\.io/?$", 404, count=1)
     op = KineticRunOperator(task_id="nolws", python_callable=print, accelerator="tpu-v6e-16")
     ref = op._job_ref(JobIdentity("d", "r-nolws", "nolws"), "pathways", os.environ["KINETIC_BASE_URI"])
     with pytest.raises(LwsMissingError, match=r"no LeaderWorkerSet API .*kinetic up"):
         PathwaysBackend().submit(ref)
-    _discovered_version.cache_clear()
+    discovery.forget()

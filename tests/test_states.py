@@ -109,4 +109,34 @@ def test_the_task_log_and_the_view_speak_the_stages():
     )
     seen = progress_of(BackendStatus(JobState.PENDING, reason="Launching"), job)
     assert seen is not None and seen.state is Stage.LAUNCHING
-    assert {s.value for s in Stage} - set(_STATES) == {"pending", "finished"}  # told as their status
+    # the view filters on the one vocabulary; a live job's stage is its row's ``stage``
+    assert _STATES == tuple(s.value for s in JobStatus)
+
+
+def test_a_cancellation_carries_its_cause_and_the_status_follows_it():
+    from kinetic_airflow.job.states import Cancellation, Cause
+    from kinetic_airflow.lifecycle import WorkerStep
+
+    packaging = Cancellation.now("worker", "any words at all", Cause.PACKAGING_FAILED)
+    assert Cancellation.from_dict(json.loads(json.dumps(packaging.to_dict()))) == packaging
+    assert status_of(ok=None, cancelled=packaging) is JobStatus.FAILED
+    stopped = Cancellation.now("kinetic-airflow jobs cancel (ana@laptop)", "wrong data")
+    assert status_of(ok=None, cancelled=stopped) is JobStatus.CANCELLED
+    # written before the cause existed: the worker's own stop is a worker failure, kept as stored
+    old = {"by": "worker", "reason": "its payload could not be built or uploaded", "time": 1.5}
+    decoded = Cancellation.from_dict(old)
+    assert decoded.cause is Cause.WORKER_FAILED and decoded.to_dict() == old
+    assert Cancellation.from_dict({"by": "listener", "reason": "r"}).cause is Cause.STOPPED
+    assert Cancellation.from_dict({"unreadable": "boom"}) is None
+    # the worker's step decides the cause; its words are only the reason's
+    assert WorkerStep.SHIPPING.cause is Cause.PACKAGING_FAILED
+    assert {step.cause for step in WorkerStep if step is not WorkerStep.SHIPPING} == {Cause.WORKER_FAILED}
+
+
+def test_a_job_nobody_watches_is_lost_once_shipped_and_failed_before():
+    assert status_of(ok=None, cancelled=None, watched=False, shipped=True) is JobStatus.LOST
+    assert status_of(ok=None, cancelled=None, watched=False, started=True) is JobStatus.LOST
+    assert status_of(ok=None, cancelled=None, watched=False) is JobStatus.FAILED
+    assert status_of(ok=True, cancelled=None, watched=False) is JobStatus.SUCCEEDED  # its result first
+    assert status_of(ok=None, cancelled=None, outcome="success", watched=False) is JobStatus.SUCCEEDED
+    assert status_of(ok=None, cancelled=None, outcome="preempted") is JobStatus.FAILED

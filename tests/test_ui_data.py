@@ -3,7 +3,8 @@
 Each case is a real task instance in the metadata DB (a DAG run made by Airflow's own
 models), its job record in ``task_state_store`` as the worker writes it (``save_record``),
 and the job's files in storage in the formats the runner, the watcher and ``cancel_job``
-write them. The view reads them as it does in the api-server (``task_rows``).
+write them (``job.json`` as ``publish_job`` does, so the jobs CLI finds each job too). The view
+reads them as it does in the api-server (``task_rows``); its states are the CLI's.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from helpers import dag_runs_in_metastore
 
 from kinetic_airflow.job.layout import STATE_KEY, JobIdentity, JobLayout
 from kinetic_airflow.job.ref import JobRef
+from kinetic_airflow.job.states import Cause
 from kinetic_airflow.job.storage import open_storage
 from kinetic_airflow.lifecycle import Phase, TryInfo, save_record
+from kinetic_airflow.submission import publish_job
 
 DAG_ID = "kn_ops_local"
 PATHS = {
@@ -46,11 +49,13 @@ class Case:
                 "accelerator": "cpu",
                 "identity": identity.to_dict(),
                 "submitted_at": time.time() - 60,
+                "local_dir": f"{base.removeprefix('file://')}/local-state/{identity.job_id}",
                 **ref,
             }
         )
         self.layout = JobLayout(self.ref.job_uri)
         self.storage = open_storage(base)
+        publish_job(self.storage, self.ref, "greet")  # job.json: what the jobs CLI lists
         self.phase = Phase.RECORDED
         self.extra: dict[str, Any] = {}
 
@@ -68,7 +73,12 @@ class Case:
 
 
 @pytest.fixture(scope="module")
-def rows(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+def base(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return f"file://{tmp_path_factory.mktemp('ui-data')}/kinetic"
+
+
+@pytest.fixture(scope="module")
+def rows(base: str) -> dict[str, dict[str, Any]]:
     """Every case in the metadata DB and in storage; the view's rows, by case name."""
     import kn_ops
     from airflow.models.dagrun import DagRun
@@ -79,7 +89,6 @@ def rows(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
 
     from kinetic_airflow.ui.data import task_rows
 
-    base = f"file://{tmp_path_factory.mktemp('ui-data')}/kinetic"
     usage = {"chips": 8, "chip_hours": 0.214, "run_seconds": 96.3, "queue_seconds": 1.2, "spot": False}
     cases = {
         # the worker died (or was killed) between creating the job and shipping its payload
@@ -95,7 +104,12 @@ def rows(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
         ),
         "failed_while_packaging": Case("fwp", base, "failed")
         .record(Phase.CANCELLED)
-        .marker("cancelled", by="worker", reason="its payload could not be built or uploaded"),
+        .marker(
+            "cancelled",
+            by="worker",
+            reason="its payload could not be built or uploaded",
+            cause=Cause.PACKAGING_FAILED.value,
+        ),
         # a person cancelled it from the CLI while a trigger watched it; the watcher delivered
         "cancelled": Case("cx", base, "failed")
         .record(Phase.DELIVERED, outcome="failed", usage={**usage, "chips": 0, "chip_hours": 0.0})
@@ -193,6 +207,22 @@ def test_a_failure_while_packaging_is_failed_with_its_reason(rows):
     assert row["doing"] == "failed while packaging: its payload could not be built or uploaded"
 
 
+def test_the_view_and_the_jobs_cli_give_a_job_the_same_state(rows, base, capsys):
+    """One vocabulary (``job.states.status_of``): the view's state of a job is the word
+    ``kinetic-airflow jobs list`` prints for it, for a lost job (its task failed after it started,
+    its process is gone) and for a job whose worker failed while packaging its payload."""
+    from kinetic_airflow.cli.main import main
+
+    assert main(["jobs", "list", "--base-uri", base, "-o", "json"]) == 0
+    listed = {job["job_id"]: job["state"] for job in json.loads(capsys.readouterr().out)}
+    for name, state in (("orphaned_running", "lost"), ("failed_while_packaging", "failed")):
+        row = rows[name]
+        assert row["state"] == listed[row["job_id"]] == state, (name, row, listed)
+    # and every other job of these cases: never a word the other does not know
+    for name, row in rows.items():
+        assert row["state"] in {"pending", "running", "succeeded", "failed", "cancelled", "lost"}, name
+
+
 def test_a_cancel_names_who_and_why(rows):
     row = rows["cancelled"]
     assert (row["state"], row["ending"]) == ("cancelled", "cancelled")
@@ -201,13 +231,13 @@ def test_a_cancel_names_who_and_why(rows):
 
 def test_a_job_whose_task_ended_without_it_is_orphaned(rows):
     row = rows["orphaned_running"]
-    assert (row["state"], row["ending"]) == ("orphaned", "orphaned")
+    assert (row["state"], row["ending"]) == ("lost", "orphaned")  # nobody will deliver its outcome
     assert (
         "its task instance is failed without its outcome; the job started and may still run" in row["doing"]
     )
     assert f"kinetic-airflow jobs cancel {row['job_id']}" in row["doing"]
     row = rows["orphaned_finished"]
-    assert (row["state"], row["ending"]) == ("orphaned", "orphaned")
+    assert (row["state"], row["ending"]) == ("succeeded", "orphaned")  # it did; its task never knew
     assert row["doing"] == "returned int, but its task instance is failed and never received it"
 
 

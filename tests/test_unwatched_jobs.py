@@ -65,20 +65,21 @@ def _instead(monkeypatch, owner, name: str, step: str, *, is_async: bool = False
 
 
 def _record_write_fails(monkeypatch, phase: Phase, step: str) -> None:
-    """The operator's job-record write fails for ``phase`` only."""
-    import kinetic_airflow.operators as operators
+    """The worker's job-record write (``kinetic_airflow.driver``) fails for ``phase`` only."""
+    import kinetic_airflow.driver as driver
 
-    original = operators.save_record
+    original = driver.save_record
 
     def save_record(store, wanted, **kwargs):
         if wanted is phase:
             _raise(step)
         return original(store, wanted, **kwargs)
 
-    monkeypatch.setattr(operators, "save_record", save_record)
+    monkeypatch.setattr(driver, "save_record", save_record)
 
 
 def _inject(step: str, backend: str, monkeypatch) -> None:
+    from kinetic_airflow.driver import JobDriver
     from kinetic_airflow.operators import KineticRunOperator
     from kinetic_airflow.triggers import KineticJobTrigger
     from kinetic_airflow.watch import JobWatcher
@@ -88,16 +89,16 @@ def _inject(step: str, backend: str, monkeypatch) -> None:
     elif step == "record_created":
         _record_write_fails(monkeypatch, Phase.CREATED, step)
     elif step == "ship_payload":
-        _instead(monkeypatch, KineticRunOperator, "_ship_payload", step)
+        _instead(monkeypatch, JobDriver, "_ship_payload", step)
     elif step == "record_shipped":
         _record_write_fails(monkeypatch, Phase.SHIPPED, step)
     elif step == "record_waiting":
         _record_write_fails(monkeypatch, Phase.WAITING, step)
     elif step == "push_links":
-        _instead(monkeypatch, KineticRunOperator, "_push_links", step)
+        _instead(monkeypatch, JobDriver, "_push_links", step)
     elif step == "build_watcher":  # the in-worker wait (wait_before_defer) builds a watcher
         monkeypatch.setenv("KINETIC_WAIT_BEFORE_DEFER", "30")
-        _instead(monkeypatch, KineticRunOperator, "_watcher", step)
+        _instead(monkeypatch, JobDriver, "_watcher", step)
     elif step == "in_worker_wait":
         monkeypatch.setenv("KINETIC_WAIT_BEFORE_DEFER", "30")
         _instead(monkeypatch, JobWatcher, "wait", step, is_async=True)
@@ -264,6 +265,10 @@ def test_an_error_before_a_watcher_holds_the_job_leaves_no_job_running(
     assert entry["phase"] == "cancelled" and entry["cancelled"]["reason"] == reason
     marker = json.loads(open_storage(job.job_uri).read_text(cancelled_marker(job)))
     assert marker["by"] == "worker" and marker["reason"] == reason  # what the watcher and CLI show
+    # the cause is a field, set from the step (not read from the reason's words): the view and
+    # the CLI tell a packaging failure from the worker's other failures by it
+    cause = "packaging_failed" if step == "ship_payload" else "worker_failed"
+    assert record["cancelled"]["cause"] == entry["cancelled"]["cause"] == marker["cause"] == cause
     # nothing the job made is deleted on the way (DESIGN: no failure path deletes files)
     if step not in ("backend_submit", "record_created", "ship_payload"):
         assert open_storage(job.job_uri).exists(job.job_uri + "/manifest.json")

@@ -21,6 +21,7 @@ from pathlib import Path
 from .cluster import DEFAULT_NAMESPACES, DEFAULT_SERVICE_ACCOUNTS, Cluster
 from .kubeconfig import DEFAULT_CONTEXT, write_kubeconfig
 from .nodes import NodePool, Taint
+from .resources import KUEUE_14558, check_unserved
 from .server import ApiServer
 
 
@@ -80,8 +81,27 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--work-dir", help="directory for pod logs (default: a temp dir removed on exit)")
     parser.add_argument("--node-pools", help="JSON file: [{name, labels, taints:[{key,value,effect}]}]")
+    parser.add_argument(
+        "--unserve",
+        action="append",
+        default=[],
+        metavar="GROUP/VERSION",
+        help="stop serving a version the vendored CRDs serve (repeatable), e.g. kueue.x-k8s.io/v1beta1 "
+        f"as kubernetes-sigs/kueue#14558 does; '{KUEUE_14558}' is short for that change",
+    )
+    parser.add_argument(
+        "--autopilot",
+        action="store_true",
+        help="act as a GKE Autopilot cluster: pods with a writable hostPath volume or a host port are "
+        "refused with GKE Warden's message",
+    )
     parser.add_argument("--log-level", default="WARNING", help="Python log level (default WARNING)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:
+        check_unserved(args.unserve)
+    except ValueError as exc:  # a usage error, not a traceback
+        parser.error(str(exc))
+    return args
 
 
 async def serve(args: argparse.Namespace) -> int:
@@ -100,6 +120,8 @@ async def serve(args: argparse.Namespace) -> int:
             if args.service_account is None
             else [a for a in args.service_account if a]
         ),
+        unserved_versions=check_unserved(args.unserve),
+        autopilot=args.autopilot,
     )
     server = ApiServer(cluster, args.host, args.port)
     stop = asyncio.Event()

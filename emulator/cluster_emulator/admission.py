@@ -23,12 +23,31 @@ Sources (kubernetes/kubernetes):
   ``Constraints`` in ``pkg/quota/v1/evaluator/core/pods.go`` (quota on cpu/memory makes every
   container state that resource).
 
+* GKE Autopilot (``Cluster(autopilot=True)``): GKE Warden, a validating admission webhook,
+  enforces Autopilot's security constraints
+  (https://cloud.google.com/kubernetes-engine/docs/concepts/autopilot-security, "Host options
+  restrictions": hostPath only read-only under ``/var/log/``; no host ports). Its wording is not
+  in a public repository; it is taken from refusals users quoted, e.g. SigNoz/charts#310 (2023)
+  and SumoLogic/sumologic-kubernetes-collection#3437 (2023): ``admission webhook
+  "warden-validating.common-webhooks.networking.gke.io" denied the request: GKE Warden rejected
+  the request because it violates one or more constraints.\nViolations details:
+  {"[denied by autogke-no-write-mode-hostpath]":["hostPath volume <v> in container <c> is
+  accessed in write mode; disallowed in Autopilot.", "hostPath volume <v> used in container <c>
+  uses path <p> which is not allowed in Autopilot. Allowed path prefixes for hostPath volumes
+  are: [/var/log/]."], "[denied by autogke-no-host-port]":["container <c> specifies host ports
+  [<ports>], which are disallowed in Autopilot."]}``. A webhook's denial becomes a 403
+  ``<resource> "<name>" is forbidden: admission webhook "<webhook>" denied the request: <message>``
+  (kubernetes ``staging/src/k8s.io/apiserver/pkg/admission/plugin/webhook/errors/statuserror.go``,
+  ``ToStatusErr``). ValidatingAdmissionWebhook runs after PodSecurity and before ResourceQuota
+  (``pkg/kubeapiserver/options/plugins.go``, ``AllOrderedPlugins``).
+
 Every refusal is a 403 whose message starts ``pods "<name>" is forbidden: `` with the name
 as sent (``<job>-`` for a Job's pods: admission runs before ``generateName`` is expanded).
 """
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from . import errors
@@ -41,6 +60,8 @@ ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
 ENFORCE_VERSION_LABEL = "pod-security.kubernetes.io/enforce-version"
 _LEVELS = ("privileged", "baseline", "restricted")
 _COMPUTE = ("cpu", "memory")
+WARDEN_WEBHOOK = "warden-validating.common-webhooks.networking.gke.io"
+AUTOPILOT_HOSTPATH_PREFIXES = ("/var/log/",)
 
 
 def _forbidden(name: str, reason: str) -> errors.ApiError:
@@ -80,6 +101,7 @@ class PodAdmission:
         spec = pod.get("spec") or {}
         self._service_account(ns, spec, name)
         self._pod_security(ns, spec, name)
+        self._autopilot(spec, name)
         self._quota(ns, spec, name)
 
     # ServiceAccount -------------------------------------------------------------------------
@@ -104,6 +126,19 @@ class PodAdmission:
             found += restricted_violations(spec)
         if found:
             raise _forbidden(name, f'violates PodSecurity "{level}:{version}": ' + ", ".join(found))
+
+    # GKE Autopilot (GKE Warden) -------------------------------------------------------------
+    def _autopilot(self, spec: dict[str, Any], name: str) -> None:
+        if not getattr(self.cluster, "autopilot", False):
+            return
+        violations = autopilot_violations(spec)
+        if violations:
+            details = json.dumps(violations, separators=(",", ":"))
+            raise _forbidden(
+                name,
+                f'admission webhook "{WARDEN_WEBHOOK}" denied the request: GKE Warden rejected the '
+                "request because it violates one or more constraints.\nViolations details: " + details,
+            )
 
     # ResourceQuota --------------------------------------------------------------------------
     def _quota(self, ns: str, spec: dict[str, Any], name: str) -> None:
@@ -197,6 +232,48 @@ def baseline_violations(spec: dict[str, Any]) -> list[str]:
         ports = [str(p["hostPort"]) for c in with_ports for p in c.get("ports") or [] if p.get("hostPort")]
         names = [c.get("name", "") for c in with_ports]
         out.append(f"hostPort ({_plural('container', names)} uses hostPort {', '.join(ports)})")
+    return out
+
+
+def autopilot_violations(spec: dict[str, Any]) -> dict[str, list[str]]:
+    """GKE Warden's Autopilot constraints a kinetic pod can trip, keyed as Warden keys them: a
+    hostPath volume must lie under ``/var/log/`` and every mount of it must be read-only; no
+    container may ask for a host port (see the module docstring for the sources)."""
+    out: dict[str, list[str]] = {}
+    host_paths = {
+        v.get("name", ""): (v.get("hostPath") or {}) for v in spec.get("volumes") or [] if "hostPath" in v
+    }
+    hostpath_rule: list[str] = []
+    for container in _containers(spec):
+        cname = container.get("name", "")
+        for mount in container.get("volumeMounts") or []:
+            volume = mount.get("name", "")
+            if volume not in host_paths:
+                continue
+            if not mount.get("readOnly"):
+                hostpath_rule.append(
+                    f"hostPath volume {volume} in container {cname} is accessed in write mode; "
+                    "disallowed in Autopilot."
+                )
+            path = str(host_paths[volume].get("path") or "")
+            if not any((path.rstrip("/") + "/").startswith(p) for p in AUTOPILOT_HOSTPATH_PREFIXES):
+                allowed = ", ".join(AUTOPILOT_HOSTPATH_PREFIXES)
+                hostpath_rule.append(
+                    f"hostPath volume {volume} used in container {cname} uses path {path} which is not "
+                    f"allowed in Autopilot. Allowed path prefixes for hostPath volumes are: [{allowed}]."
+                )
+    if hostpath_rule:
+        out["[denied by autogke-no-write-mode-hostpath]"] = hostpath_rule
+    ports_rule = []
+    for container in _containers(spec):
+        ports = [str(p["hostPort"]) for p in container.get("ports") or [] if p.get("hostPort")]
+        if ports:
+            ports_rule.append(
+                f"container {container.get('name', '')} specifies host ports [{' '.join(ports)}], which "
+                "are disallowed in Autopilot."
+            )
+    if ports_rule:
+        out["[denied by autogke-no-host-port]"] = ports_rule
     return out
 
 

@@ -128,8 +128,14 @@ class Cluster:
         image_pull_backoff: float = 0.5,
         event_ttl_seconds: float = 3600.0,
         service_accounts: Sequence[str] = DEFAULT_SERVICE_ACCOUNTS,
+        unserved_versions: Sequence[str] = (),
+        autopilot: bool = False,
     ) -> None:
         self.store = Store()
+        # group/versions the vendored CRDs serve but this cluster does not (resources.served_versions)
+        self.unserved_versions = frozenset(unserved_versions)
+        # GKE Autopilot: GKE Warden's admission constraints apply to pods (admission.py)
+        self.autopilot = autopilot
         self.service_accounts = list(service_accounts)
         self.event_ttl_seconds = event_ttl_seconds
         self._next_event_gc = 0.0

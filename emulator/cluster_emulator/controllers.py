@@ -73,6 +73,34 @@ def _tpu_containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
     return [c for c in containers if _requests_tpus(c)]
 
 
+def _exit_code_match(status: dict[str, Any], requirement: dict[str, Any]) -> tuple[str, int] | None:
+    """(container, exit code) of the first terminated container the requirement matches."""
+    values = set(requirement.get("values") or [])
+    operator = requirement.get("operator")
+    for group in ("containerStatuses", "initContainerStatuses"):
+        for cs in status.get(group) or []:
+            term = (cs.get("state") or {}).get("terminated")
+            if not term or not term.get("exitCode"):
+                continue
+            if requirement.get("containerName") and requirement["containerName"] != cs.get("name"):
+                continue
+            code = int(term["exitCode"])
+            if (operator == "In" and code in values) or (operator == "NotIn" and code not in values):
+                return str(cs.get("name")), code
+    return None
+
+
+def _condition_match(status: dict[str, Any], patterns: list[dict[str, Any]]) -> str | None:
+    """The type of the first pod condition a pattern matches (type and status)."""
+    for cond in status.get("conditions") or []:
+        for pattern in patterns:
+            if cond.get("type") == pattern.get("type") and cond.get("status") == pattern.get(
+                "status", "True"
+            ):
+                return str(cond["type"])
+    return None
+
+
 def compress_indexes(indexes: set[int]) -> str:
     """``{0,1,2,4}`` -> ``"0-2,4"`` (Job ``completedIndexes`` format)."""
     parts = []
@@ -153,41 +181,39 @@ class JobController:
             self._event(job, "Normal", "SuccessfulDelete", f"Deleted pod: {md['name']}")
 
     def _failure_policy(self, job: dict[str, Any], pod: dict[str, Any]) -> tuple[str, str] | None:
+        """The first ``podFailurePolicy`` rule a failed pod matches: (action, FailJob message).
+
+        kubernetes/kubernetes ``pkg/controller/job/pod_failure_policy.go`` (at 95f0849),
+        ``matchPodFailurePolicy``: rules in order; ``onExitCodes`` looks at the terminated
+        containers with a non-zero exit code, ``containerStatuses`` before
+        ``initContainerStatuses`` (``matchOnExitCodes``, ``getMatchingContainerFromList``), with
+        ``In`` / ``NotIn`` (another operator never matches); ``onPodConditions`` matches a pod
+        condition of the pattern's type and status (``matchOnPodConditions``; the API defaults
+        the pattern's status to ``True``); a rule whose action is unknown is skipped, as is
+        ``FailIndex`` (``backoffLimitPerIndex`` is not modelled). The FailJob messages are
+        upstream's. The Job controller only asks this of a pod in phase ``Failed``.
+        """
         rules = ((job.get("spec") or {}).get("podFailurePolicy") or {}).get("rules") or []
         md = pod["metadata"]
         status = pod.get("status") or {}
-        statuses = list(status.get("initContainerStatuses") or []) + list(
-            status.get("containerStatuses") or []
-        )
+        where = f"{md['namespace']}/{md['name']}"
         for i, rule in enumerate(rules):
-            action = rule.get("action", "Count")
+            action = rule.get("action")
+            if action not in ("FailJob", "Ignore", "Count"):
+                continue
             on_codes = rule.get("onExitCodes")
-            if on_codes:
-                values = set(on_codes.get("values") or [])
-                for cs in statuses:
-                    if on_codes.get("containerName") and cs.get("name") != on_codes["containerName"]:
-                        continue
-                    term = (cs.get("state") or {}).get("terminated")
-                    if not term or term.get("exitCode", 0) == 0:
-                        continue
-                    code = term["exitCode"]
-                    hit = code in values if on_codes.get("operator") == "In" else code not in values
-                    if hit:
-                        return action, (
-                            f"Container {cs.get('name')} for pod {md['namespace']}/{md['name']} "
-                            "failed with exit "
-                            f"code {code} matching {action} rule at index {i}"
-                        )
-            for pattern in rule.get("onPodConditions") or []:
-                for cond in status.get("conditions") or []:
-                    if cond.get("type") == pattern.get("type") and cond.get("status") == pattern.get(
-                        "status", "True"
-                    ):
-                        return action, (
-                            f"Pod {md['namespace']}/{md['name']} has condition {cond['type']} "
-                            f"matching {action} "
-                            f"rule at index {i}"
-                        )
+            if on_codes is not None:
+                matched = _exit_code_match(status, on_codes)
+                if matched is not None:
+                    name, code = matched
+                    return action, (
+                        f"Container {name} for pod {where} failed with exit code {code} matching "
+                        f"{action} rule at index {i}"
+                    )
+            elif rule.get("onPodConditions") is not None:
+                ctype = _condition_match(status, rule["onPodConditions"])
+                if ctype is not None:
+                    return action, f"Pod {where} has condition {ctype} matching {action} rule at index {i}"
         return None
 
     def _new_pod(self, job: dict[str, Any], index: int | None) -> None:

@@ -33,7 +33,7 @@ from .cluster import DEFAULT_NAMESPACES, DEFAULT_SERVICE_ACCOUNTS, Cluster
 from .faults import ApiFault, RequestLog
 from .kubeconfig import DEFAULT_CONTEXT, DUMMY_TOKEN, kubeconfig_dict, write_kubeconfig
 from .nodes import NodePool
-from .resources import by_plural
+from .resources import by_plural, check_unserved
 from .selectors import parse_label_selector
 from .server import ApiServer
 from .tls import ServingCertificate
@@ -55,7 +55,8 @@ class ClusterEmulator:
 
     Args:
         node_pools: node pools the scheduler may use (default :func:`~.nodes.default_node_pools`:
-            a CPU pool, a Spot CPU pool and one pool per common GKE TPU/GPU type).
+            CPU and Spot CPU pools and, on-demand and Spot, one pool per GKE TPU accelerator,
+            machine type and topology and per GPU type and machine type, with GKE's node labels).
         host: interface to bind (plain http).
         port: TCP port; 0 picks a free one.
         namespaces: namespaces that exist at start.
@@ -77,6 +78,9 @@ class ClusterEmulator:
         service_accounts: ``namespace/name`` service accounts made at start besides every
             namespace's ``default`` (default: ``default/kinetic``, as ``kinetic up`` leaves a
             cluster); a pod naming an account that does not exist is refused (FailedCreate).
+        autopilot: act as a GKE Autopilot cluster: GKE Warden's admission constraints refuse pods
+            with a writable hostPath volume (or one outside ``/var/log/``) or a host port, with
+            Warden's message (``admission.py``, ``autopilot_violations``).
     """
 
     def __init__(
@@ -96,9 +100,13 @@ class ClusterEmulator:
         image_pull_backoff_seconds: float = 0.5,
         tls: bool = False,
         service_accounts: Sequence[str] = DEFAULT_SERVICE_ACCOUNTS,
+        unserved_versions: Sequence[str] = (),
+        autopilot: bool = False,
     ) -> None:
         self._options = {
             "service_accounts": list(service_accounts),
+            "unserved_versions": check_unserved(unserved_versions),
+            "autopilot": autopilot,
             "node_pools": list(node_pools) if node_pools is not None else None,
             "namespaces": list(namespaces),
             "max_grace_seconds": max_grace_seconds,
@@ -374,7 +382,9 @@ class ClusterEmulator:
         """Evict a Kueue Workload as Kueue does (``pkg/workload/evict``): condition
         ``Evicted=True`` with ``reason``/``message``, admission checks reset to Pending; the job is
         suspended (its pods killed), then the quota is released (``QuotaReserved=False``, reason
-        ``Pending``) and the Workload requeued (``Requeued=True``, reason ``reason``)."""
+        ``Pending``) and ``Requeued`` set as Kueue sets it (True for ``Preempted`` and
+        ``NodeFailures``; otherwise False with ``reason`` until the backoff or the queue's stop ends,
+        see ``KueueController._requeue``)."""
         self._call(self.cluster.evict_workload, namespace, name, reason, message)
 
     def set_provisioning(

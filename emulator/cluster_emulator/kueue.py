@@ -1,12 +1,14 @@
-"""Kueue (kueue.x-k8s.io/v1beta1) as one controller: the job webhook's suspend, one Workload per
-job, quota admission through LocalQueue -> ClusterQueue, preemption within a ClusterQueue,
-eviction, the ProvisioningRequest admission check (with a model of GKE's queued provisioning
-answering the requests), the visibility API's pending workloads, and GKE flex-start's maximum
-run duration.
+"""Kueue (kueue.x-k8s.io, stored in v1beta2) as one controller: the job webhook's suspend, one
+Workload per job, quota admission through LocalQueue -> ClusterQueue, preemption within a
+ClusterQueue, eviction and requeueing, stop policies, the ProvisioningRequest admission check
+(with a model of GKE's queued provisioning answering the requests), the visibility API's pending
+workloads, and GKE flex-start's maximum run duration.
 
-Every rule is read from kubernetes-sigs/kueue at ff69552 (file and function named where the rule
-is written) or the GKE documentation (URL named). Nothing of upstream's code is copied. What is
-not modelled is listed in this package's README (Kueue section).
+Every rule is read from kubernetes-sigs/kueue (file and function named where the rule is
+written): eviction, ``Requeued`` and stop policies at the pinned release v0.19.2
+(crds/UPSTREAM.json), the rest at ff69552 (main, 2026-08-22), or the GKE documentation (URL
+named). Nothing of upstream's code is copied. What is not modelled is listed in this package's
+README (Kueue section).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from .resources import (
 
 log = logging.getLogger(__name__)
 
+GROUP = "kueue.x-k8s.io"
 # pkg/controller/constants/constants.go
 QUEUE_NAME = "kueue.x-k8s.io/queue-name"
 PRIORITY_CLASS = "kueue.x-k8s.io/priority-class"
@@ -47,7 +50,6 @@ JOB_UID = "kueue.x-k8s.io/job-uid"
 MANAGED = "kueue.x-k8s.io/managed"
 # pkg/controller/jobs/pod/constants: the scheduling gate Kueue's pod webhook adds (pod groups, LWS)
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
-WORKLOAD_PRIORITY_SOURCE = "kueue.x-k8s.io/workloadpriorityclass"
 # pkg/controller/admissionchecks/provisioning (ControllerName) and the autoscaler API's annotations
 PROVISIONING_CONTROLLER = "kueue.x-k8s.io/provisioning-request"
 CONSUME_PROVREQ = "autoscaling.x-k8s.io/consume-provisioning-request"
@@ -67,6 +69,8 @@ LWS_GROUP = "leaderworkerset.sigs.k8s.io/group-index"
 
 QUOTA_RESERVED, ADMITTED, FINISHED = "QuotaReserved", "Admitted", "Finished"
 EVICTED, PREEMPTED, REQUEUED = "Evicted", "Preempted", "Requeued"
+# Eviction reasons after which Kueue requeues at once (Requeued=True): reconciler.go ``setRequeued``
+REQUEUED_AT_ONCE = ("Preempted", "NodeFailures")
 DEACTIVATION_TARGET = "DeactivationTarget"
 
 _GVK = {
@@ -267,8 +271,10 @@ class KueueController:
             self._flex_start()  # nothing queued: only GKE's part runs
             return
         for step in (
+            self._drain_stopped_queues,
             self._sync_jobs,
             self._delete_orphans,
+            self._requeue,
             self._schedule,
             self._sync_checks,
             self._autoscaler,
@@ -330,8 +336,8 @@ class KueueController:
         pc = labels.get(PRIORITY_CLASS)
         if pc:
             wpc = self.store.get(WORKLOADPRIORITYCLASSES, None, pc)
-            spec["priorityClassName"] = pc
-            spec["priorityClassSource"] = WORKLOAD_PRIORITY_SOURCE
+            # v1beta2's priorityClassRef (v1beta1: priorityClassSource + priorityClassName)
+            spec["priorityClassRef"] = {"group": GROUP, "kind": "WorkloadPriorityClass", "name": pc}
             spec["priority"] = int((wpc or {}).get("value", 0))
         obj = {
             "apiVersion": WORKLOADS.api_version,
@@ -518,27 +524,99 @@ class KueueController:
         return all(not (j.get("status") or {}).get("active") for j in children)
 
     def _release(self, wl: dict[str, Any]) -> None:
-        """``workload.UnsetQuotaReservationWithCondition(wl, "Pending", <evicted message>)`` and the
-        ``Requeued`` condition (``jobframework/reconciler.go``, evicted branch)."""
+        """The evicted job is stopped: clear the admission
+        (kubernetes-sigs/kueue v0.19.2 ``pkg/controller/jobframework/reconciler.go``
+        ``ReconcileGenericJob``, step "6. handle eviction"): ``SetRequeuedCondition(wl,
+        <Evicted reason>, <Evicted message>, setRequeued)`` where ``setRequeued`` is true only for
+        ``Preempted`` and ``NodeFailures``, then ``UnsetQuotaReservationWithCondition(wl, "Pending",
+        <Evicted message>)`` (``Pending``: the fallback while the UnadmittedWorkloadsObservability
+        gate is off, its 0.19 default). A ``Requeued=False`` Workload waits until
+        ``_requeue`` sets it True (the workload controller)."""
         md = wl["metadata"]
 
         def unset(obj: dict[str, Any]) -> None:
             status = obj.setdefault("status", {})
             c = status.setdefault("conditions", [])
             ev = find_condition(c, EVICTED) or {}
+            reason = ev.get("reason", "Pending")
+            requeued = "True" if reason in REQUEUED_AT_ONCE else "False"
+            set_condition(c, REQUEUED, requeued, reason, ev.get("message", ""), probe=False)
             status.pop("admission", None)
             set_condition(c, QUOTA_RESERVED, "False", "Pending", ev.get("message", ""), probe=False)
             set_condition(
                 c, ADMITTED, "False", "NoReservation", "The workload has no reservation", probe=False
             )
-            if obj["spec"].get("active", True) is False:
-                set_condition(c, REQUEUED, "False", "Deactivated", "The workload is deactivated", probe=False)
-            else:
-                set_condition(
-                    c, REQUEUED, "True", ev.get("reason", "Pending"), ev.get("message", ""), probe=False
-                )
 
         self.store.mutate(WORKLOADS, md["namespace"], md["name"], unset)
+
+    def _requeue(self) -> None:
+        """``Requeued=False`` back to True (kubernetes-sigs/kueue v0.19.2
+        ``pkg/controller/core/workload_controller.go`` ``Reconcile``): after ``PodsReadyTimeout``
+        or ``AdmissionCheck`` once ``status.requeueState.requeueAt`` has passed (reason
+        ``BackoffFinished``, requeueAt cleared); after a deactivation once ``spec.active`` is true
+        again (``Reactivated``); after ``ClusterQueueStopped`` / ``LocalQueueStopped`` once the
+        queue's ``stopPolicy`` is ``None`` again (``ClusterQueueRestarted`` / ``LocalQueueRestarted``,
+        ``isDisabledRequeuedByClusterQueueStopped`` / ``...LocalQueueStopped``)."""
+        now = utcnow()
+        for wl in self.store.list(WORKLOADS):
+            rq = find_condition(_conds(wl), REQUEUED)
+            if not rq or rq.get("status") != "False" or condition_true(_conds(wl), QUOTA_RESERVED):
+                continue
+            ns, reason = wl["metadata"]["namespace"], rq.get("reason")
+            lq = self.store.get(LOCALQUEUES, ns, wl["spec"].get("queueName", ""))
+            cq = self.store.get(CLUSTERQUEUES, None, ((lq or {}).get("spec") or {}).get("clusterQueue", ""))
+            new: tuple[str, str] | None = None
+            if reason in ("PodsReadyTimeout", "AdmissionCheck"):
+                at = ((wl.get("status") or {}).get("requeueState") or {}).get("requeueAt")
+                if not at or parse_time(at) <= now:
+                    new = ("BackoffFinished", "The workload backoff was finished")
+            elif reason == "Deactivated" and wl["spec"].get("active", True) is not False:
+                new = ("Reactivated", "The workload was reactivated")
+            elif reason == "LocalQueueStopped" and lq is not None and _stop_policy(lq) == "None":
+                new = ("LocalQueueRestarted", "The LocalQueue was restarted after being stopped")
+            elif reason == "ClusterQueueStopped" and cq is not None and _stop_policy(cq) == "None":
+                new = ("ClusterQueueRestarted", "The ClusterQueue was restarted after being stopped")
+            if new is None:
+                continue
+
+            def mark(obj: dict[str, Any], new: tuple[str, str] = new) -> None:
+                set_condition(obj["status"]["conditions"], REQUEUED, "True", new[0], new[1], probe=False)
+                rqs = obj["status"].get("requeueState")
+                if new[0] == "BackoffFinished" and rqs:
+                    rqs.pop("requeueAt", None)
+
+            self.store.mutate(WORKLOADS, ns, wl["metadata"]["name"], mark)
+
+    def _drain_stopped_queues(self) -> None:
+        """An admitted Workload whose LocalQueue or ClusterQueue has ``stopPolicy: HoldAndDrain`` is
+        evicted (kubernetes-sigs/kueue v0.19.2 ``pkg/controller/core/workload_controller.go``
+        ``reconcileOnLocalQueueActiveState`` / ``reconcileOnClusterQueueActiveState``); ``Hold``
+        only stops new admissions. A Workload set ``spec.active: false`` (by hand) is evicted
+        ``Deactivated`` ("The workload is deactivated", ``Reconcile``'s inactive branch)."""
+        for wl in self.store.list(WORKLOADS):
+            conds = _conds(wl)
+            if (
+                wl["spec"].get("active", True) is False
+                and condition_true(conds, QUOTA_RESERVED)
+                and not condition_true(conds, EVICTED)
+                and not condition_true(conds, FINISHED)
+            ):
+                ns, name = wl["metadata"]["namespace"], wl["metadata"]["name"]
+                self.evict(ns, name, "Deactivated", "The workload is deactivated")
+        for wl in self.store.list(WORKLOADS):
+            conds = _conds(wl)
+            if not condition_true(conds, ADMITTED) or condition_true(conds, EVICTED):
+                continue
+            if condition_true(conds, FINISHED):
+                continue
+            ns, name = wl["metadata"]["namespace"], wl["metadata"]["name"]
+            lq = self.store.get(LOCALQUEUES, ns, wl["spec"].get("queueName", ""))
+            cq_name = ((wl.get("status") or {}).get("admission") or {}).get("clusterQueue", "")
+            cq = self.store.get(CLUSTERQUEUES, None, cq_name)
+            if lq is not None and _stop_policy(lq) == "HoldAndDrain":
+                self.evict(ns, name, "LocalQueueStopped", "The LocalQueue is stopped")
+            elif cq is not None and _stop_policy(cq) == "HoldAndDrain":
+                self.evict(ns, name, "ClusterQueueStopped", "The ClusterQueue is stopped")
 
     def _delete_orphans(self) -> None:
         """A Workload whose job is gone is deleted (GC through the owner reference; with an
@@ -625,6 +703,9 @@ class KueueController:
             if lq is None:
                 self._pending(wl, "Misconfigured", f"LocalQueue {qn} doesn't exist")
                 continue
+            if _stop_policy(lq) != "None":  # workload_controller.go reconcileOnLocalQueueActiveState
+                self._pending(wl, "Inadmissible", f"LocalQueue {qn} is stopped")
+                continue
             cq_name = (lq.get("spec") or {}).get("clusterQueue", "")
             cq = self.store.get(CLUSTERQUEUES, None, cq_name)
             if cq is None:
@@ -642,6 +723,13 @@ class KueueController:
                 rq = (wl.get("status") or {}).get("requeueState") or {}
                 if rq.get("requeueAt") and parse_time(rq["requeueAt"]) > now:
                     continue  # backoff after an admission-check retry
+                requeued = find_condition(_conds(wl), REQUEUED)
+                lq = self.store.get(LOCALQUEUES, wl["metadata"]["namespace"], wl["spec"].get("queueName", ""))
+                if lq is None or _stop_policy(lq) != "None":
+                    continue
+                if requeued and requeued.get("status") == "False":
+                    # pkg/cache/queue/cluster_queue.go backoffWaitingTimeExpired: not until requeued
+                    continue
                 assignment, reason, message = self._assign(cq, wl, usage)
                 if assignment is not None:
                     self._reserve(cq, wl, assignment)
@@ -1244,6 +1332,10 @@ def _dt_from_ts(ts: float) -> Any:
     return _dt.datetime.fromtimestamp(ts, tz=_dt.timezone.utc)
 
 
+def _stop_policy(queue: dict[str, Any]) -> str:
+    return str((queue.get("spec") or {}).get("stopPolicy") or "None")
+
+
 def _cq_checks(cq: dict[str, Any]) -> list[str]:
     spec = cq.get("spec") or {}
     names = list(spec.get("admissionChecks") or [])
@@ -1376,11 +1468,17 @@ def _job_finished(rt: ResourceType, job: dict[str, Any]) -> tuple[bool, str] | N
 
 
 def pending_workloads_summary(
-    controller: KueueController, cq: str, lq: tuple[str, str] | None, offset: int = 0, limit: int = 1000
+    controller: KueueController,
+    cq: str,
+    lq: tuple[str, str] | None,
+    offset: int = 0,
+    limit: int = 1000,
+    version: str = "v1beta2",
 ) -> dict[str, Any]:
-    """``apis/visibility/v1beta1/types.go`` ``PendingWorkloadsSummary`` (``pkg/visibility/api/
-    rest/pending_workloads_cq.go`` / ``_lq.go``): the ClusterQueue's pending workloads in queue
-    order with their positions; for a LocalQueue only its own, ``offset``/``limit`` applied."""
+    """``apis/visibility/v1beta2/types.go`` ``PendingWorkloadsSummary``, v1beta1's the same
+    (``pkg/visibility/api/rest/pending_workloads_cq.go`` / ``_lq.go``): the ClusterQueue's pending
+    workloads in queue order with their positions; for a LocalQueue only its own, ``offset``/``limit``
+    applied."""
     queue = controller.pending().get(cq, [])
     items = []
     per_lq: dict[tuple[str, str], int] = {}
@@ -1407,7 +1505,7 @@ def pending_workloads_summary(
         )
     return {
         "kind": "PendingWorkloadsSummary",
-        "apiVersion": "visibility.kueue.x-k8s.io/v1beta1",
+        "apiVersion": f"visibility.kueue.x-k8s.io/{version}",
         "metadata": {"creationTimestamp": None},
         "items": items[offset : offset + limit],
     }

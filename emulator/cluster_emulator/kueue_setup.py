@@ -10,7 +10,9 @@ from typing import Any
 
 from .kueue import PROVISIONING_CONTROLLER, QUEUED_PROVISIONING_CLASS
 
-GROUP, VERSION = "kueue.x-k8s.io", "v1beta1"
+# The preferred version of the pinned release (crds/UPSTREAM.json): the one every Kueue release
+# from 0.15 serves, and the only one once v1beta1 is unserved (kubernetes-sigs/kueue#14558).
+GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
 
 
 def _api(target: Any) -> Any:
@@ -91,8 +93,8 @@ def kueue_queue(
             }
         ],
     }
-    if admission_checks:
-        spec["admissionChecks"] = list(admission_checks)
+    if admission_checks:  # v1beta2 has only the strategy (v1beta1's admissionChecks converts to it)
+        spec["admissionChecksStrategy"] = {"admissionChecks": [{"name": c} for c in admission_checks]}
     if within_cluster_queue:
         spec["preemption"] = {"withinClusterQueue": within_cluster_queue}
     api = _api(target)

@@ -1,8 +1,10 @@
 """Node pools and the scheduler's feasibility check.
 
-A node pool stands for a GKE node pool: a set of node labels (a value ``"*"``
-matches whatever value a pod asks for, so one pool can stand for every TPU
-topology or both Spot and on-demand VMs) and taints. The scheduler only checks
+A node pool stands for a GKE node pool: a set of node labels and taints. The
+default pools (``default_node_pools``, from ``gke_node_pools.json``) carry GKE's
+real labels, one pool per accelerator, machine type and TPU topology; a pool made
+by hand may give a label the value ``"*"``, which matches whatever value a pod
+asks for (and is left out of the Node object). The scheduler only checks
 ``nodeSelector``, required node affinity and taints; it ignores capacity, so
 any number of pods fit on a node. Messages follow kube-scheduler's wording so
 code that parses ``Unschedulable`` conditions can be tested.
@@ -11,8 +13,10 @@ code that parses ``Unschedulable`` conditions can be tested.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 WILDCARD = "*"
@@ -24,26 +28,10 @@ LABEL_ACCELERATOR_COUNT = "cloud.google.com/gke-accelerator-count"
 LABEL_SPOT = "cloud.google.com/gke-spot"
 LABEL_NODEPOOL = "cloud.google.com/gke-nodepool"
 
-TPU_ACCELERATORS = (
-    "tpu-v5-lite-podslice",
-    "tpu-v6e-slice",
-    "tpu-v5p-slice",
-    "tpu-v4-podslice",
-    "tpu7x",
-    "tpu-v3-device",
-    "tpu-v3-slice",
-)
-GPU_ACCELERATORS = (
-    "nvidia-l4",
-    "nvidia-tesla-t4",
-    "nvidia-tesla-v100",
-    "nvidia-tesla-a100",
-    "nvidia-a100-80gb",
-    "nvidia-h100-80gb",
-    "nvidia-h100-mega-80gb",
-    "nvidia-h200-141gb",
-    "nvidia-b200",
-)
+LABEL_INSTANCE_TYPE = "node.kubernetes.io/instance-type"
+# The default pools, as data this package owns (gke_node_pools.json; its "_comment" names the
+# GKE pages and autoscaler files each label value comes from).
+POOLS_FILE = Path(__file__).with_name("gke_node_pools.json")
 
 
 @dataclass(frozen=True)
@@ -85,39 +73,66 @@ class NodePool:
 
 
 def default_node_pools() -> list[NodePool]:
-    """A CPU pool, a Spot CPU pool, one pool per common TPU and GPU type (any topology, Spot or not)."""
-    pools = [
-        NodePool("default-pool", capacity={"cpu": "8", "memory": "32Gi"}),
-        NodePool("spot-pool", labels={LABEL_SPOT: "true"}, capacity={"cpu": "8", "memory": "32Gi"}),
-    ]
-    for accel in TPU_ACCELERATORS:
-        pools.append(
-            NodePool(
-                f"{accel}-pool",
-                labels={
-                    LABEL_TPU_ACCELERATOR: accel,
-                    LABEL_TPU_TOPOLOGY: WILDCARD,
-                    LABEL_ACCELERATOR_COUNT: WILDCARD,
-                    LABEL_SPOT: WILDCARD,
-                },
-                taints=[Taint("google.com/tpu", "present", "NoSchedule")],
-                capacity={"cpu": "224", "memory": "448Gi", "google.com/tpu": "8"},
-            )
-        )
-    for accel in GPU_ACCELERATORS:
-        pools.append(
-            NodePool(
-                f"{accel}-pool",
-                labels={
-                    LABEL_GPU_ACCELERATOR: accel,
-                    LABEL_ACCELERATOR_COUNT: WILDCARD,
-                    LABEL_SPOT: WILDCARD,
-                },
-                taints=[Taint("nvidia.com/gpu", "present", "NoSchedule")],
-                capacity={"cpu": "96", "memory": "680Gi", "nvidia.com/gpu": "8"},
-            )
-        )
+    """GKE Standard node pools for every accelerator, machine type and TPU topology in
+    ``gke_node_pools.json``, each once on-demand and once on Spot VMs, with the labels GKE puts
+    on such nodes (no wildcard: a pod lands only where a real cluster's pod of the same
+    selectors would). One node per pool stands for the pool; capacity is not modelled, so the
+    pods of a multi-host slice share it."""
+    data = json.loads(POOLS_FILE.read_text(encoding="utf-8"))
+    pools: list[NodePool] = []
+    for cpu in data["cpu"]:
+        labels = {LABEL_INSTANCE_TYPE: cpu["machine_type"]}
+        if cpu.get("spot"):
+            labels[LABEL_SPOT] = "true"
+        pools.append(NodePool(cpu["name"], labels=labels, capacity={"cpu": "8", "memory": "32Gi"}))
+    for spot in (False, True):
+        for tpu in data["tpu"]:
+            chips = str(tpu["chips_per_node"])
+            for topology in tpu["topologies"]:
+                labels = {
+                    LABEL_TPU_ACCELERATOR: tpu["accelerator"],
+                    LABEL_TPU_TOPOLOGY: topology,
+                    LABEL_ACCELERATOR_COUNT: chips,
+                    LABEL_INSTANCE_TYPE: tpu["machine_type"],
+                }
+                pools.append(
+                    _accelerator_pool(
+                        f"{tpu['accelerator']}-{chips}t-{topology}",
+                        labels,
+                        spot,
+                        Taint("google.com/tpu", "present", "NoSchedule"),
+                        {"cpu": "224", "memory": "448Gi", "google.com/tpu": chips},
+                    )
+                )
+        for gpu in data["gpu"]:
+            for machine_type, count in gpu["machine_types"].items():
+                labels = {
+                    LABEL_GPU_ACCELERATOR: gpu["accelerator"],
+                    LABEL_ACCELERATOR_COUNT: str(count),
+                    LABEL_INSTANCE_TYPE: machine_type,
+                }
+                if gpu.get("arch"):
+                    labels["kubernetes.io/arch"] = gpu["arch"]
+                pools.append(
+                    _accelerator_pool(
+                        f"{gpu['accelerator'].removeprefix('nvidia-')}-{machine_type}",
+                        labels,
+                        spot,
+                        Taint("nvidia.com/gpu", "present", "NoSchedule"),
+                        {"cpu": "96", "memory": "680Gi", "nvidia.com/gpu": str(count)},
+                    )
+                )
     return pools
+
+
+def _accelerator_pool(
+    name: str, labels: dict[str, str], spot: bool, taint: Taint, capacity: dict[str, str]
+) -> NodePool:
+    # A Standard Spot pool carries the gke-spot label; its taint is optional (--node-taints), and
+    # only NAP / Autopilot add it (https://cloud.google.com/kubernetes-engine/docs/how-to/autopilot-spot-pods)
+    if spot:
+        labels = {**labels, LABEL_SPOT: "true"}
+    return NodePool(f"{name}-spot" if spot else name, labels=labels, taints=[taint], capacity=capacity)
 
 
 @dataclass

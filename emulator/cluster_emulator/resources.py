@@ -6,8 +6,11 @@ Discovery (``/api``, ``/apis``, ``/api/v1`` ...) is generated from this table so
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
+
+from . import upstream
 
 ALL_VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
 
@@ -72,9 +75,11 @@ STATEFULSETS = ResourceType(
 RESOURCEQUOTAS = ResourceType(
     "", "v1", "resourcequotas", "ResourceQuota", True, "resourcequota", ("quota",), ("status",)
 )
+# Custom resources are kept in their CRD's storage version (crds/UPSTREAM.json names the release)
+# and served in every version the CRD marks served (``served_versions``).
 LWS = ResourceType(
     "leaderworkerset.x-k8s.io",
-    "v1",
+    upstream.storage_version("leaderworkerset.x-k8s.io", "leaderworkersets"),
     "leaderworkersets",
     "LeaderWorkerSet",
     True,
@@ -83,12 +88,11 @@ LWS = ResourceType(
     ("status",),
     builtin=False,
 )
-# kubernetes-sigs/jobset ``config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml`` (at 08dfbdf):
-# group jobset.x-k8s.io, served version v1alpha2, no short names; the emulator's JobSet
-# controller is jobset.py.
+# kubernetes-sigs/jobset ``config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml`` (the release
+# crds/UPSTREAM.json names): no short names; the emulator's JobSet controller is jobset.py.
 JOBSETS = ResourceType(
     "jobset.x-k8s.io",
-    "v1alpha2",
+    upstream.storage_version("jobset.x-k8s.io", "jobsets"),
     "jobsets",
     "JobSet",
     True,
@@ -102,13 +106,21 @@ PODTEMPLATES = ResourceType("", "v1", "podtemplates", "PodTemplate", True, "podt
 
 def _kueue(plural: str, kind: str, namespaced: bool, short: tuple[str, ...] = ()) -> ResourceType:
     return ResourceType(
-        "kueue.x-k8s.io", "v1beta1", plural, kind, namespaced, kind.lower(), short, ("status",), builtin=False
+        "kueue.x-k8s.io",
+        upstream.storage_version("kueue.x-k8s.io", plural),
+        plural,
+        kind,
+        namespaced,
+        kind.lower(),
+        short,
+        ("status",),
+        builtin=False,
     )
 
 
-# kubernetes-sigs/kueue ``config/components/crd/bases/kueue.x-k8s.io_*.yaml`` (at ff69552): group
-# kueue.x-k8s.io, served v1beta1 (and v1beta2, not served here), short names as the CRDs list them;
-# the emulator's Kueue is kueue.py.
+# kubernetes-sigs/kueue ``config/components/crd/bases/kueue.x-k8s.io_*.yaml`` (the release
+# crds/UPSTREAM.json names): stored in v1beta2, served as the CRDs say (conversion.py converts),
+# short names as the CRDs list them; the emulator's Kueue is kueue.py.
 WORKLOADS = _kueue("workloads", "Workload", True, ("kwl", "kueueworkload", "kueueworkloads"))
 CLUSTERQUEUES = _kueue("clusterqueues", "ClusterQueue", False, ("cq",))
 LOCALQUEUES = _kueue("localqueues", "LocalQueue", True, ("queue", "queues", "lq"))
@@ -119,10 +131,10 @@ PROVISIONINGREQUESTCONFIGS = _kueue(
     "provisioningrequestconfigs", "ProvisioningRequestConfig", False, ("prc",)
 )
 # kubernetes/autoscaler ``cluster-autoscaler/apis/config/crd/autoscaling.x-k8s.io_provisioningrequests.yaml``
-# (at 55c37cd): served v1, short names provreq/provreqs.
+# (the release crds/UPSTREAM.json names): short names provreq/provreqs.
 PROVISIONINGREQUESTS = ResourceType(
     "autoscaling.x-k8s.io",
-    "v1",
+    upstream.storage_version("autoscaling.x-k8s.io", "provisioningrequests"),
     "provisioningrequests",
     "ProvisioningRequest",
     True,
@@ -131,11 +143,14 @@ PROVISIONINGREQUESTS = ResourceType(
     ("status",),
     builtin=False,
 )
-# Kueue's visibility API (kubernetes-sigs/kueue ``apis/visibility/v1beta1/types.go``): an aggregated
-# API whose only endpoint is the ``pendingworkloads`` subresource of (Cluster|Local)Queues.
+# Kueue's visibility API (kubernetes-sigs/kueue ``apis/visibility/v1beta*/types.go``, the same shape
+# in both): an aggregated API whose only endpoint is the ``pendingworkloads`` subresource of
+# (Cluster|Local)Queues, in the versions the release registers APIServices for
+# (``config/components/visibility/apiservice_*.yaml``).
+VISIBILITY_GROUP = "visibility.kueue.x-k8s.io"
 VISIBILITY_CLUSTERQUEUES = ResourceType(
-    "visibility.kueue.x-k8s.io",
-    "v1beta1",
+    VISIBILITY_GROUP,
+    upstream.apiservice_versions(VISIBILITY_GROUP)[0],
     "clusterqueues",
     "ClusterQueue",
     False,
@@ -146,8 +161,8 @@ VISIBILITY_CLUSTERQUEUES = ResourceType(
     builtin=False,
 )
 VISIBILITY_LOCALQUEUES = ResourceType(
-    "visibility.kueue.x-k8s.io",
-    "v1beta1",
+    VISIBILITY_GROUP,
+    upstream.apiservice_versions(VISIBILITY_GROUP)[0],
     "localqueues",
     "LocalQueue",
     True,
@@ -200,14 +215,38 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
     SELFSUBJECTACCESSREVIEWS,
 )
 
-_BY_PATH = {(rt.group, rt.version, rt.plural): rt for rt in RESOURCE_TYPES}
+_BY_PATH = {(rt.group, rt.plural): rt for rt in RESOURCE_TYPES}
 _BY_KIND = {rt.kind: rt for rt in RESOURCE_TYPES}
 _BY_PLURAL = {rt.plural: rt for rt in RESOURCE_TYPES}
 
 
-def lookup(group: str, version: str, plural: str) -> ResourceType | None:
-    """Resource served at ``/apis/{group}/{version}/{plural}`` (group "" for ``/api/v1``)."""
-    return _BY_PATH.get((group, version, plural))
+def served_versions(rt: ResourceType, unserved: Collection[str] = ()) -> list[str]:
+    """The versions ``rt`` is served in, preferred first: a built-in kind its one version, a custom
+    resource what its CRD marks ``served: true``, the visibility API its APIServices; less any
+    ``group/version`` in ``unserved`` (the emulator's option modelling a newer release)."""
+    if rt.builtin:
+        versions = [rt.version]
+    elif rt.group == VISIBILITY_GROUP:
+        versions = upstream.apiservice_versions(VISIBILITY_GROUP)
+    else:
+        versions = upstream.served_versions(rt.group, rt.plural)
+    return [v for v in versions if f"{rt.group}/{v}" not in unserved]
+
+
+def deprecation_warning(rt: ResourceType, version: str) -> str | None:
+    """What kube-apiserver sends in a ``Warning: 299`` header for a deprecated CRD version."""
+    if rt.builtin or rt.group == VISIBILITY_GROUP:
+        return None
+    return upstream.deprecation_warning(rt.group, rt.plural, version)
+
+
+def lookup(group: str, version: str, plural: str, unserved: Collection[str] = ()) -> ResourceType | None:
+    """Resource served at ``/apis/{group}/{version}/{plural}`` (group "" for ``/api/v1``); None if
+    there is none or that version is not served (a 404, as on a real API server)."""
+    rt = _BY_PATH.get((group, plural))
+    if rt is None or version not in served_versions(rt, unserved):
+        return None
+    return rt
 
 
 def by_kind(kind: str) -> ResourceType | None:
@@ -223,15 +262,41 @@ def by_plural(plural: str) -> ResourceType:
         raise KeyError(f"unknown resource {plural!r}; known: {sorted(_BY_PLURAL)}") from None
 
 
-def group_versions() -> dict[str, list[str]]:
-    """Named API groups and their versions (core group excluded)."""
+def group_versions(unserved: Collection[str] = ()) -> dict[str, list[str]]:
+    """Named API groups and their served versions, preferred first (core group excluded)."""
     groups: dict[str, list[str]] = {}
     for rt in RESOURCE_TYPES:
         if rt.group:
             versions = groups.setdefault(rt.group, [])
-            if rt.version not in versions:
-                versions.append(rt.version)
-    return groups
+            for v in served_versions(rt, unserved):
+                if v not in versions:
+                    versions.append(v)
+    for versions in groups.values():
+        versions.sort(key=upstream.version_priority)
+    return {g: v for g, v in groups.items() if v}
+
+
+# kubernetes-sigs/kueue#14558 ("set unserved for v1beta1 types and resources", merged 2026-08-25,
+# after the pinned release; planned for 0.20 in #13957): every kueue.x-k8s.io v1beta1 CRD version
+# ``served: false`` and the v1beta1 visibility APIService removed (v1beta2's stays).
+KUEUE_14558 = "kueue#14558"
+_SHORTHANDS = {KUEUE_14558: ("kueue.x-k8s.io/v1beta1", f"{VISIBILITY_GROUP}/v1beta1")}
+
+
+def check_unserved(entries: Collection[str]) -> tuple[str, ...]:
+    """``group/version`` entries to stop serving, checked against what the vendored CRDs serve
+    (``kueue#14558`` expands to that change); an unknown one is an error naming the choices."""
+    served = {f"{g}/{v}" for g, versions in group_versions().items() for v in versions}
+    out: list[str] = []
+    for entry in entries:
+        for gv in _SHORTHANDS.get(entry, (entry,)):
+            if gv not in served:
+                raise ValueError(
+                    f"cannot unserve {gv!r}: not a group/version the emulator serves; choose from "
+                    f"{', '.join(sorted(served))} or {KUEUE_14558!r}"
+                )
+            out.append(gv)
+    return tuple(out)
 
 
 def api_versions_doc(server_address: str) -> dict[str, Any]:
@@ -243,9 +308,9 @@ def api_versions_doc(server_address: str) -> dict[str, Any]:
     }
 
 
-def api_group_doc(group: str) -> dict[str, Any]:
-    """``GET /apis/{group}``."""
-    versions = [{"groupVersion": f"{group}/{v}", "version": v} for v in group_versions()[group]]
+def api_group_doc(group: str, unserved: Collection[str] = ()) -> dict[str, Any]:
+    """``GET /apis/{group}``: its served versions, the preferred (kube-aware highest) first."""
+    versions = [{"groupVersion": f"{group}/{v}", "version": v} for v in group_versions(unserved)[group]]
     return {
         "kind": "APIGroup",
         "apiVersion": "v1",
@@ -255,24 +320,26 @@ def api_group_doc(group: str) -> dict[str, Any]:
     }
 
 
-def api_group_list_doc() -> dict[str, Any]:
+def api_group_list_doc(unserved: Collection[str] = ()) -> dict[str, Any]:
     """``GET /apis``."""
     groups = []
-    for group in group_versions():
-        doc = api_group_doc(group)
+    for group in group_versions(unserved):
+        doc = api_group_doc(group, unserved)
         doc.pop("kind")
         doc.pop("apiVersion")
         groups.append(doc)
     return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
 
 
-def openapi_v3_root() -> dict[str, Any]:
+def openapi_v3_root(unserved: Collection[str] = ()) -> dict[str, Any]:
     """``GET /openapi/v3``: one entry per group-version (kubectl fetches it before create/apply)."""
-    gvs = ["api/v1"] + [f"apis/{g}/{v}" for g, versions in group_versions().items() for v in versions]
+    gvs = ["api/v1"] + [f"apis/{g}/{v}" for g, versions in group_versions(unserved).items() for v in versions]
     return {"paths": {gv: {"serverRelativeURL": f"/openapi/v3/{gv}?hash=emulator"} for gv in gvs}}
 
 
-def openapi_v3_group_version(group: str, version: str) -> dict[str, Any] | None:
+def openapi_v3_group_version(
+    group: str, version: str, unserved: Collection[str] = ()
+) -> dict[str, Any] | None:
     """A minimal OpenAPI v3 document for a group-version.
 
     It only declares, per kind, the create/patch operations with their
@@ -280,7 +347,7 @@ def openapi_v3_group_version(group: str, version: str) -> dict[str, Any] | None:
     parameter: that is what kubectl checks to decide it can leave validation
     to the server (``--validate=strict`` then works without schemas here).
     """
-    rts = [rt for rt in RESOURCE_TYPES if rt.group == group and rt.version == version]
+    rts = [rt for rt in RESOURCE_TYPES if rt.group == group and version in served_versions(rt, unserved)]
     if not rts:
         return None
     params = [
@@ -290,7 +357,7 @@ def openapi_v3_group_version(group: str, version: str) -> dict[str, Any] | None:
     paths: dict[str, Any] = {}
     prefix = f"/apis/{group}/{version}" if group else f"/api/{version}"
     for rt in rts:
-        gvk = {"group": rt.group, "version": rt.version, "kind": rt.kind}
+        gvk = {"group": rt.group, "version": version, "kind": rt.kind}
         base = f"{prefix}/namespaces/{{namespace}}/{rt.plural}" if rt.namespaced else f"{prefix}/{rt.plural}"
         operation = {
             "x-kubernetes-group-version-kind": gvk,
@@ -312,11 +379,11 @@ def openapi_v3_group_version(group: str, version: str) -> dict[str, Any] | None:
     }
 
 
-def api_resource_list_doc(group: str, version: str) -> dict[str, Any] | None:
-    """``GET /api/v1`` or ``GET /apis/{group}/{version}``."""
+def api_resource_list_doc(group: str, version: str, unserved: Collection[str] = ()) -> dict[str, Any] | None:
+    """``GET /api/v1`` or ``GET /apis/{group}/{version}`` (None: not served, a 404)."""
     entries: list[dict[str, Any]] = []
     for rt in RESOURCE_TYPES:
-        if rt.group != group or rt.version != version:
+        if rt.group != group or version not in served_versions(rt, unserved):
             continue
         entry: dict[str, Any] = {
             "name": rt.plural,

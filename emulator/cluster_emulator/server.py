@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import json
 import logging
 import re
@@ -27,6 +28,7 @@ from . import errors
 from ._util import parse_time, utcnow, wait_event
 from .access import access_review
 from .cluster import Cluster
+from .conversion import from_storage, to_storage
 from .faults import ApiFault, WatchDropRule
 from .kueue import cluster_queue_of, pending_workloads_summary
 from .resources import (
@@ -41,6 +43,7 @@ from .resources import (
     api_group_list_doc,
     api_resource_list_doc,
     api_versions_doc,
+    deprecation_warning,
     group_versions,
     lookup,
     openapi_v3_group_version,
@@ -91,6 +94,16 @@ def _int(value: str | None, name: str) -> int | None:
         return int(value)
     except ValueError:
         raise errors.bad_request(f"invalid value for {name}: {value!r}")
+
+
+# The request's ``Warning`` header value (a deprecated version), set by ``_resource`` (a typed
+# request key where aiohttp has them, 3.12+; a plain string key before).
+_WARNING: Any = getattr(web, "RequestKey", lambda name, _type: name)("kinetic_emulator_warning", str)
+
+
+def _warning_header(text: str) -> str:
+    """kube-apiserver's ``Warning: 299 - "<text>"`` (k8s.io/apiserver ``pkg/warning``, RFC 7234)."""
+    return '299 - "' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _wire(rt: ResourceType, obj: dict[str, Any], in_list: bool = False) -> dict[str, Any]:
@@ -200,6 +213,8 @@ class ApiServer:
             response = _error_response(
                 errors.ApiError(500, "InternalError", f"Internal error occurred: {exc!r}")
             )
+        if request.get(_WARNING) and not response.prepared:  # a watch sets it before streaming
+            response.headers["Warning"] = request[_WARNING]
         self.cluster.requests.set_status(seq, response.status)
         return response
 
@@ -233,11 +248,11 @@ class ApiServer:
             return _json(self._version())
         if segs[0] == "openapi" and len(segs) >= 2 and segs[1] == "v3":
             if len(segs) == 2:
-                return _json(openapi_v3_root())
+                return _json(openapi_v3_root(self.cluster.unserved_versions))
             if segs[2] == "api" and len(segs) == 4:
                 doc = openapi_v3_group_version("", segs[3])
             elif segs[2] == "apis" and len(segs) == 5:
-                doc = openapi_v3_group_version(segs[3], segs[4])
+                doc = openapi_v3_group_version(segs[3], segs[4], self.cluster.unserved_versions)
             else:
                 doc = None
             if doc is not None:
@@ -251,14 +266,15 @@ class ApiServer:
                 return _json(api_resource_list_doc("", "v1"))
             return await self._resource(request, "", "v1", segs[2:])
         if segs[0] == "apis":
+            unserved = self.cluster.unserved_versions
             if len(segs) == 1:
-                return _json(api_group_list_doc())
+                return _json(api_group_list_doc(unserved))
             group = segs[1]
-            if group not in group_versions():
+            if group not in group_versions(unserved):
                 raise errors.ApiError(404, "NotFound", "the server could not find the requested resource")
             if len(segs) == 2:
-                return _json(api_group_doc(group))
-            doc = api_resource_list_doc(group, segs[2])
+                return _json(api_group_doc(group, unserved))
+            doc = api_resource_list_doc(group, segs[2], unserved)
             if doc is None:
                 raise errors.ApiError(404, "NotFound", "the server could not find the requested resource")
             if len(segs) == 3:
@@ -292,16 +308,23 @@ class ApiServer:
             watch_path = True
             rest = rest[1:]
         namespace: str | None = None
+        unserved = self.cluster.unserved_versions
         if len(rest) >= 3 and rest[0] == "namespaces":
-            candidate = lookup(group, version, rest[2])
+            candidate = lookup(group, version, rest[2], unserved)
             if candidate is not None and candidate.namespaced:
                 namespace = rest[1]
                 rest = rest[2:]
         if not rest:
             raise errors.ApiError(404, "NotFound", "the server could not find the requested resource")
-        rt = lookup(group, version, rest[0])
+        rt = lookup(group, version, rest[0], unserved)
         if rt is None or len(rest) > 3:
             raise errors.ApiError(404, "NotFound", "the server could not find the requested resource")
+        warning = deprecation_warning(rt, version)
+        if warning:
+            request[_WARNING] = _warning_header(warning)
+        # another served version of a custom resource: bodies converted in, objects out
+        view = functools.partial(from_storage, rt, version=version)
+        inbound = functools.partial(to_storage, rt, version=version)
         name = rest[1] if len(rest) > 1 else None
         sub = rest[2] if len(rest) > 2 else None
         if (namespace is not None and not rt.namespaced) or (rt.namespaced and namespace is None and name):
@@ -326,20 +349,20 @@ class ApiServer:
                 cq, lq = name or "", None
             offset = _int(q.get("offset"), "offset") or 0
             limit = _int(q.get("limit"), "limit") or 1000
-            return _json(pending_workloads_summary(kueue, cq, lq, offset, limit))
+            return _json(pending_workloads_summary(kueue, cq, lq, offset, limit, version))
         if rt is SELFSUBJECTACCESSREVIEWS and name is None and method == "POST":
             return _json(access_review(self.cluster.faults, await self._body(request)), 201)
         if watch_path or (method == "GET" and _bool(q.get("watch"))):
             if self.cluster.faults.verb_denied("watch", rt.plural):
                 raise errors.forbidden_verb("watch", rt, namespace)
-            return await self._watch(request, rt, namespace, name)
+            return await self._watch(request, rt, namespace, name, version)
         if name is None:
             if method == "GET":
                 if self.cluster.faults.verb_denied("list", rt.plural):  # the same 403 as for watch
                     raise errors.forbidden_verb("list", rt, namespace)
-                return self._list(request, rt, namespace)
+                return self._list(request, rt, namespace, version)
             if method == "POST":
-                body = await self._body(request)
+                body = inbound(await self._body(request))
                 obj = self.cluster.create(
                     rt,
                     body,
@@ -347,7 +370,7 @@ class ApiServer:
                     strict=self._strict(request),
                     dry_run=q.get("dryRun") == "All",
                 )
-                return _json(obj, 201)
+                return _json(view(obj), 201)
             if method == "DELETE":
                 return await self._delete_collection(request, rt, namespace)
             raise errors.method_not_allowed()
@@ -360,9 +383,9 @@ class ApiServer:
             if wants_table(request.headers.get("Accept", "")):
                 meta = {"resourceVersion": obj["metadata"].get("resourceVersion", "")}
                 return _json(to_table(rt, [obj], meta, q.get("includeObject", "Metadata")))
-            return _json(obj)
+            return _json(view(obj))
         if method == "PUT":
-            body = await self._body(request)
+            body = inbound(await self._body(request))
             obj = self.cluster.update(
                 rt,
                 namespace,
@@ -372,9 +395,9 @@ class ApiServer:
                 strict=self._strict(request),
                 dry_run=q.get("dryRun") == "All",
             )
-            return _json(obj)
+            return _json(view(obj))
         if method == "PATCH":
-            raw = await request.read()
+            raw = self._patch_in(rt, version, request.headers.get("Content-Type", ""), await request.read())
             obj, created = self.cluster.patch(
                 rt,
                 namespace,
@@ -385,12 +408,24 @@ class ApiServer:
                 strict=self._strict(request),
                 dry_run=q.get("dryRun") == "All",
             )
-            return _json(obj, 201 if created else 200)
+            return _json(view(obj), 201 if created else 200)
         if method == "DELETE":
             if sub is not None:
                 raise errors.method_not_allowed()
             return await self._delete(request, rt, namespace, name)
         raise errors.method_not_allowed()
+
+    @staticmethod
+    def _patch_in(rt: ResourceType, version: str, content_type: str, raw: bytes) -> bytes:
+        """A merge or apply patch sent in another served version, its fields renamed to the storage
+        version's (a partial object converts as a whole one does); a JSON patch passes as it is."""
+        if version == rt.version or "json-patch" in content_type or not raw:
+            return raw
+        try:
+            body = yaml.safe_load(raw.decode()) if "yaml" in content_type else json.loads(raw)
+        except (ValueError, yaml.YAMLError):
+            return raw  # the patch's own parser names the problem
+        return json.dumps(to_storage(rt, body, version)).encode()
 
     @staticmethod
     def _strict(request: web.Request) -> bool:
@@ -419,7 +454,9 @@ class ApiServer:
         except SelectorError as exc:
             raise errors.bad_request(f"unable to parse requirement: {exc}")
 
-    def _list(self, request: web.Request, rt: ResourceType, namespace: str | None) -> web.Response:
+    def _list(
+        self, request: web.Request, rt: ResourceType, namespace: str | None, version: str | None = None
+    ) -> web.Response:
         labels, fields = self._selectors(request)
         q = request.query
         items = [
@@ -446,12 +483,13 @@ class ApiServer:
             meta["remainingItemCount"] = len(items) - offset - limit
         if wants_table(request.headers.get("Accept", "")):
             return _json(to_table(rt, page, meta, q.get("includeObject", "Metadata")))
+        version = version or rt.version
         return _json(
             {
                 "kind": rt.list_kind,
-                "apiVersion": rt.api_version,
+                "apiVersion": f"{rt.group}/{version}" if rt.group else version,
                 "metadata": meta,
-                "items": [_wire(rt, o, in_list=True) for o in page],
+                "items": [_wire(rt, from_storage(rt, o, version), in_list=True) for o in page],
             }
         )
 
@@ -540,7 +578,12 @@ class ApiServer:
 
     # ------------------------------------------------------------------- watch
     async def _watch(
-        self, request: web.Request, rt: ResourceType, namespace: str | None, name: str | None
+        self,
+        request: web.Request,
+        rt: ResourceType,
+        namespace: str | None,
+        name: str | None,
+        version: str | None = None,
     ) -> web.StreamResponse:
         q = request.query
         labels, fields = self._selectors(request)
@@ -583,7 +626,11 @@ class ApiServer:
         if task is not None:
             self._streams.add(task)
         drop_after = self.cluster.faults.claim_watch_drop()
-        response = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+        version = version or rt.version
+        headers = {"Content-Type": "application/json"}
+        if request.get(_WARNING):
+            headers["Warning"] = request[_WARNING]
+        response = web.StreamResponse(status=200, headers=headers)
         response.enable_chunked_encoding()
         sent = 0
         try:
@@ -598,7 +645,7 @@ class ApiServer:
                 await response.write_eof()
                 return response
             for etype, obj, _ in initial:
-                await self._write_event(response, etype, obj)
+                await self._write_event(response, etype, from_storage(rt, obj, version))
                 sent += 1
                 if drop_after is not None and sent >= drop_after:
                     return self._abort(request, response)
@@ -638,7 +685,7 @@ class ApiServer:
                 converted = self._convert(event, matches)
                 if converted is None:
                     continue
-                await self._write_event(response, converted[0], converted[1])
+                await self._write_event(response, converted[0], from_storage(rt, converted[1], version))
                 sent += 1
                 if drop_after is not None and sent >= drop_after:
                     return self._abort(request, response)

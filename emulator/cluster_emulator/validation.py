@@ -23,13 +23,14 @@ import kubernetes_validate
 import kubernetes_validate.utils
 import yaml
 
+from . import upstream
 from ._util import DNS1123_LABEL, DNS1123_SUBDOMAIN, ENV_VAR_NAME, LABEL_NAME, LABEL_VALUE
 from .resources import JOBS, JOBSETS, LWS, PODS, ResourceType
 
 LWS_SCHEMA_FILENAME = "leaderworkerset.x-k8s.io_leaderworkersets.yaml"
 LWS_SCHEMA_ENV = "KINETIC_LWS_SCHEMA"
-# kubernetes-sigs/jobset at 08dfbdf, config/components/crd/bases/ (Apache-2.0, LICENSE.jobset):
-# packaged beside this module, as the LWS CRD is.
+# The CRDs are vendored in crds/ by emulator/scripts/vendor_crds.py (Apache-2.0, crds/LICENSE.*),
+# which records each one's release in crds/UPSTREAM.json.
 JOBSET_SCHEMA_FILENAME = "jobset.x-k8s.io_jobsets.yaml"
 
 Cause = dict[str, str]
@@ -106,7 +107,7 @@ def _candidate_schema_paths() -> list[Path]:
     if env:
         paths.append(Path(env))
     here = Path(__file__).resolve().parent
-    paths.append(here / LWS_SCHEMA_FILENAME)
+    paths.append(upstream.CRD_DIR / LWS_SCHEMA_FILENAME)
     for parent in here.parents:
         paths.append(parent / "shared" / "schemas" / LWS_SCHEMA_FILENAME)
     return paths
@@ -176,7 +177,7 @@ def _lws_crd(strict: bool) -> tuple[dict[str, Any], jsonschema.protocols.Validat
 
 @functools.lru_cache(maxsize=4)
 def _jobset_crd(strict: bool) -> tuple[dict[str, Any], jsonschema.protocols.Validator]:
-    return _load_crd(Path(__file__).resolve().parent / JOBSET_SCHEMA_FILENAME, JOBSETS.version, strict)
+    return _load_crd(upstream.CRD_DIR / JOBSET_SCHEMA_FILENAME, JOBSETS.version, strict)
 
 
 def _schema_causes(validator: jsonschema.protocols.Validator, obj: dict[str, Any]) -> list[Cause]:
@@ -184,9 +185,9 @@ def _schema_causes(validator: jsonschema.protocols.Validator, obj: dict[str, Any
     return [_schema_error_cause(e) for e in errors[:10]]
 
 
-# kubernetes-sigs/kueue at ff69552 ``config/components/crd/bases/`` (Apache-2.0, LICENSE.kueue) and
-# kubernetes/autoscaler at 55c37cd ``cluster-autoscaler/apis/config/crd/`` (Apache-2.0,
-# LICENSE.autoscaler): validated like the JobSet CRD (structural schema; CEL rules are not run).
+# kubernetes-sigs/kueue ``config/components/crd/bases/`` and kubernetes/autoscaler
+# ``cluster-autoscaler/apis/config/crd/`` at the releases crds/UPSTREAM.json names: validated like
+# the JobSet CRD (structural schema of the storage version; CEL rules are not run).
 KUEUE_CRD_FILES = {
     "workloads": "kueue.x-k8s.io_workloads.yaml",
     "clusterqueues": "kueue.x-k8s.io_clusterqueues.yaml",
@@ -216,7 +217,7 @@ def _go_flags(node: Any) -> None:
 def _kueue_crd(
     plural: str, version: str, strict: bool
 ) -> tuple[dict[str, Any], jsonschema.protocols.Validator]:
-    raw, validator = _load_crd(Path(__file__).resolve().parent / KUEUE_CRD_FILES[plural], version, strict)
+    raw, validator = _load_crd(upstream.CRD_DIR / KUEUE_CRD_FILES[plural], version, strict)
     _go_flags(validator.schema)
     return raw, validator
 

@@ -167,6 +167,44 @@ def test_pod_failure_policy_ignores_disruption(
     assert len(job_pods(core, "disrupted")) == 2
 
 
+def test_pod_failure_policy_keeps_a_preemption_verdict_on_the_job(
+    apis: tuple[client.BatchV1Api, client.CoreV1Api], k8s_cluster: ClusterEmulator
+) -> None:
+    """FailJob on DisruptionTarget: the Job's own condition says the pod was disrupted, so a client
+    that never saw the pod (deleted since) still reads a preemption, not BackoffLimitExceeded.
+    Rule 0 has an unknown action and is skipped, as upstream's matchPodFailurePolicy does."""
+    batch, core = apis
+    rules = [
+        {"action": "SomeFutureAction", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+    ]
+    manifest = job_manifest(
+        "preempted", "import time; time.sleep(60)", backoff_limit=0, podFailurePolicy={"rules": rules}
+    )
+    batch.create_namespaced_job(NS, manifest)
+    pod = wait_until(
+        lambda: [p.metadata.name for p in job_pods(core, "preempted") if p.status.phase == "Running"]
+    )
+    k8s_cluster.preempt_pod(NS, pod[0], grace_seconds=1)
+    job = wait_job(batch, "preempted", "Failed")
+    failed = condition(job, "Failed")
+    assert failed.reason == "PodFailurePolicy"
+    assert (
+        failed.message == f"Pod {NS}/{pod[0]} has condition DisruptionTarget matching FailJob rule at index 1"
+    )
+    core.delete_namespaced_pod(pod[0], NS)
+    wait_until(lambda: not job_pods(core, "preempted"))
+    assert condition(batch.read_namespaced_job_status("preempted", NS), "Failed").reason == "PodFailurePolicy"
+
+    # without the rule the same preemption is only a failed pod past backoffLimit
+    batch.create_namespaced_job(NS, job_manifest("preempted-plain", "import time; time.sleep(60)"))
+    pod = wait_until(
+        lambda: [p.metadata.name for p in job_pods(core, "preempted-plain") if p.status.phase == "Running"]
+    )
+    k8s_cluster.preempt_pod(NS, pod[0], grace_seconds=1)
+    assert condition(wait_job(batch, "preempted-plain", "Failed"), "Failed").reason == "BackoffLimitExceeded"
+
+
 def test_suspend_and_resume(apis: tuple[client.BatchV1Api, client.CoreV1Api]) -> None:
     batch, core = apis
     batch.create_namespaced_job(NS, job_manifest("paused", "print('ran')", suspend=True))

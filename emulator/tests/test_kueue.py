@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -14,13 +15,32 @@ from cluster_emulator.kueue_setup import (
     provisioning_check,
     workload_priority_class,
 )
-from cluster_emulator.resources import JOBS, JOBSETS, LWS, PROVISIONINGREQUESTS, WORKLOADS
+from cluster_emulator.resources import (
+    JOBS,
+    JOBSETS,
+    KUEUE_14558,
+    LWS,
+    PROVISIONINGREQUESTS,
+    WORKLOADS,
+)
 from cluster_emulator.validation import validate_crd_object
 from emu_helpers import NS, PY, api_error, condition, job_manifest, wait_job
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-G, V = "kueue.x-k8s.io", "v1beta1"
+# The preferred version of the pinned release; every test here runs on a cluster that no longer
+# serves v1beta1 (kubernetes-sigs/kueue#14558), the v1beta1 tests at the end on one that does.
+G, V = "kueue.x-k8s.io", "v1beta2"
+
+
+@pytest.fixture
+def k8s_cluster(tmp_path: Any) -> Any:
+    emulator = ClusterEmulator(work_dir=tmp_path / "k8s-emulator", unserved_versions=[KUEUE_14558])
+    emulator.start()
+    try:
+        yield emulator
+    finally:
+        emulator.stop()
 
 
 def queued_job(
@@ -98,7 +118,9 @@ def test_job_suspended_on_create_and_workload_fields(k8s_cluster: ClusterEmulato
         True,
     )
     assert wl["spec"]["queueName"] == "lq" and wl["spec"]["priority"] == 1000
-    assert wl["spec"]["priorityClassName"] == "high"
+    assert wl["spec"]["priorityClassRef"] == {
+        "group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass", "name": "high",
+    }  # fmt: skip
     ps = wl["spec"]["podSets"][0]
     assert ps["name"] == "main" and ps["count"] == 2
     assert ps["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "1"
@@ -126,7 +148,7 @@ def test_quota_for_one_second_pending_then_runs(k8s_cluster: ClusterEmulator, ap
     )
     summary = visibility(
         k8s_cluster,
-        f"/apis/visibility.kueue.x-k8s.io/v1beta1/namespaces/{NS}/localqueues/lq/pendingworkloads",
+        f"/apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/{NS}/localqueues/lq/pendingworkloads",
     )
     assert summary["kind"] == "PendingWorkloadsSummary"
     assert [
@@ -134,7 +156,7 @@ def test_quota_for_one_second_pending_then_runs(k8s_cluster: ClusterEmulator, ap
         for i in summary["items"]
     ] == [(second, 0, 0)]
     cq_summary = visibility(
-        k8s_cluster, "/apis/visibility.kueue.x-k8s.io/v1beta1/clusterqueues/cq/pendingworkloads"
+        k8s_cluster, "/apis/visibility.kueue.x-k8s.io/v1beta2/clusterqueues/cq/pendingworkloads"
     )
     assert cq_summary["items"][0]["localQueueName"] == "lq"
     # the flavor's node labels were injected into the admitted job
@@ -152,7 +174,8 @@ def test_priority_order(k8s_cluster: ClusterEmulator, apis: Any) -> None:
     workload_priority_class(k8s_cluster, "low", 10)
     workload_priority_class(k8s_cluster, "high", 100)
     kueue_queue(k8s_cluster, "cq", quota={"cpu": "1"}, local_queue="lq")
-    batch.create_namespaced_job(NS, queued_job("blocker", "import time; time.sleep(1)"))
+    # the blocker holds the quota until both are queued (a timer could end first on a busy machine)
+    batch.create_namespaced_job(NS, queued_job("blocker", "import time; time.sleep(120)"))
     wait_cond(custom, wl_of(custom, batch, "blocker")["metadata"]["name"], "Admitted")
     batch.create_namespaced_job(NS, queued_job("low1", priority="low"))
     low = wl_of(custom, batch, "low1")["metadata"]["name"]
@@ -161,10 +184,11 @@ def test_priority_order(k8s_cluster: ClusterEmulator, apis: Any) -> None:
     high = wl_of(custom, batch, "high1")["metadata"]["name"]
     wait_cond(custom, high, "QuotaReserved", "False")
     summary = visibility(
-        k8s_cluster, "/apis/visibility.kueue.x-k8s.io/v1beta1/clusterqueues/cq/pendingworkloads"
+        k8s_cluster, "/apis/visibility.kueue.x-k8s.io/v1beta2/clusterqueues/cq/pendingworkloads"
     )
     assert [i["metadata"]["name"] for i in summary["items"]] == [high, low]
     assert [i["positionInClusterQueue"] for i in summary["items"]] == [0, 1]
+    batch.delete_namespaced_job("blocker", NS, propagation_policy="Background")
     wait_cond(custom, high, "Admitted")
     assert cond(_get(custom, low), "QuotaReserved")["status"] == "False"
 
@@ -513,9 +537,10 @@ def test_admin_api_hooks(k8s_cluster: ClusterEmulator, apis: Any) -> None:
     batch.create_namespaced_job(NS, queued_job("adm", "import time; time.sleep(30)"))
     name = wl_of(custom, batch, "adm")["metadata"]["name"]
     wait_cond(custom, name, "Admitted")
-    admin.evict_workload(NS, name, reason="NodeMaintenance", message="drained")
+    # an upstream reason after which Kueue requeues at once (reconciler.go setRequeued)
+    admin.evict_workload(NS, name, reason="NodeFailures", message="drained")
     wl = wait_cond(custom, name, "Requeued")
-    assert (cond(wl, "Requeued")["reason"], cond(wl, "Requeued")["message"]) == ("NodeMaintenance", "drained")
+    assert (cond(wl, "Requeued")["reason"], cond(wl, "Requeued")["message"]) == ("NodeFailures", "drained")
 
 
 @pytest.mark.parametrize("strategy", ["StrictFIFO", "BestEffortFIFO"])
@@ -537,7 +562,7 @@ def test_queueing_strategy(k8s_cluster: ClusterEmulator, apis: Any, strategy: st
                 (
                     v := visibility(
                         k8s_cluster,
-                        "/apis/visibility.kueue.x-k8s.io/v1beta1/clusterqueues/cq/pendingworkloads",
+                        "/apis/visibility.kueue.x-k8s.io/v1beta2/clusterqueues/cq/pendingworkloads",
                     )
                 )
                 and len(v["items"]) == 2
@@ -554,7 +579,7 @@ def test_workload_table_and_discovery(k8s_cluster: ClusterEmulator, apis: Any) -
     batch.create_namespaced_job(NS, queued_job("tbl"))
     wl_of(custom, batch, "tbl")
     req = urllib.request.Request(
-        f"{k8s_cluster.url}/apis/kueue.x-k8s.io/v1beta1/namespaces/{NS}/workloads",
+        f"{k8s_cluster.url}/apis/kueue.x-k8s.io/v1beta2/namespaces/{NS}/workloads",
         headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
     )
     with urllib.request.urlopen(req, timeout=10) as resp:
@@ -563,11 +588,230 @@ def test_workload_table_and_discovery(k8s_cluster: ClusterEmulator, apis: Any) -
         "Name", "Queue", "Reserved in", "Admitted", "Finished", "Age",
     ]  # fmt: skip
     assert table["rows"][0]["cells"][1] == "lq"
-    doc = visibility(k8s_cluster, "/apis/visibility.kueue.x-k8s.io/v1beta1")
+    doc = visibility(k8s_cluster, "/apis/visibility.kueue.x-k8s.io/v1beta2")
     names = {r["name"]: r for r in doc["resources"]}
     assert names["clusterqueues/pendingworkloads"]["kind"] == "PendingWorkloadsSummary"
     assert names["localqueues/pendingworkloads"]["namespaced"] is True
-    kueue_doc = visibility(k8s_cluster, "/apis/kueue.x-k8s.io/v1beta1")
+    kueue_doc = visibility(k8s_cluster, "/apis/kueue.x-k8s.io/v1beta2")
     assert {r["name"]: r.get("shortNames") for r in kueue_doc["resources"]}["workloads"] == [
         "kwl", "kueueworkload", "kueueworkloads",
     ]  # fmt: skip
+
+
+# How kubernetes-sigs/kueue v0.19.2 sets ``Requeued`` after an eviction: the job is stopped, then
+# ``pkg/controller/jobframework/reconciler.go`` ``ReconcileGenericJob`` (step 6) sets it True only
+# for Preempted and NodeFailures, else False with the eviction's reason; the workload controller
+# (``pkg/controller/core/workload_controller.go`` ``Reconcile``) turns it True later: after the
+# backoff (BackoffFinished) or once the stopped queue runs again (...Restarted).
+# reason -> (how the eviction is made, Requeued right after, Requeued when it is admitted again)
+REQUEUED_AFTER = {
+    "Preempted": ("hook", ("True", "Preempted"), ("True", "Preempted")),
+    "NodeFailures": ("hook", ("True", "NodeFailures"), ("True", "NodeFailures")),
+    "PodsReadyTimeout": ("hook", ("False", "PodsReadyTimeout"), ("True", "BackoffFinished")),
+    "AdmissionCheck": ("hook", ("False", "AdmissionCheck"), ("True", "BackoffFinished")),
+    "ClusterQueueStopped": (
+        "clusterqueues",
+        ("False", "ClusterQueueStopped"),
+        ("True", "ClusterQueueRestarted"),
+    ),
+    "LocalQueueStopped": ("localqueues", ("False", "LocalQueueStopped"), ("True", "LocalQueueRestarted")),
+}
+
+
+def _requeued_history(
+    custom: client.CustomObjectsApi, name: str, until: tuple[str, str], since: str
+) -> list[Any]:
+    """Every Requeued (status, reason) the Workload shows after resourceVersion ``since`` (taken
+    before the change: the watch replays from there however late this thread starts)."""
+    from kubernetes import watch
+
+    seen: list[tuple[str, str]] = []
+    w = watch.Watch()
+    for event in w.stream(
+        custom.list_namespaced_custom_object, G, V, NS, "workloads",
+        field_selector=f"metadata.name={name}", timeout_seconds=30, resource_version=since,
+    ):  # fmt: skip
+        rq = cond(event["object"], "Requeued")
+        pair = (rq.get("status"), rq.get("reason"))
+        if rq and (not seen or seen[-1] != pair):
+            seen.append(pair)
+        if pair == until and cond(event["object"], "Admitted").get("status") == "True":
+            w.stop()
+    return seen
+
+
+@pytest.mark.parametrize("reason", sorted(REQUEUED_AFTER))
+def test_requeued_as_released_kueue_sets_it(k8s_cluster: ClusterEmulator, apis: Any, reason: str) -> None:
+    import threading
+
+    batch, custom, _ = apis
+    how, first, last = REQUEUED_AFTER[reason]
+    kueue_queue(k8s_cluster, "cq", quota={"cpu": "1"}, local_queue="lq")
+    batch.create_namespaced_job(NS, queued_job("rq", "import time; time.sleep(60)"))
+    name = wl_of(custom, batch, "rq")["metadata"]["name"]
+    since = wait_cond(custom, name, "Admitted")["metadata"]["resourceVersion"]
+    history: list[Any] = []
+    watcher = threading.Thread(target=lambda: history.extend(_requeued_history(custom, name, last, since)))
+    watcher.start()
+    if how == "hook":
+        k8s_cluster.evict_workload(NS, name, reason=reason, message="test")
+    else:
+        patch = {"spec": {"stopPolicy": "HoldAndDrain"}}
+        if how == "clusterqueues":
+            custom.patch_cluster_custom_object(G, V, how, "cq", patch)
+        else:
+            custom.patch_namespaced_custom_object(G, V, NS, how, "lq", patch)
+        wl = wait_cond(custom, name, "Requeued", "False")
+        assert (cond(wl, "Evicted")["reason"], cond(wl, "Requeued")["reason"]) == (reason, reason)
+        assert cond(wl, "Admitted")["status"] == "False"  # held while the queue is stopped
+        none = {"spec": {"stopPolicy": "None"}}
+        if how == "clusterqueues":
+            custom.patch_cluster_custom_object(G, V, how, "cq", none)
+        else:
+            custom.patch_namespaced_custom_object(G, V, NS, how, "lq", none)
+    watcher.join(35)
+    assert history[0] == first and history[-1] == last, history
+    assert cond(wait_cond(custom, name, "Admitted"), "Requeued")["status"] == "True"
+
+
+# ------------------------------------------------------------------- served versions (v1beta1)
+def test_v1beta1_served_deprecated_and_converted_on_the_pinned_release(tmp_path: Any) -> None:
+    """The pinned release serves v1beta1 (deprecated) beside v1beta2: objects are kept in v1beta2
+    and converted (apis/kueue/v1beta1/*_conversion.go); every v1beta1 answer carries the CRD's
+    deprecationWarning as kube-apiserver's Warning header."""
+    with ClusterEmulator(work_dir=tmp_path / "emu") as k8s:
+        api = k8s.api_client()
+        batch, custom = client.BatchV1Api(api), client.CustomObjectsApi(api)
+        workload_priority_class(k8s, "high", 1000)
+        # a v1beta1 ClusterQueue: cohort and admissionChecks read back in v1beta2's shape
+        cq1 = {
+            "apiVersion": "kueue.x-k8s.io/v1beta1",
+            "kind": "ClusterQueue",
+            "metadata": {"name": "cq"},
+            "spec": {"namespaceSelector": {}, "cohort": "team", "admissionChecks": ["dws-prov"]},
+        }
+        custom.create_cluster_custom_object(G, "v1beta1", "clusterqueues", cq1)
+        cq2 = custom.get_cluster_custom_object(G, "v1beta2", "clusterqueues", "cq")
+        assert cq2["apiVersion"] == "kueue.x-k8s.io/v1beta2"
+        assert cq2["spec"]["cohortName"] == "team" and "cohort" not in cq2["spec"]
+        assert cq2["spec"]["admissionChecksStrategy"] == {"admissionChecks": [{"name": "dws-prov"}]}
+        cq1_back = custom.get_cluster_custom_object(G, "v1beta1", "clusterqueues", "cq")
+        assert cq1_back["spec"]["cohort"] == "team"
+        # a Workload Kueue made (stored in v1beta2) read as v1beta1: priorityClassSource + Name
+        batch.create_namespaced_job(NS, queued_job("conv", priority="high"))
+        uid = batch.read_namespaced_job("conv", NS).metadata.uid
+        name = workload_name("conv", uid, JOBS)
+        wait_until(lambda: _get(custom, name), timeout=10)
+        old = custom.get_namespaced_custom_object(G, "v1beta1", NS, "workloads", name)
+        assert old["apiVersion"] == "kueue.x-k8s.io/v1beta1"
+        assert (old["spec"]["priorityClassSource"], old["spec"]["priorityClassName"]) == (
+            "kueue.x-k8s.io/workloadpriorityclass", "high",
+        )  # fmt: skip
+        assert "priorityClassRef" not in old["spec"]
+        listed = custom.list_namespaced_custom_object(G, "v1beta1", NS, "workloads")
+        assert listed["apiVersion"] == "kueue.x-k8s.io/v1beta1"
+        assert listed["items"][0]["spec"]["priorityClassName"] == "high"
+        # the deprecation warning, on v1beta1 only
+        for version, warned in (("v1beta1", True), ("v1beta2", False)):
+            with urllib.request.urlopen(f"{k8s.url}/apis/{G}/{version}/namespaces/{NS}/workloads") as r:
+                header = r.headers.get("Warning")
+            assert header == ('299 - "This version is deprecated. Use v1beta2 instead."' if warned else None)
+        group = visibility(k8s, "/apis/kueue.x-k8s.io")
+        assert [v["version"] for v in group["versions"]] == ["v1beta2", "v1beta1"]
+        assert group["preferredVersion"]["version"] == "v1beta2"
+        api.close()
+
+
+def test_unserved_versions_are_404_and_gone_from_discovery(k8s_cluster: ClusterEmulator) -> None:
+    """kubernetes-sigs/kueue#14558 (this module's cluster): v1beta1 is a 404 as on a real API
+    server, for the CRDs and the visibility API alike; v1beta2 is all discovery lists."""
+    for path in (
+        f"/apis/{G}/v1beta1/namespaces/{NS}/workloads",
+        f"/apis/{G}/v1beta1",
+        "/apis/visibility.kueue.x-k8s.io/v1beta1/clusterqueues/cq/pendingworkloads",
+    ):
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(f"{k8s_cluster.url}{path}", timeout=10)
+        assert caught.value.code == 404, path
+    groups = {g["name"]: g for g in visibility(k8s_cluster, "/apis")["groups"]}
+    for group in (G, "visibility.kueue.x-k8s.io"):
+        assert [v["version"] for v in groups[group]["versions"]] == ["v1beta2"]
+    assert [v["version"] for v in groups["autoscaling.x-k8s.io"]["versions"]] == ["v1", "v1beta1"]
+
+
+def test_unserve_option_is_checked_and_on_the_command_line(capsys: Any) -> None:
+    from cluster_emulator.__main__ import parse_args
+    from cluster_emulator.resources import check_unserved
+
+    assert check_unserved([KUEUE_14558]) == ("kueue.x-k8s.io/v1beta1", "visibility.kueue.x-k8s.io/v1beta1")
+    with pytest.raises(ValueError, match=r"cannot unserve 'kueue.x-k8s.io/v9': .* choose from .*kueue#14558"):
+        check_unserved(["kueue.x-k8s.io/v9"])
+    with pytest.raises(SystemExit):  # a usage error naming the choices, not a traceback
+        parse_args(["--unserve", "kueue.x-k8s.io/v9"])
+    assert "error: cannot unserve 'kueue.x-k8s.io/v9'" in capsys.readouterr().err
+    assert parse_args(["--unserve", KUEUE_14558, "--unserve", "jobset.x-k8s.io/v1alpha2"]).unserve == [
+        KUEUE_14558, "jobset.x-k8s.io/v1alpha2",
+    ]  # fmt: skip
+
+
+# --------------------------------------------------------------------- the vendored CRDs
+def test_vendored_crds_match_their_manifest() -> None:
+    """crds/UPSTREAM.json names each release (tag and commit) and is what the files are: the
+    hashes and the served/storage versions read from the YAML agree with it."""
+    import hashlib
+
+    import yaml
+    from cluster_emulator import upstream
+
+    manifest = upstream.manifest()
+    assert manifest["kueue"]["tag"] == "v0.19.2" and len(manifest["kueue"]["commit"]) == 40
+    for project, entry in manifest.items():
+        assert (upstream.CRD_DIR / entry["license"]).is_file(), project
+        for name, info in entry["files"].items():
+            data = (upstream.CRD_DIR / name).read_bytes()
+            assert hashlib.sha256(data).hexdigest() == info["sha256"], name
+            crd = yaml.load(data, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+            got = [(v["name"], v["served"], v["storage"]) for v in crd["spec"]["versions"]]
+            assert got == [(v["name"], v["served"], v["storage"]) for v in info["versions"]], name
+
+
+def test_vendor_script_records_the_release(tmp_path: Any) -> None:
+    """vendor_crds.vendor reads a tag out of a bare git repository and records tag and commit."""
+    import importlib.util
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "vendor_crds.py"
+    spec = importlib.util.spec_from_file_location("vendor_crds", script)
+    assert spec is not None and spec.loader is not None
+    vendor_crds = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vendor_crds)
+    work = tmp_path / "jobset"
+    crd_path = work / "config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml"
+    crd_path.parent.mkdir(parents=True)
+    crd = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "spec": {
+            "group": "jobset.x-k8s.io",
+            "names": {"plural": "jobsets", "kind": "JobSet"},
+            "scope": "Namespaced",
+            "versions": [{"name": "v1alpha2", "served": True, "storage": True}],
+        },
+    }
+    crd_path.write_text(json.dumps(crd))
+    (work / "LICENSE").write_text("Apache License 2.0\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(work)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "release"], check=True)
+    subprocess.run([*git, "tag", "v9.9.9"], check=True)
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout
+    out = tmp_path / "out"
+    entry = vendor_crds.vendor("jobset", work / ".git", "v9.9.9", out)
+    assert (entry["tag"], entry["commit"]) == ("v9.9.9", commit.strip())
+    info = entry["files"]["jobset.x-k8s.io_jobsets.yaml"]
+    assert info["versions"] == [{"name": "v1alpha2", "served": True, "storage": True}]
+    assert (out / "LICENSE.jobset").read_text() == "Apache License 2.0\n"
+    with pytest.raises(vendor_crds.VendorError, match=r"no tag 'v0.0.1'.*git --git-dir=.* tag"):
+        vendor_crds.vendor("jobset", work / ".git", "v0.0.1", out)

@@ -63,14 +63,19 @@ def test_unschedulable_node_selector_stays_pending(core: client.CoreV1Api) -> No
 
 
 def test_tpu_pod_lands_on_tpu_pool_and_taints_are_enforced(core: client.CoreV1Api) -> None:
+    # the default pools carry GKE's labels: the one-host 2x4 slice is the -8t machine
+    one_host = {**TPU_SELECTOR, "cloud.google.com/gke-accelerator-count": "8"}
     tpu_container = {"resources": {"limits": {"google.com/tpu": "8"}}}
-    manifest = pod_manifest("tpu", "print('on tpu')", nodeSelector=TPU_SELECTOR)
+    manifest = pod_manifest("tpu", "print('on tpu')", nodeSelector=one_host)
     manifest["spec"]["containers"][0].update(tpu_container)
     core.create_namespaced_pod(NS, manifest)
     pod = wait_pod(core, "tpu", "Succeeded")
-    assert "tpu-v6e-slice-pool" in pod.spec.node_name
+    assert "tpu-v6e-slice-8t-2x4" in pod.spec.node_name
     node = client.CoreV1Api(core.api_client).read_node(pod.spec.node_name)
     assert node.metadata.labels["cloud.google.com/gke-tpu-accelerator"] == "tpu-v6e-slice"
+    assert node.metadata.labels["cloud.google.com/gke-tpu-topology"] == "2x4"
+    assert node.metadata.labels["node.kubernetes.io/instance-type"] == "ct6e-standard-8t"
+    assert "cloud.google.com/gke-spot" not in node.metadata.labels
     assert node.spec.taints[0].key == "google.com/tpu"
 
     core.create_namespaced_pod(NS, pod_manifest("no-toleration", "pass", nodeSelector=TPU_SELECTOR))
@@ -79,7 +84,8 @@ def test_tpu_pod_lands_on_tpu_pool_and_taints_are_enforced(core: client.CoreV1Ap
         cond = condition(core.read_namespaced_pod("no-toleration", NS), "PodScheduled")
         return cond.message if cond is not None and cond.status == "False" else None
 
-    assert "1 node(s) had untolerated taint {google.com/tpu: present}" in wait_until(message)
+    # four 2x4 pools: -4t and -8t machines, each on-demand and Spot
+    assert "4 node(s) had untolerated taint {google.com/tpu: present}" in wait_until(message)
 
     tolerating = pod_manifest(
         "tolerated",

@@ -14,17 +14,40 @@ from __future__ import annotations
 
 import hashlib
 import os
+import posixpath
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kinetic_airflow.job.layout import fuse_local_path, fuse_mount_path
+from kinetic_airflow.job.layout import fuse_local_path, fuse_mount_path, fuse_points_at_file
 from kinetic_airflow.job.storage import Storage, StorageNotFound, join_uri, open_storage
 
-__all__ = ["Data", "data_in", "validate_volumes"]
+__all__ = ["Data", "check_fuse_folder", "data_in", "fuse_folder", "validate_volumes"]
 
 _COMPLETE_MARKER = ".kinetic-complete"
+
+
+def fuse_folder(uri: str) -> str:
+    """The bucket folder ``Data(uri, fuse=True)`` mounts (``only-dir``): the URI's folder, or the
+    folder of the file it names; "" for the whole bucket."""
+    prefix = uri.removeprefix("gs://").partition("/")[2].strip("/")
+    return posixpath.dirname(prefix) if fuse_points_at_file(uri) else prefix
+
+
+def check_fuse_folder(uri: str) -> None:
+    """Refuse a folder the GCS FUSE CSI driver cannot mount: it splits a volume's mount options
+    on every comma, with no escape (GoogleCloudPlatform/gcs-fuse-csi-driver
+    ``pkg/csi_driver/utils.go``, ``parseVolumeAttributes``), so ``only-dir=a,b`` would mount
+    folder ``a`` and pass ``b`` to gcsfuse as an option."""
+    folder = fuse_folder(uri)
+    if "," in folder:
+        raise ValueError(
+            f"Data({uri!r}, fuse=True): the bucket folder {folder!r} has a comma, and the GCS FUSE CSI "
+            "driver splits its mount options on every comma (there is no escape), so it cannot mount "
+            "that folder. Mount a parent folder without a comma (and name the path below it in your "
+            "function), rename the folder, or drop fuse=True to copy the data instead"
+        )
 
 
 @dataclass
@@ -45,6 +68,8 @@ class Data:
                 f"Data({self.source!r}, fuse=True): only gs:// data can be mounted through GCS FUSE; "
                 "local data is uploaded once and copied into the job (drop fuse=True)"
             )
+        if self.fuse:
+            check_fuse_folder(str(self.source))
         if not isinstance(self.source, (str, os.PathLike)):
             raise TypeError(f"Data() takes a path or gs:// URI string, got {type(self.source).__name__}")
         self.source = os.fspath(self.source)

@@ -24,6 +24,8 @@ version, and these rules keep it:
 * Keys this version does not know are kept (``extra``) and written back: a reference
   written by a newer version that passes through this one (a trigger, its event, the
   record saved afterwards) must not lose what the newer version needs.
+* The cluster field (``ClusterRef``) is typed but reads as the mapping it is stored as (the
+  Kubernetes layer looks its keys up), and writes back exactly the keys it was read with.
 * A value of the wrong type is refused when decoded, by ``JobRefError`` naming the field:
   an error at the boundary says which record is damaged, a ``KeyError`` deep in a backend
   would not.
@@ -42,14 +44,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from kinetic_airflow.job.accelerators import AcceleratorSpec, InvalidAcceleratorError, parse_accelerator
 from kinetic_airflow.job.layout import JobIdentity
 
-__all__ = ["JobRef", "JobRefError", "K8sFields"]
+__all__ = ["ClusterRef", "JobRef", "JobRefError", "K8sFields"]
 
 
 class JobRefError(ValueError):
@@ -104,13 +106,101 @@ def _decoded(cls: type, owner: str, data: Mapping[str, Any], skip: tuple[str, ..
     }
 
 
+@dataclass(frozen=True, eq=False)  # equal as mappings: to the dict it was read from, too
+class ClusterRef(Mapping[str, Any]):
+    """How a cluster backend reaches its cluster: a Kubernetes connection id, or a GKE cluster's
+    project, location and name with the endpoint and CA resolved from the GKE API (public data),
+    and how to reach it (``backends.gke.client.gke_access``).
+
+    A read-only mapping of the keys it was stored with (``None`` values included, as stored), so
+    the Kubernetes layer reads it as it reads a cluster dict; ``to_dict`` is its JSON form.
+    """
+
+    kubernetes_conn_id: str | None = None
+    gcp_conn_id: str | None = None
+    project: str | None = None
+    location: str | None = None
+    name: str | None = None
+    endpoint: str | None = None
+    ca: str | None = None
+    use_internal_ip: bool | None = None
+    use_dns_endpoint: bool | None = None
+    impersonation_chain: str | list[str] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # keys of a newer version, kept
+    # the stored keys, in their order (() for one built here: its fields that are not None)
+    stored: tuple[str, ...] = field(default=(), repr=False)
+
+    def _keys(self) -> tuple[str, ...]:
+        if self.stored:
+            return self.stored
+        named = tuple(n for n in _CLUSTER_KEYS if getattr(self, n) is not None)
+        return named + tuple(k for k in self.extra if k not in named)
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._keys():
+            raise KeyError(key)
+        return self.extra[key] if key in self.extra else getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys())
+
+    def __len__(self) -> int:
+        return len(self._keys())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {key: copy.deepcopy(self[key]) for key in self}
+
+    @classmethod
+    def of(cls, value: Mapping[str, Any]) -> ClusterRef:
+        """A cluster reference from the mapping the GKE client resolved (its keys kept)."""
+        return cls.from_dict(value, "(new)")
+
+    @classmethod
+    def from_dict(cls, value: Any, owner: str = "(no job id)") -> ClusterRef:
+        if isinstance(value, ClusterRef):
+            return value
+        if not isinstance(value, Mapping):
+            raise JobRefError(
+                f"kinetic job reference {owner}: field 'cluster' must be a JSON object, not {value!r}. {_FIX}"
+            )
+        fields: dict[str, Any] = {}
+        for name in _CLUSTER_KEYS:
+            if name not in value:
+                continue
+            item = value[name]
+            if name in ("use_internal_ip", "use_dns_endpoint"):
+                ok = item is None or isinstance(item, bool)
+                words = "true, false or null"
+            elif name == "impersonation_chain":
+                ok = (
+                    item is None
+                    or isinstance(item, str)
+                    or (isinstance(item, list) and all(isinstance(i, str) for i in item))
+                )
+                words = "a string, a list of strings or null"
+            else:
+                ok = item is None or isinstance(item, str)
+                words = "a string or null"
+            if not ok:
+                raise JobRefError(
+                    f"kinetic job reference {owner}: field 'cluster.{name}' must be {words}, "
+                    f"not {item!r}. {_FIX}"
+                )
+            fields[name] = copy.deepcopy(item)
+        extra = {k: copy.deepcopy(v) for k, v in value.items() if k not in _CLUSTER_KEYS}
+        return cls(**fields, extra=extra, stored=tuple(value))
+
+
+_CLUSTER_KEYS = tuple(f.name for f in dataclasses.fields(ClusterRef) if f.name not in ("extra", "stored"))
+
+
 @dataclass(frozen=True)
 class K8sFields:
     """What a cluster backend (GKE Job, Pathways LeaderWorkerSet) needs beyond the job's name;
     all of it public (connection ids, endpoint, CA), since trigger kwargs carry it."""
 
     # connection ids, project, location, name and endpoint (``backends.gke.client``)
-    cluster: dict[str, Any] | None = None
+    cluster: ClusterRef | None = None
     namespace: str = "default"
     node_selectors: dict[str, str] = field(default_factory=dict)
     image: str | None = None
@@ -129,12 +219,18 @@ class K8sFields:
     # Multislice (backends.gke.multislice): the slices of a JobSet; None is one slice
     slices: int | None = None
 
+    def __post_init__(self) -> None:
+        if self.cluster is not None and not isinstance(self.cluster, ClusterRef):
+            object.__setattr__(self, "cluster", ClusterRef.of(self.cluster))  # a resolved dict
+
     def to_dict(self) -> dict[str, Any]:
-        return {
-            f.name: copy.deepcopy(getattr(self, f.name))
-            for f in dataclasses.fields(self)
-            if f.name not in _LATER_KEYS or getattr(self, f.name) is not None
-        }
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in _LATER_KEYS and value is None:
+                continue
+            out[f.name] = value.to_dict() if isinstance(value, ClusterRef) else copy.deepcopy(value)
+        return out
 
 
 _K8S_KEYS = frozenset(f.name for f in dataclasses.fields(K8sFields))
@@ -250,7 +346,10 @@ class JobRef:
         if value.get("identity") is not None:
             fields["identity"] = _identity(owner, value["identity"])
         if _K8S_KEYS & value.keys():
-            fields["k8s"] = K8sFields(**_decoded(K8sFields, owner, value))
+            k8s = _decoded(K8sFields, owner, value, skip=("cluster",))
+            if value.get("cluster") is not None:
+                k8s["cluster"] = ClusterRef.from_dict(value["cluster"], owner)
+            fields["k8s"] = K8sFields(**k8s)
         known = {f.name for f in dataclasses.fields(cls)} - {"k8s", "extra", "spec"} | _K8S_KEYS
         fields["extra"] = {k: copy.deepcopy(v) for k, v in value.items() if k not in known}
         return cls(**fields)  # parses ``accelerator`` into ``spec``: the one parse of a stored reference

@@ -20,8 +20,12 @@ because they are stored or spoken by other programs:
                marker without a result              not_found after a finished marker
     cancelled  status/cancelled.json; phase         -
                cancelled
-    lost       -                                    not_found once started or shipped
+    lost       no try watches it any more (the view)    not_found once started or shipped
     unknown    -                                    not asked (no job.json to reach it with)
+
+A job stopped on purpose is ``cancelled``; one the worker stopped because it failed before a
+watcher held the job (``Cause``) is ``failed``: the cause is a field of the cancellation
+(``Cancellation``), written by whoever stopped the job, never read back from its prose.
 
 Every value is the string stored and printed today (job listings, the CLI's JSON, the view),
 so nothing that reads them changes. The watcher's event ``status`` is another, smaller
@@ -34,6 +38,10 @@ state arrive as their string values.
 from __future__ import annotations
 
 import enum
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = [
     "EVENT_FAILED",
@@ -43,6 +51,8 @@ __all__ = [
     "EVENT_TIMEOUT",
     "FINAL",
     "LIVE",
+    "Cancellation",
+    "Cause",
     "JobStatus",
     "Stage",
     "from_backend",
@@ -119,21 +129,111 @@ def from_backend(backend_state: str | None, *, started: bool, finished: bool, sh
     return JobStatus.UNKNOWN
 
 
+class Cause(_Word):
+    """Why a job was stopped: stored in the cancellation (record and ``status/cancelled.json``)."""
+
+    STOPPED = "stopped"  # on purpose: a person, Airflow (kill, timeout, clear), a newer try
+    WORKER_FAILED = "worker_failed"  # the worker failed before a watcher held the job
+    PACKAGING_FAILED = "packaging_failed"  # ... while building or uploading the payload
+
+    @property
+    def failure(self) -> bool:
+        """The job did not fail, its task did: the job is shown ``failed``, not ``cancelled``."""
+        return self is not Cause.STOPPED
+
+
+# Who stops a job when its worker failed before a watcher held it (``lifecycle.until_watched``).
+WORKER = "worker"
+
+
+@dataclass(frozen=True)
+class Cancellation:
+    """Who stopped a job, why (``reason``: prose for people) and the ``cause`` (for programs).
+
+    One encoder and one decoder for the three places it is kept: the job record, its history
+    entries and ``status/cancelled.json``. A cancellation written before ``cause`` existed
+    decodes by who wrote it: the worker's own stop is ``worker_failed``, any other ``stopped``.
+    """
+
+    by: str
+    reason: str
+    time: float | None = None
+    cause: Cause = Cause.STOPPED
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # a newer version's
+    # the stored keys, in order (() when made here): what was stored is what is written back
+    stored: tuple[str, ...] = field(default=(), compare=False, repr=False)
+
+    @classmethod
+    def now(cls, by: str, reason: str, cause: Cause = Cause.STOPPED) -> Cancellation:
+        return cls(by=by, reason=reason, time=time.time(), cause=cause)
+
+    @classmethod
+    def from_dict(cls, value: Any) -> Cancellation | None:
+        """The cancellation in ``value``; None for anything that is not one (an unreadable
+        marker, a damaged entry): a job whose cancel cannot be read is shown by its other facts."""
+        if not isinstance(value, Mapping) or "unreadable" in value:
+            return None
+        by = str(value.get("by") or "someone unknown")
+        when = value.get("time")
+        try:
+            cause = Cause(value["cause"])
+        except (KeyError, ValueError):  # before ``cause``, or a newer version's word
+            cause = Cause.WORKER_FAILED if by == WORKER else Cause.STOPPED
+        return cls(
+            by=by,
+            reason=str(value.get("reason") or "no reason recorded"),
+            time=float(when) if isinstance(when, (int, float)) and not isinstance(when, bool) else None,
+            cause=cause,
+            extra={k: v for k, v in value.items() if k not in _CANCELLATION_KEYS},
+            stored=tuple(value),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form; a decoded one gives back its stored keys (and their values, when
+        this version read them as they were)."""
+        own = {"by": self.by, "reason": self.reason, "time": self.time, "cause": self.cause.value}
+        if not self.stored:
+            return own
+        return {key: self.extra[key] if key in self.extra else own[key] for key in self.stored}
+
+
+_CANCELLATION_KEYS = ("by", "reason", "time", "cause")
+
+
 def status_of(
     *,
     ok: bool | None,
-    cancelled: bool,
-    backend_state: str | None,
+    cancelled: Cancellation | bool | None,
+    backend_state: str | None = None,
     started: bool = False,
     finished: bool = False,
     shipped: bool = False,
+    outcome: str | None = None,
+    stage: Stage | None = None,
+    watched: bool | None = None,
 ) -> JobStatus:
-    """A job's status: its result (``ok``, None without one) first, then a cancellation, then
-    what its backend observes."""
+    """A job's status, from whatever its reader knows of it, in this order:
+
+    * its result (``ok``; None without one);
+    * a cancellation: ``failed`` when its cause is a failure of the worker, else ``cancelled``;
+    * ``outcome``: how a watcher's wait ended (an event status, as the record or
+      ``progress.json`` keeps it): ``succeeded`` for success, else ``failed``;
+    * ``watched`` False: no try watches it any more, so nobody will deliver its outcome: ``lost``
+      once it was shipped or started, ``failed`` before (its task failed while submitting it);
+    * its backend (``backend_state``, asked by the CLI and gc) or, where nobody asks the backend
+      (the view), the watcher's last ``stage``.
+    """
     if ok is not None:
         return JobStatus.SUCCEEDED if ok else JobStatus.FAILED
     if cancelled:
-        return JobStatus.CANCELLED
+        failure = isinstance(cancelled, Cancellation) and cancelled.cause.failure
+        return JobStatus.FAILED if failure else JobStatus.CANCELLED
+    if outcome:
+        return JobStatus.SUCCEEDED if outcome == EVENT_SUCCESS else JobStatus.FAILED
+    if watched is False:
+        return JobStatus.LOST if started or shipped else JobStatus.FAILED
+    if backend_state is None and stage is not None:
+        return stage.status or JobStatus.PENDING
     return from_backend(backend_state, started=started, finished=finished, shipped=shipped)
 
 

@@ -16,7 +16,7 @@ from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.responses import FileResponse
 
 from kinetic_airflow.job.layout import STATE_KEY
-from kinetic_airflow.job.states import JobStatus, Stage
+from kinetic_airflow.job.states import JobStatus
 from kinetic_airflow.ui.data import job_details, run_costs, task_rows
 from kinetic_airflow.ui.metrics_view import sweep, task_metrics
 
@@ -30,15 +30,8 @@ _STATIC_FILES = {
     "uPlot.iife.min.js": "text/javascript",
     "uPlot.min.css": "text/css",
 }
-# The view's state filter: the live stages in the order a job meets them, then the endings.
-_STATES = (
-    "submitted",
-    *(stage.value for stage in Stage if stage not in (Stage.PENDING, Stage.FINISHED)),
-    JobStatus.SUCCEEDED.value,
-    JobStatus.FAILED.value,
-    JobStatus.CANCELLED.value,
-    "orphaned",
-)
+# The view's state filter: the one vocabulary of job states (the jobs CLI's ``--state``).
+_STATES = tuple(status.value for status in JobStatus)
 
 
 def _user_dependency() -> Any:

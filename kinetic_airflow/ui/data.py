@@ -8,27 +8,41 @@ job's own JSON files: ``status/progress.json`` (the watcher's state changes) and
 ``result.json`` (the result summary: type, repr, error). Nothing here unpickles anything:
 the api-server never loads a payload or a result.
 
+A job's ``state`` is its status in the one vocabulary (``job.states.status_of``), the word the
+jobs CLI prints for the same job; the view adds ``stage`` (what a live job is doing) and
+``ending`` (how it ended, finer than its state), read from fields, never from log prose.
+
 Files of a job that has ended do not change, so they are cached in this process.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from kinetic_airflow.connections import storage_for
 from kinetic_airflow.job.layout import STATE_KEY, JobLayout, output_dir_uri
-from kinetic_airflow.job.states import EVENT_PREEMPTED, EVENT_SUCCESS, JobStatus
+from kinetic_airflow.job.states import (
+    EVENT_PREEMPTED,
+    EVENT_SUCCESS,
+    Cancellation,
+    Cause,
+    JobStatus,
+    Stage,
+    status_of,
+)
 from kinetic_airflow.job.tracebacks import clean_remote_traceback, type_name, user_summary
-from kinetic_airflow.lifecycle import JobRecord, Phase, decode_record, recorded_jobs
+from kinetic_airflow.lifecycle import HistoryEntry, JobRecord, Phase, decode_record, recorded_jobs
 from kinetic_airflow.usage import ended_usage
 
-__all__ = ["device_of", "job_details", "run_costs", "task_rows"]
+__all__ = ["JobView", "TaskRow", "device_of", "job_details", "rows_of", "run_costs", "task_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +103,7 @@ def _wrong_summary(summary: dict[str, Any]) -> list[str]:
     return wrong
 
 
-def _job_files(job: dict[str, Any], gcp_conn_id: str | None, watched: bool) -> dict[str, Any]:
+def _job_files(job: HistoryEntry, gcp_conn_id: str | None, watched: bool) -> dict[str, Any]:
     """progress / summary (and, for a job nobody watches any more, its start and cancel markers).
 
     A live job costs one read (its progress); the result summary is read once the progress
@@ -99,7 +113,7 @@ def _job_files(job: dict[str, Any], gcp_conn_id: str | None, watched: bool) -> d
     who cancelled it and why. Reads are shared for a few seconds between viewers, so many open
     pages cost no more.
     """
-    job_id = job["job_id"]
+    job_id = job.job_id
     now = time.monotonic()
     key = f"{job_id}|{watched}"
     with _CACHE_LOCK:
@@ -110,16 +124,16 @@ def _job_files(job: dict[str, Any], gcp_conn_id: str | None, watched: bool) -> d
                 cached = fresh[1]
     if cached is not None:
         return cached
-    uri = job["job_uri"]
+    uri = job.job_uri or ""
     storage = storage_for(uri, gcp_conn_id)
     layout = JobLayout(uri)
     files: dict[str, Any] = {"progress": _read_json(storage, layout.status("progress"), _wrong_progress)}
-    recorded = "usage" in job  # the outcome reached Airflow: nothing about the job changes now
-    cancelled = job.get("phase") == Phase.CANCELLED.value
+    recorded = job.usage is not None  # the outcome reached Airflow: nothing about the job changes now
+    cancelled = job.phase == Phase.CANCELLED.value
     ended = recorded or (files["progress"] or {}).get("outcome") or cancelled or not watched
     files["summary"] = _read_json(storage, layout.result_summary(), _wrong_summary) if ended else None
-    failed = recorded and job.get("outcome") not in (EVENT_SUCCESS, EVENT_PREEMPTED)
-    if (cancelled or failed or not (recorded or watched)) and not job.get("cancelled"):
+    failed = recorded and job.outcome not in (EVENT_SUCCESS, EVENT_PREEMPTED)
+    if (cancelled or failed or not (recorded or watched)) and job.cancelled is None:
         # who stopped it and why (newer workers put it in the record's history themselves)
         files["cancelled"] = _read_json(storage, layout.status("cancelled"))
     if not (recorded or watched) and files["summary"] is None:
@@ -141,35 +155,6 @@ def _type_name(name: str | None) -> str | None:
     return type_name(name)
 
 
-# The view's states are plain strings (its JSON): JobStatus's values, and a few of its own
-# (preempted, submitted, orphaned, and the watcher's progress states while a job is live).
-SUCCEEDED, FAILED, CANCELLED = JobStatus.SUCCEEDED.value, JobStatus.FAILED.value, JobStatus.CANCELLED.value
-UNREADABLE = "unreadable"  # a job whose files are not as kinetic-airflow writes them
-
-
-def _state(entry: dict[str, Any], files: dict[str, Any]) -> tuple[str, str]:
-    """(state, what it is doing) of one job, for people."""
-    summary = user_summary(files.get("summary")) or {}
-    progress = files.get("progress") or {}
-    outcome = entry.get("outcome") or progress.get("outcome")
-    if outcome == "preempted":
-        return "preempted", progress.get("text") or "preempted"
-    if summary.get("ok") is True:
-        return SUCCEEDED, f"returned {_type_name(summary.get('value_type')) or 'a value'}"
-    if summary.get("ok") is False:
-        return FAILED, f"{_type_name(summary.get('error_type'))}: {summary.get('error_message')}"
-    if entry.get("phase") == Phase.CANCELLED.value:
-        return CANCELLED, "stopped on purpose"
-    if outcome:
-        return (SUCCEEDED if outcome == EVENT_SUCCESS else FAILED), progress.get("text") or outcome
-    for name in ("summary", "progress"):  # a forged or damaged file: say so, show the rest
-        if (files.get(name) or {}).get("unreadable"):
-            return UNREADABLE, f"its {name} file cannot be read: {files[name]['unreadable']}"
-    if progress.get("state"):
-        return progress["state"], progress.get("text", "")
-    return "submitted", "submitted; not observed yet"
-
-
 # Task-instance states in which a try may still watch its job (or start watching it).
 ACTIVE_TI_STATES = frozenset(
     {
@@ -184,71 +169,116 @@ ACTIVE_TI_STATES = frozenset(
         "awaiting_input",
     }
 )
-# Who stops a job when the worker itself failed before a watcher held it (its payload could
-# not be built or uploaded, a setting was wrong, a record could not be written).
-_WORKER = "worker"
-# How the worker says the failure was in building or uploading the payload (older workers, then
-# the lifecycle's guard, which names the step it was at).
-_PACKAGING = ("its payload could not be built or uploaded", "(while shipping the payload)")
+_UNSHIPPED = (Phase.RECORDED.value, Phase.CREATED.value)  # the job never got its payload
 
 
-def _cancel_state(cancel: dict[str, Any]) -> tuple[str, str, str]:
-    """(state, words, ending) of a job stopped on purpose, from who stopped it and why."""
-    by = str(cancel.get("by") or "someone unknown")
-    reason = str(cancel.get("reason") or "no reason recorded")
-    if by != _WORKER:
-        return CANCELLED, f"cancelled by {by}: {reason}", "cancelled"
-    if any(words in reason for words in _PACKAGING):
-        return FAILED, f"failed while packaging: {reason}", "failed_while_packaging"
-    return FAILED, f"failed before its job started: {reason}", "failed_before_start"
+def _stage(progress: dict[str, Any]) -> Stage | None:
+    """What the watcher last told of a live job (``progress.json``); None before it told anything,
+    or for a word this version does not know."""
+    try:
+        return Stage(progress["state"])
+    except (KeyError, ValueError):
+        return None
+
+
+def _cancellation(entry: HistoryEntry, files: dict[str, Any]) -> Cancellation | None:
+    """Who stopped the job, why and the cause: from the record's history (newer workers), else
+    from ``status/cancelled.json``."""
+    return entry.cancelled or Cancellation.from_dict(files.get("cancelled"))
+
+
+UNREADABLE = "unreadable"  # the ending of a job whose files are not as kinetic-airflow writes them
+
+
+def _unreadable(entry: HistoryEntry, files: dict[str, Any]) -> str | None:
+    """Why the job's progress or summary cannot be read, when its record does not tell how it
+    ended either (a forged or damaged file: the row says so, the rest of the page is drawn)."""
+    if entry.outcome or entry.usage is not None:
+        return None
+    for name in ("summary", "progress"):
+        why = (files.get(name) or {}).get("unreadable")
+        if why:
+            return f"{UNREADABLE}: its {name} file cannot be read: {why}"
+    return None
+
+
+def _status(entry: HistoryEntry, files: dict[str, Any], watched: bool) -> JobStatus:
+    """The job's status in the one vocabulary (``job.states.status_of``), from what the view
+    knows: the result summary, the cancellation, the outcome its watcher saw, whether a try
+    still watches it, and (for a live job) the watcher's last stage instead of its backend."""
+    if _unreadable(entry, files):
+        return JobStatus.UNKNOWN
+    summary = user_summary(files.get("summary")) or {}
+    progress = files.get("progress") or {}
+    ok = summary.get("ok")
+    return status_of(
+        ok=ok if isinstance(ok, bool) else None,
+        cancelled=_cancellation(entry, files) or entry.phase == Phase.CANCELLED.value,
+        outcome=entry.outcome or progress.get("outcome"),
+        watched=watched,
+        started=bool(files.get("started") or progress.get("running_since")),
+        shipped=entry.phase not in _UNSHIPPED,
+        stage=_stage(progress) or Stage.PENDING,
+    )
+
+
+def _cancel_words(cancel: Cancellation) -> tuple[str, str]:
+    """(words, ending) of a job stopped on purpose or by its failing worker, from its cause."""
+    if cancel.cause is Cause.STOPPED:
+        return f"cancelled by {cancel.by}: {cancel.reason}", "cancelled"
+    if cancel.cause is Cause.PACKAGING_FAILED:
+        return f"failed while packaging: {cancel.reason}", "failed_while_packaging"
+    return f"failed before its job started: {cancel.reason}", "failed_before_start"
 
 
 def _ending(
-    entry: dict[str, Any], files: dict[str, Any], watched: bool, ti_state: str | None
-) -> tuple[str, str, str]:
-    """(state, what it is doing or how it ended, ending) of one job, for people.
+    entry: HistoryEntry, files: dict[str, Any], status: JobStatus, watched: bool, ti_state: str | None
+) -> tuple[str, str]:
+    """(what it is doing or how it ended, ending) of one job, for people.
 
-    ``_state`` reads what the job's files and its record say; this adds what only the task
-    instance can tell: whether anything still watches the job (``watched``), and so whether an
-    undelivered job failed before it started, or is orphaned. ``ending`` is "" while the job is
-    live, else one of succeeded, failed, preempted, cancelled, failed_while_packaging,
-    failed_before_start and orphaned (a job whose task ended, or moved on to another job,
-    without its outcome: nobody watches it), or unreadable (its files are not as kinetic-airflow
-    writes them, and its record tells no outcome).
+    ``ending`` is "" while the job is live, else one of succeeded, failed, preempted, cancelled,
+    failed_while_packaging, failed_before_start and orphaned (a job whose task ended, or moved on
+    to another job, without its outcome: nobody watches it). Every branch reads a field (the
+    result summary, the cancellation's cause, the record's phase and outcome), never prose; or
+    unreadable (its files are not as kinetic-airflow writes them, and its record tells no outcome).
     """
-    state, doing = _state(entry, files)
-    if state == UNREADABLE:
-        return state, doing, UNREADABLE
-    summary = files.get("summary") or {}
+    unreadable = _unreadable(entry, files)
+    if unreadable:
+        return unreadable, UNREADABLE
+    summary = user_summary(files.get("summary")) or {}
     progress = files.get("progress") or {}
-    outcome = entry.get("outcome") or progress.get("outcome")
-    if state == "preempted":
-        return state, doing, state
-    delivered = "usage" in entry or entry.get("phase") == Phase.DELIVERED.value
+    outcome = entry.outcome or progress.get("outcome")
+    if outcome == EVENT_PREEMPTED:
+        return progress.get("text") or "preempted", "preempted"
+    delivered = entry.usage is not None or entry.phase == Phase.DELIVERED.value
     ended = f"its task instance is {ti_state or 'gone'}"
     if summary.get("ok") is not None:  # the job's own ending beats any later cancel
+        if summary["ok"] is True:
+            doing = f"returned {_type_name(summary.get('value_type')) or 'a value'}"
+        else:
+            doing = f"{_type_name(summary.get('error_type'))}: {summary.get('error_message')}"
         if delivered or watched:
-            return state, doing, state
-        return "orphaned", f"{doing}, but {ended} and never received it", "orphaned"
-    cancel = entry.get("cancelled") or files.get("cancelled")
-    if isinstance(cancel, dict) and not cancel.get("unreadable"):
-        return _cancel_state(cancel)
-    if entry.get("phase") == Phase.CANCELLED.value:
-        return CANCELLED, "cancelled (no record of who stopped it or why)", "cancelled"
+            return doing, status.value
+        return f"{doing}, but {ended} and never received it", "orphaned"
+    cancel = _cancellation(entry, files)
+    if cancel is not None:
+        return _cancel_words(cancel)
+    if entry.phase == Phase.CANCELLED.value:
+        return "cancelled (no record of who stopped it or why)", "cancelled"
     if delivered and outcome:
-        return state, doing, state
+        return progress.get("text") or outcome, status.value
     if watched:
-        return state, doing, ""
+        return progress.get("text") or outcome or "submitted; not observed yet", ""
     # Nobody watches it: its task instance ended (or runs another job) without its outcome.
-    if entry.get("phase") in (Phase.RECORDED.value, Phase.CREATED.value):
-        why = f"failed before its job started: {ended}, and the job never got its payload"
-        return FAILED, why, "failed_before_start"
-    stop = f"stop it: kinetic-airflow jobs cancel {entry['job_id']}"
+    if entry.phase in _UNSHIPPED:
+        return f"failed before its job started: {ended}, and the job never got its payload", (
+            "failed_before_start"
+        )
+    stop = f"stop it: kinetic-airflow jobs cancel {entry.job_id}"
     if files.get("started") or progress.get("running_since"):
-        why = f"{ended} without its outcome; the job started and may still run ({stop})"
-        return "orphaned", why, "orphaned"
+        return f"{ended} without its outcome; the job started and may still run ({stop})", "orphaned"
     why = f"{ended}, and its job had not started; nobody watches it, and it may still start ({stop})"
-    return "orphaned", why, "orphaned"
+    return why, "orphaned"
 
 
 def device_of(backend: str | None, accelerator: str) -> str:
@@ -257,50 +287,90 @@ def device_of(backend: str | None, accelerator: str) -> str:
     return "local CPU" if backend == "local" else accelerator
 
 
-def _usage_from_files(entry: dict[str, Any], files: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class JobView:
+    """One job a task instance ran, as the view shows it (``to_dict``: its JSON in the REST API).
+
+    ``state`` is the job's status in the one vocabulary (``job.states.JobStatus``, as the jobs
+    CLI says it); ``stage`` what a live job is doing (``job.states.Stage``, "" once it ended or
+    before its watcher said); ``ending`` how it ended, finer than its state (see ``_ending``).
+    """
+
+    job_id: str
+    job_uri: str | None
+    backend: str | None
+    accelerator: str
+    device: str
+    try_number: int | None
+    attempt: int | None
+    state: str
+    stage: str
+    doing: str
+    ending: str
+    node: str
+    submitted_at: float | None
+    started_at: float | None
+    finished_at: float | None
+    duration_seconds: float | None
+    queue_seconds: float | None
+    chips: int | None
+    spot: bool | None
+    chip_hours: float | None
+    result: dict[str, Any] | None
+    history: list[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _usage_from_files(entry: HistoryEntry, files: dict[str, Any]) -> dict[str, Any]:
     """An ended attempt no worker counted (its task was marked failed or cleared while deferred:
     the trigger stopped the job): from the runner's start to who stopped it, as its files say."""
     progress = files.get("progress") or {}
     started = (files.get("started") or {}).get("time")
     started = started if _is_time(started) else progress.get("running_since")
-    ended = (files.get("cancelled") or entry.get("cancelled") or {}).get("time")
+    cancel = _cancellation(entry, files)
+    ended = cancel.time if cancel is not None else None
     ended = ended if _is_time(ended) else (progress.get("time") if progress.get("outcome") else None)
-    return ended_usage(entry.get("backend"), entry.get("accelerator"), started, ended)
+    return ended_usage(entry.backend, entry.accelerator, started, ended)
 
 
 def _job_view(
-    entry: dict[str, Any], files: dict[str, Any], watched: bool = True, ti_state: str | None = None
-) -> dict[str, Any]:
-    state, doing, ending = _ending(entry, files, watched, ti_state)
-    usage = entry.get("usage") or (_usage_from_files(entry, files) if ending else {})
-    accelerator = entry.get("accelerator") or "cpu"
-    local = entry.get("backend") == "local"
+    entry: HistoryEntry, files: dict[str, Any], watched: bool = True, ti_state: str | None = None
+) -> JobView:
+    status = _status(entry, files, watched)
+    doing, ending = _ending(entry, files, status, watched, ti_state)
+    usage = entry.usage or (_usage_from_files(entry, files) if ending and ending != UNREADABLE else {})
+    accelerator = entry.accelerator or "cpu"
+    local = entry.backend == "local"
     progress = files.get("progress") or {}
+    stage = _stage(progress)
     summary = user_summary(files.get("summary")) or {}
     timings = summary.get("timings") or {}
-    return {
-        "job_id": entry["job_id"],
-        "job_uri": entry.get("job_uri"),
-        "backend": entry.get("backend"),
-        "accelerator": accelerator,
-        "device": device_of(entry.get("backend"), accelerator),
-        "try_number": entry.get("try_number"),
-        "attempt": entry.get("attempt"),
-        "state": state,
-        "doing": doing,
-        "ending": ending,
-        "node": progress.get("node") or "",
-        "submitted_at": entry.get("submitted_at"),
-        "started_at": usage.get("started_at") or progress.get("running_since"),
-        "finished_at": usage.get("finished_at"),
-        "duration_seconds": usage.get("run_seconds", timings.get("total")),
-        "queue_seconds": usage.get("queue_seconds"),
+    return JobView(
+        job_id=entry.job_id,
+        job_uri=entry.job_uri,
+        backend=entry.backend,
+        accelerator=accelerator,
+        device=device_of(entry.backend, accelerator),
+        try_number=entry.try_number,
+        attempt=entry.attempt,
+        state=status.value,
+        stage=stage.value if stage is not None and status.live else "",
+        doing=doing,
+        ending=ending,
+        node=progress.get("node") or "",
+        submitted_at=entry.submitted_at,
+        started_at=usage.get("started_at") or progress.get("running_since"),
+        finished_at=usage.get("finished_at"),
+        duration_seconds=usage.get("run_seconds", timings.get("total")),
+        queue_seconds=usage.get("queue_seconds"),
         # a local run holds no accelerator, whatever string it was given (records written
         # before usage knew that say otherwise): no chips, no chip-hours; its wall time stays
-        "chips": 0 if local else usage.get("chips"),
-        "spot": False if local else usage.get("spot"),
-        "chip_hours": (0.0 if usage else None) if local else usage.get("chip_hours"),
-        "result": {
+        chips=0 if local else usage.get("chips"),
+        spot=False if local else usage.get("spot"),
+        chip_hours=(0.0 if usage else None) if local else usage.get("chip_hours"),
+        result={
             "ok": summary.get("ok"),
             "value_type": _type_name(summary.get("value_type")),
             "value_repr": (summary.get("value_repr") or "")[:500],
@@ -312,8 +382,8 @@ def _job_view(
         }
         if summary
         else None,
-        "history": progress.get("history") or [],
-    }
+        history=progress.get("history") or [],
+    )
 
 
 def _records(
@@ -389,7 +459,64 @@ def _ti_fields(ti: Any, logical_date: Any, run_after: Any) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class TaskRow:
+    """One task instance with a kinetic job, as the view lists it: the task instance, its
+    current job (state, stage, doing, ending as in ``JobView``) and its attempts' sums;
+    ``jobs`` (every job it ran), ``gcp_conn_id`` and ``history`` only for the task-instance tab."""
+
+    dag_id: str
+    run_id: str
+    task_id: str
+    map_index: int
+    label: str
+    ti_state: str | None
+    try_number: int | None
+    ti_start: str | None
+    ti_end: str | None
+    run_after: str | None
+    logical_date: str | None
+    job_id: str
+    backend: str | None
+    accelerator: str
+    device: str
+    state: str
+    stage: str
+    doing: str
+    ending: str
+    node: str
+    attempts: int
+    preemptions: int
+    started_at: float | None
+    duration_seconds: float | None
+    chip_hours: float
+    run_seconds: float  # job time: the jobs' run times added up
+    # the span its jobs ran in: a DAG run's wall time spans its task instances' (run_costs)
+    first_started_at: float | None
+    ended_at: float | None
+    queue_seconds: float | None
+    spot: bool | None
+    result: dict[str, Any] | None
+    output_dir: str
+    jobs: list[JobView] | None = None  # every job: the task-instance tab
+    gcp_conn_id: str | None = None  # a connection id: where its metrics are read (tab only)
+    history: list[dict[str, Any]] | None = None  # the current job's progress (tab only)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON the REST API serves: the tab's fields only when ``jobs`` is there."""
+        out = dataclasses.asdict(self)
+        if self.jobs is None:
+            for key in ("jobs", "gcp_conn_id", "history"):
+                del out[key]
+        return out
+
+
 def task_rows(session: Any, *, all_jobs: bool = False, **filters: Any) -> list[dict[str, Any]]:
+    """``rows_of`` in their JSON form (what ``/kinetic/api`` serves)."""
+    return [row.to_dict() for row in rows_of(session, all_jobs=all_jobs, **filters)]
+
+
+def rows_of(session: Any, *, all_jobs: bool = False, **filters: Any) -> list[TaskRow]:
     """One row per task instance with a kinetic job: its current job, its attempts' sums, and
     (``all_jobs``) every job it ran."""
     decoded = [
@@ -398,57 +525,61 @@ def task_rows(session: Any, *, all_jobs: bool = False, **filters: Any) -> list[d
         if (record := _record_of(store)) is not None
     ]
 
-    def watched(ti: Any, entries: list[dict[str, Any]], index: int) -> bool:
+    def watched(ti: Any, entries: list[HistoryEntry], index: int) -> bool:
         """Whether a try may still watch this job: the task instance's current job, while the
         task instance has not ended (an earlier job, or any job of an ended one, has no watcher)."""
         return index == len(entries) - 1 and _ti_state(ti) in ACTIVE_TI_STATES
 
     futures = {  # every job's files at once: a page of jobs costs one round trip, not one a job
-        job["job_id"]: _READERS.submit(_job_files, job, ref.gcp_conn_id, watched(ti, entries, i))
+        job.job_id: _READERS.submit(_job_files, job, ref.gcp_conn_id, watched(ti, entries, i))
         for ti, _ld, _ra, ref, entries in decoded
         for i, job in enumerate(entries)
     }
     out = []
     for ti, logical_date, run_after, ref, entries in decoded:
         jobs = [
-            _job_view(e, futures[e["job_id"]].result(), watched(ti, entries, i), _ti_state(ti))
+            _job_view(e, futures[e.job_id].result(), watched(ti, entries, i), _ti_state(ti))
             for i, e in enumerate(entries)
         ]
         current = jobs[-1]
-        row = {
-            **_ti_fields(ti, logical_date, run_after),
-            **{
-                k: current[k]
-                for k in ("job_id", "backend", "accelerator", "device", "state", "doing", "ending", "node")
-            },
-            "attempts": len(jobs),
-            "preemptions": sum(1 for j in jobs if j["state"] == "preempted"),
-            "started_at": current["started_at"],
-            "duration_seconds": current["duration_seconds"],
-            "chip_hours": round(sum(j["chip_hours"] or 0 for j in jobs), 6),
-            "run_seconds": round(sum(j["duration_seconds"] or 0 for j in jobs), 3),
-            # the span its jobs ran in: a DAG run's wall time spans its task instances' (run_costs)
-            "first_started_at": min((j["started_at"] for j in jobs if j["started_at"]), default=None),
-            "ended_at": _ended_at(jobs),
-            "queue_seconds": current["queue_seconds"],
-            "spot": current["spot"],
-            "result": current["result"] if all_jobs else _brief(current["result"]),
-            # every try and attempt shares KINETIC_OUTPUT_DIR (unless set by hand)
-            "output_dir": output_dir_uri(ref.base_uri or "", ref.job_identity),
-        }
-        if all_jobs:
-            row["jobs"] = jobs
-            row["gcp_conn_id"] = ref.gcp_conn_id  # a connection id: where its metrics are read
-            row["history"] = current["history"]
-        out.append(row)
+        out.append(
+            TaskRow(
+                **_ti_fields(ti, logical_date, run_after),
+                job_id=current.job_id,
+                backend=current.backend,
+                accelerator=current.accelerator,
+                device=current.device,
+                state=current.state,
+                stage=current.stage,
+                doing=current.doing,
+                ending=current.ending,
+                node=current.node,
+                attempts=len(jobs),
+                preemptions=sum(1 for j in jobs if j.ending == EVENT_PREEMPTED),
+                started_at=current.started_at,
+                duration_seconds=current.duration_seconds,
+                chip_hours=round(sum(j.chip_hours or 0 for j in jobs), 6),
+                run_seconds=round(sum(j.duration_seconds or 0 for j in jobs), 3),
+                first_started_at=min((j.started_at for j in jobs if j.started_at), default=None),
+                ended_at=_ended_at(jobs),
+                queue_seconds=current.queue_seconds,
+                spot=current.spot,
+                result=current.result if all_jobs else _brief(current.result),
+                # every try and attempt shares KINETIC_OUTPUT_DIR (unless set by hand)
+                output_dir=output_dir_uri(ref.base_uri or "", ref.job_identity),
+                jobs=jobs if all_jobs else None,
+                gcp_conn_id=ref.gcp_conn_id if all_jobs else None,
+                history=current.history if all_jobs else None,
+            )
+        )
     return out
 
 
-def _ended_at(jobs: list[dict[str, Any]]) -> float | None:
+def _ended_at(jobs: list[JobView]) -> float | None:
     """When the last of a task instance's jobs ended; None while its current job is live."""
-    if not jobs[-1]["ending"]:
+    if not jobs[-1].ending:
         return None
-    return max(j["finished_at"] or 0 for j in jobs) or None
+    return max(j.finished_at or 0 for j in jobs) or None
 
 
 def _brief(result: dict[str, Any] | None) -> dict[str, Any] | None:

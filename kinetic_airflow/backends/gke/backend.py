@@ -24,7 +24,7 @@ from kinetic_airflow.backends.gke.classify import classify, with_refusal
 from kinetic_airflow.backends.gke.client import ApiError, KubeApi, cached_kube_api, kube_api
 from kinetic_airflow.backends.gke.console import job_links
 from kinetic_airflow.backends.gke.job_key import create_key_secret, key_env
-from kinetic_airflow.backends.gke.kueue import QueueState, queue_state, with_queue
+from kinetic_airflow.backends.gke.kueue import QueueState, check_local_queue, queue_state, with_queue
 from kinetic_airflow.backends.gke.logstream import PodLogStream
 from kinetic_airflow.backends.gke.manifest import (
     CONTAINER_NAME,
@@ -32,7 +32,7 @@ from kinetic_airflow.backends.gke.manifest import (
     build_job_manifest,
 )
 from kinetic_airflow.backends.gke.pod_override import apply_to_manifest
-from kinetic_airflow.backends.gke.volumes import pod_extras
+from kinetic_airflow.backends.gke.volumes import pod_extras, requirements_cache_for
 from kinetic_airflow.backends.gke.watch_cache import (
     FAILED_CREATE,
     ClusterWatch,
@@ -166,7 +166,9 @@ class GKEBackend(Backend):
             "python": k8s.runner_python or "python",
             "service_account": k8s.service_account,
             "env": k8s.container_env,
-            "extras": pod_extras(job, str(resolve_setting("requirements_cache") or "hostpath")),
+            "extras": pod_extras(
+                job, requirements_cache_for(resolve_setting("requirements_cache"), k8s.cluster, job)
+            ),
             "secret_env": key_env(self.object_name(job)),
             "placement": placement_of(k8s.capacity, k8s.max_run_seconds, k8s.local_queue, k8s.priority_class),
             "grace_seconds": math.ceil(kill_after_seconds(job.stop_grace_seconds)),  # job.stop
@@ -181,6 +183,9 @@ class GKEBackend(Backend):
         # a name the controllers cannot derive pods from is refused here, not silently there
         check_derived_names(job.job_id, int(job.hosts or 1))
         api = self._api(job)
+        k8s = job.on_cluster()
+        if k8s.local_queue:  # a LocalQueue that does not exist would hold the job for ever
+            check_local_queue(api, k8s.namespace, str(k8s.local_queue))
         # pod_override= / [kinetic] pod_override over every pod template, checked before the POST
         manifest = apply_to_manifest(self.manifest(job), job.on_cluster().pod_override)
         created = self._create(api, job, manifest)

@@ -221,6 +221,17 @@ def _classify(job: dict[str, Any] | None, pods: list[dict[str, Any]]) -> Backend
             )
         if decisive is not None and decisive.state is JobState.FAILED:
             return decisive
+        if failed.get("reason") == "PodFailurePolicy" and "condition DisruptionTarget" in str(
+            failed.get("message") or ""
+        ):
+            # the Job's podFailurePolicy (manifest.PREEMPTION_FAILURE_POLICY) kept the verdict of a
+            # pod that is gone now: it was disrupted (preempted, its node shut down or drained)
+            return BackendStatus(
+                JobState.FAILED,
+                reason="Preempted",
+                message=f"the Job's pod was disrupted ({failed.get('message', '')})",
+                details={"preempted": True},
+            )
         return BackendStatus(
             JobState.FAILED, reason=failed.get("reason") or "Failed", message=failed.get("message", "")
         )

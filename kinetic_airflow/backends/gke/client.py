@@ -279,6 +279,9 @@ def resolve_gke_cluster_info(cluster: dict[str, Any]) -> tuple[dict[str, Any], A
         "use_dns_endpoint": bool(cluster.get("use_dns_endpoint")),
         "endpoint": _chosen_endpoint(info, cluster),
         "ca": info.master_auth.cluster_ca_certificate,
+        # GKE's Cluster.autopilot.enabled: Autopilot refuses writable hostPath volumes, so the
+        # requirements cache is an emptyDir there (volumes.requirements_cache_for)
+        "autopilot": bool(getattr(getattr(info, "autopilot", None), "enabled", False)),
     }
     return resolved, info
 

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from kinetic_airflow.backends.base import BackendStatus, JobRef
+from kinetic_airflow.backends.gke import discovery
 from kinetic_airflow.backends.gke.classify import classify
-from kinetic_airflow.backends.gke.client import ApiError, KubeApi, cluster_key, kube_api
+from kinetic_airflow.backends.gke.client import KubeApi, cluster_key, kube_api
 from kinetic_airflow.backends.gke.group_status import HostMemory, classify_group
 from kinetic_airflow.backends.gke.lws_manifest import LWS_GROUP, LWS_PLURAL, lws_name
 
@@ -91,12 +92,9 @@ class ClusterSnapshot:
 
     def _groups(self) -> list[dict[str, Any]]:
         try:
-            group = self.api.request("GET", f"/apis/{LWS_GROUP}")
-        except ApiError as exc:
-            if exc.status == 404:
-                return []  # no LeaderWorkerSet API on this cluster: no pathways jobs either
-            raise
-        self.lws_version = (group.get("preferredVersion") or {}).get("version") or "v1"
+            self.lws_version = discovery.api_version(self.api, LWS_GROUP)
+        except discovery.GroupNotServedError:
+            return []  # no LeaderWorkerSet API kinetic speaks on this cluster: no pathways jobs either
         return self._list(self.group_path(), "app=kinetic-pathways")
 
     def group_path(self, name: str | None = None) -> str:

@@ -21,6 +21,13 @@ What it checks, in order (a check that cannot run because an earlier one failed 
 * job storage reachable from here (write, read, delete a probe object);
 * for multi-host TPUs, the LeaderWorkerSet API and its version;
 * nodes (or GKE node pools, node auto-provisioning, Autopilot) able to provide the accelerator;
+* where jobs with ``requirements=`` cache their environments (``[kinetic] requirements_cache``):
+  a hostPath folder of the node, or an emptyDir on GKE Autopilot, which refuses writable
+  hostPath volumes (told by the GKE API's ``Cluster.autopilot.enabled``);
+* with ``capacity="flex-start"`` and ``max_run_duration``: a node pool whose nodes carry
+  ``cloud.google.com/gke-max-run-duration-seconds=<seconds>``, the label that duration puts in
+  the pods' node selector, which only node pools the cluster autoscaler creates (node
+  auto-provisioning, Autopilot) carry by themselves;
 * the runner image's tag matching this Python (``check_image_python``).
 
 A warning (the check could not tell, e.g. a namespaced Role may not list nodes; or what is
@@ -39,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kinetic_airflow.accelerators import InvalidAcceleratorError, parse_accelerator
+from kinetic_airflow.accelerators import LABEL_ACCELERATOR_COUNT, InvalidAcceleratorError, parse_accelerator
 from kinetic_airflow.backends.gke.client import (
     ApiError,
     KubeApi,
@@ -50,6 +57,12 @@ from kinetic_airflow.backends.gke.client import (
 )
 from kinetic_airflow.backends.gke.image_choice import runner_image
 from kinetic_airflow.backends.gke.images import check_image_python
+from kinetic_airflow.backends.gke.volumes import (
+    ENV_CACHE_HOST_PATH,
+    RequirementsCacheError,
+    requirements_cache_for,
+)
+from kinetic_airflow.capacity import LABEL_FLEX_START, LABEL_MAX_RUN, placement_of
 from kinetic_airflow.config import default_base_uri, resolve_setting
 from kinetic_airflow.connections import storage_for
 from kinetic_airflow.validation import check_backend_fits
@@ -206,6 +219,8 @@ def run_doctor(
     impersonation_chain: str | list[str] | None = None,
     container_image: str | None = None,
     base_uri: str | None = None,
+    capacity: str | None = None,
+    max_run_duration: float | None = None,
     timeout: float = 10.0,
 ) -> DoctorReport:
     """Every check for a first job of ``accelerator``; arguments override ``[kinetic]`` as a task's do."""
@@ -222,6 +237,8 @@ def run_doctor(
         **gke_access(use_internal_ip, use_dns_endpoint, impersonation_chain),
         "container_image": container_image,  # runner_image() adds [kinetic] container_image(_KIND)
         "base_uri": resolve_setting("base_uri", base_uri),
+        "capacity": resolve_setting("capacity", capacity),
+        "max_run_duration": resolve_setting("max_run_duration", max_run_duration),
     }
     report = DoctorReport(settings)
     _Doctor(report, timeout).run()
@@ -258,7 +275,11 @@ class _Doctor:
             ("service account", self.service_account),
             ("leaderworkerset api", self.leaderworkerset),
             ("accelerator nodes", self.nodes),
+            ("requirements cache", self.requirements_cache),
         ]
+        placement = placement_of(self.s.get("capacity"), self.s.get("max_run_duration"))
+        if placement.capacity.model == "flex-start" and placement.max_run_seconds:
+            later.append(("max run duration", lambda: self.max_run_duration(placement.max_run_seconds)))
         for name, check in later:
             if not reachable:
                 self.add(name, SKIP, "not checked: the cluster is not reachable")
@@ -698,7 +719,12 @@ class _Doctor:
 
     # nodes -------------------------------------------------------------------------------
     def nodes(self) -> None:
-        selectors = self.spec.node_selectors
+        selectors = dict(self.spec.node_selectors)
+        if self.spec.kind == "tpu":
+            # GKE labels TPU nodes with their chips (gke-accelerator-count); a pod takes all of
+            # them, so a v6e 2x4 pod of 4 chips needs a -4t node, not the -8t one of the same
+            # topology (shared/ACCELERATORS.md section 0)
+            selectors[LABEL_ACCELERATOR_COUNT] = str(self.spec.chips_per_host)
         wanted = ", ".join(f"{k}={v}" for k, v in selectors.items()) or "no node label (any node)"
         query = {"labelSelector": ",".join(f"{k}={v}" for k, v in selectors.items())} if selectors else None
         forbidden = False
@@ -734,6 +760,111 @@ class _Doctor:
             + f": pods of {self.spec.text} would stay Pending (Unschedulable)",
             fix,
         )
+
+    def requirements_cache(self) -> None:
+        setting = str(resolve_setting("requirements_cache") or "auto").strip().lower()
+        info = self.gke_info
+        autopilot = bool(getattr(getattr(info, "autopilot", None), "enabled", False))
+        cluster = {"name": self.s.get("cluster"), "autopilot": autopilot}
+        try:
+            mode = requirements_cache_for(setting, cluster)
+        except RequirementsCacheError as exc:
+            self.add(
+                "requirements cache",
+                FAIL,
+                f"{exc}: every job with requirements= would be refused",
+                "set [kinetic] requirements_cache = auto (or emptydir)",
+            )
+            return
+        where = (
+            "an emptyDir per pod (each job installs its requirements again)"
+            if mode == "emptydir"
+            else f"the node's hostPath {ENV_CACHE_HOST_PATH} (reused by every job on the node)"
+        )
+        if info is not None:
+            kind = "GKE Autopilot, which refuses writable hostPath volumes" if autopilot else "GKE Standard"
+            self.add(
+                "requirements cache",
+                OK,
+                f"requirements_cache={setting}: the cluster is {kind}; jobs "
+                f"with requirements= cache their environments in {where}",
+            )
+            return
+        caveat = (
+            "; a Kubernetes connection does not tell whether the cluster is GKE Autopilot, which "
+            "refuses it: there set [kinetic] requirements_cache = emptydir"
+            if mode == "hostpath"
+            else ""
+        )
+        self.add(
+            "requirements cache",
+            OK,
+            f"requirements_cache={setting}: jobs with requirements= cache their environments in "
+            f"{where}{caveat}",
+        )
+
+    def max_run_duration(self, seconds: int | None) -> None:
+        label = f"{LABEL_MAX_RUN}={seconds}"
+        info = self.gke_info
+        said = (
+            f"max_run_duration={seconds}s puts {label} in the pods' node selector, a label only node "
+            "pools the cluster autoscaler creates (node auto-provisioning, Autopilot) carry by themselves"
+        )
+        fix = (
+            "enable node auto-provisioning (its flex-start pools carry the label), give the flex-start "
+            "node pool the label (gcloud container node-pools create ... --flex-start --node-labels "
+            f"{label}), "
+            "or drop max_run_duration and bound the VMs with the pool's own --max-run-duration"
+        )
+        autopilot = getattr(getattr(info, "autopilot", None), "enabled", False)
+        if autopilot or getattr(getattr(info, "autoscaling", None), "enable_node_autoprovisioning", False):
+            who = "Autopilot" if autopilot else "node auto-provisioning"
+            self.add("max run duration", OK, f"{said}; here {who} creates such pools")
+            return
+        if info is not None:
+            pools = [
+                p.name
+                for p in getattr(info, "node_pools", None) or []
+                if ((getattr(getattr(p, "config", None), "labels", None) or {}).get(LABEL_MAX_RUN))
+                == str(seconds)
+            ]
+            if pools:
+                self.add("max run duration", OK, f"{said}; node pool {pools[0]!r} carries it")
+            else:
+                self.add(
+                    "max run duration",
+                    FAIL,
+                    f"{said}; no node pool of the cluster carries it: the pods would stay Pending",
+                    fix,
+                )
+            return
+        try:
+            query = {"labelSelector": f"{LABEL_FLEX_START}=true"}
+            nodes = self.api.request("GET", "/api/v1/nodes", query=query, retry=False).get("items") or []
+        except ApiError as exc:
+            if exc.status != 403:
+                raise
+            self.add("max run duration", WARN, f"{said}; may not list nodes to see whether a pool does", fix)
+            return
+        values = sorted(
+            {((n.get("metadata") or {}).get("labels") or {}).get(LABEL_MAX_RUN) or "none" for n in nodes}
+        )
+        if str(seconds) in values:
+            self.add("max run duration", OK, f"{said}; flex-start nodes here carry it")
+        elif nodes:
+            self.add(
+                "max run duration",
+                FAIL,
+                f"{said}; the flex-start nodes here carry {', '.join(values)}: the pods would stay Pending",
+                fix,
+            )
+        else:
+            self.add(
+                "max run duration",
+                WARN,
+                f"{said}; no flex-start node is up now (pools scale from zero), so doctor cannot tell",
+                fix,
+            )
 
     def _gke_capacity(self) -> str:
         """What of the GKE cluster (node pools that scale from zero, NAP, Autopilot) can provide the spec."""

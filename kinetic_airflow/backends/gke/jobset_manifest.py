@@ -129,9 +129,11 @@ def build_jobset_manifest(
     spec: AcceleratorSpec,
     slices: int,
     placement: Placement | None = None,
+    api_version: str = JOBSET_API_VERSION,
     **pod: Any,
 ) -> dict[str, Any]:
-    """``pod``: the rest of ``pod_template``'s arguments (image, job_uri, env, extras ...)."""
+    """``pod``: the rest of ``pod_template``'s arguments (image, job_uri, env, extras ...);
+    ``api_version``: the JobSet version the cluster serves (discovery.py)."""
     job_id = labels["job-id"]
     hosts = spec.hosts
     ours = {**labels, "app": MULTISLICE_APP}
@@ -153,7 +155,7 @@ def build_jobset_manifest(
         "template": template,
     }
     return {
-        "apiVersion": f"{JOBSET_GROUP}/{JOBSET_API_VERSION}",
+        "apiVersion": f"{JOBSET_GROUP}/{api_version}",
         "kind": "JobSet",
         "metadata": object_metadata(name, namespace, ours, {**annotations, **EXCLUSIVE_TOPOLOGY}, placement),
         "spec": {

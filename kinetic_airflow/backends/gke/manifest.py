@@ -6,6 +6,7 @@ and sent by any client. Airflow owns retries, hence ``backoffLimit: 0``.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from kinetic_airflow.accelerators import AcceleratorSpec
@@ -25,6 +26,16 @@ CONTAINER_NAME = "kinetic-worker"
 # Long enough that a triggerer restarted after an outage still finds the finished Job.
 TTL_AFTER_FINISHED_SECONDS = 24 * 3600
 CPU_REQUESTS = {"cpu": "1", "memory": "4Gi"}
+# A disrupted pod (DisruptionTarget: Spot reclaim, node shutdown, eviction, preemption) fails the
+# Job with reason PodFailurePolicy and a message naming the condition ("Pod <ns>/<pod> has
+# condition DisruptionTarget matching FailJob rule at index 0", kubernetes
+# pkg/controller/job/pod_failure_policy.go, matchPodFailurePolicy). Without it the Job says only
+# BackoffLimitExceeded, and a pod deleted before the watcher saw it reads as an ordinary failure;
+# with it the verdict stays on the Job (classify.py). FailJob, not Ignore: Airflow, not the Job
+# controller, decides whether a preempted attempt runs again.
+PREEMPTION_FAILURE_POLICY: dict[str, Any] = {
+    "rules": [{"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
+}
 
 
 # What kinetic sets so Keras and JAX pick the job's hardware (kinetic's k8s_utils values).
@@ -176,6 +187,7 @@ def build_job_manifest(
     """``pod``: the rest of ``pod_template``'s arguments (spec, image, job_uri, env, extras ...)."""
     job_spec: dict[str, Any] = {
         "backoffLimit": 0,
+        "podFailurePolicy": copy.deepcopy(PREEMPTION_FAILURE_POLICY),
         "completions": 1,
         "parallelism": 1,
         "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_SECONDS,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from kinetic_airflow.backends.base import BackendStatus, JobRef
+from kinetic_airflow.backends.gke import discovery
 from kinetic_airflow.backends.gke.client import ApiError, KubeApi
 from kinetic_airflow.backends.gke.group_status import HostMemory, classify_group
 from kinetic_airflow.backends.gke.jobset_manifest import (
@@ -65,18 +66,29 @@ class MultisliceBackend(PathwaysBackend):
     kind_label = "JobSet"
 
     def api_version(self, job: JobRef) -> str:
-        return JOBSET_API_VERSION
+        """The JobSet version the cluster serves (discovery.py: asked once per API server)."""
+        try:
+            return discovery.api_version(self._api(job), JOBSET_GROUP)
+        except discovery.GroupNotServedError as exc:
+            what = f"serves {JOBSET_GROUP} only in {', '.join(exc.served)}" if exc.served else "has no"
+            raise JobSetMissingError(
+                f"this cluster {what} JobSet API ({JOBSET_GROUP}, kinetic-airflow needs "
+                f"{', '.join(discovery.SPOKEN[JOBSET_GROUP])}): multislice TPU jobs "
+                f"(slices={slices_of(job)}) run as JobSets. {_INSTALL_HINT}"
+            ) from None
 
     def object_name(self, job: JobRef) -> str:
         return jobset_name(job.job_id)
 
     def object_path(self, job: JobRef, name: str | None = None) -> str:
         namespace = job.on_cluster().namespace
-        base = f"/apis/{JOBSET_GROUP}/{JOBSET_API_VERSION}/namespaces/{namespace}/{JOBSET_PLURAL}"
+        base = f"/apis/{JOBSET_GROUP}/{self.api_version(job)}/namespaces/{namespace}/{JOBSET_PLURAL}"
         return f"{base}/{name}" if name else base
 
     def manifest(self, job: JobRef) -> dict[str, Any]:
-        return build_jobset_manifest(**self._pod_args(job), slices=slices_of(job))
+        return build_jobset_manifest(
+            **self._pod_args(job), slices=slices_of(job), api_version=self.api_version(job)
+        )
 
     def submit(self, job: JobRef, *, env: dict[str, str] | None = None, job_key: str | None = None) -> None:
         check_jobset_names(job.job_id, slices_of(job), _per_slice(job))

@@ -9,14 +9,14 @@ its outcome is known.
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any
 
 from kinetic_airflow.backends.base import BackendStatus, JobRef
+from kinetic_airflow.backends.gke import discovery
 from kinetic_airflow.backends.gke.backend import GKEBackend, container_running
 from kinetic_airflow.backends.gke.classify import ran_and_ended
-from kinetic_airflow.backends.gke.client import ApiError, KubeApi, cluster_key
+from kinetic_airflow.backends.gke.client import KubeApi
 from kinetic_airflow.backends.gke.group_status import HostMemory, classify_group, host_index
 from kinetic_airflow.backends.gke.logstream import PodLogStream
 from kinetic_airflow.backends.gke.lws_manifest import LWS_GROUP, LWS_PLURAL, build_lws_manifest, lws_name
@@ -38,18 +38,17 @@ class LwsMissingError(RuntimeError):
     """The cluster has no LeaderWorkerSet API: multi-host slices cannot run there."""
 
 
-@functools.lru_cache(maxsize=32)
-def _discovered_version(key: str, api: KubeApi) -> str:
+def _discovered_version(api: KubeApi) -> str:
+    """The LeaderWorkerSet version to call (discovery.py: asked once per API server)."""
     try:
-        group = api.request("GET", f"/apis/{LWS_GROUP}")
-    except ApiError as exc:
-        if exc.status == 404:
-            raise LwsMissingError(
-                f"this cluster has no LeaderWorkerSet API ({LWS_GROUP}): multi-host TPU slices "
-                f"(backend='pathways') run as LeaderWorkerSets. {_INSTALL_HINT}"
-            ) from None
-        raise
-    return (group.get("preferredVersion") or {}).get("version") or "v1"
+        return discovery.api_version(api, LWS_GROUP)
+    except discovery.GroupNotServedError as exc:
+        what = f"serves {LWS_GROUP} only in {', '.join(exc.served)}" if exc.served else "has no"
+        raise LwsMissingError(
+            f"this cluster {what} LeaderWorkerSet API ({LWS_GROUP}, kinetic-airflow needs "
+            f"{', '.join(discovery.SPOKEN[LWS_GROUP])}): multi-host TPU slices (backend='pathways') run "
+            f"as LeaderWorkerSets. {_INSTALL_HINT}"
+        ) from None
 
 
 def _hosts(job: JobRef) -> int:
@@ -68,7 +67,7 @@ class PathwaysBackend(GKEBackend):
         self._host_streams: dict[str, dict[int, PodLogStream]] = {}
 
     def api_version(self, job: JobRef) -> str:
-        return _discovered_version(cluster_key(job.on_cluster().cluster), self._api(job))
+        return _discovered_version(self._api(job))
 
     def object_name(self, job: JobRef) -> str:
         return lws_name(job.job_id)

@@ -56,6 +56,7 @@ from urllib.parse import unquote, urlencode, urlsplit, urlunsplit
 import urllib3
 import yaml
 
+from kinetic_airflow.backends.gke.api_warnings import log_api_warnings
 from kinetic_airflow.options import parse_bool
 
 __all__ = ["ApiServer", "from_client_configuration", "from_google_credentials", "from_kubernetes_connection"]
@@ -175,7 +176,7 @@ class ApiServer:
         if body is not None:
             headers["Content-Type"] = "application/json"
             data = json.dumps(body).encode()
-        return self.pool().request(
+        response = self.pool().request(
             method,
             self.url(path, query),
             body=data,
@@ -184,6 +185,8 @@ class ApiServer:
             retries=retries,
             preload_content=preload_content,
         )
+        log_api_warnings(response.headers)  # e.g. a deprecated API version (api_warnings.py)
+        return response
 
 
 _PROXY_VARIABLES = ("https_proxy", "http_proxy", "all_proxy", "no_proxy")
