@@ -25,6 +25,8 @@ _EXPORTS = {
     "KineticRemoteError": "kinetic_airflow.results",
     "PayloadError": "kinetic_airflow.job.payload",
     "report": "kinetic_airflow.job.metrics",
+    "stop_requested": "kinetic_airflow.job.stop",
+    "on_stop": "kinetic_airflow.job.stop",
 }
 
 __all__ = [
@@ -39,8 +41,10 @@ __all__ = [
     "ResultRef",
     "kinetic_task",
     "load_result",
+    "on_stop",
     "parse_accelerator",
     "report",
+    "stop_requested",
 ]
 
 if TYPE_CHECKING:
@@ -50,6 +54,7 @@ if TYPE_CHECKING:
     from kinetic_airflow.job.inputs import Data
     from kinetic_airflow.job.metrics import report
     from kinetic_airflow.job.payload import PayloadError
+    from kinetic_airflow.job.stop import on_stop, stop_requested
     from kinetic_airflow.loading import load_result
     from kinetic_airflow.operators import KineticRunOperator
     from kinetic_airflow.options import KineticOptionError

@@ -1,4 +1,5 @@
-"""``kinetic_airflow.keras.MetricsCallback``: a Keras callback that reports training logs.
+"""Keras callbacks for kinetic jobs: ``MetricsCallback`` reports training logs;
+``CheckpointOnStop`` saves the model and ends training when the job is asked to stop.
 
 Each epoch's logs (``loss``, ``val_loss``, metrics) go to ``kinetic_airflow.report`` with
 ``step`` = the epoch number (1-based); with ``every_n_batches=N`` every Nth batch's logs are
@@ -7,19 +8,22 @@ reported too, as ``batch_<name>`` with ``step`` = the batch count since training
 Keras is imported when the callback is first used, not when this module is imported (the job's
 runner imports the package without Keras). Use it inside a kinetic task::
 
-    from kinetic_airflow.keras import MetricsCallback
-    model.fit(x, y, epochs=10, callbacks=[MetricsCallback()])
+    from kinetic_airflow.keras import CheckpointOnStop, MetricsCallback
+    model.fit(x, y, epochs=10, callbacks=[MetricsCallback(), CheckpointOnStop()])
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from kinetic_airflow.job.metrics import report
+from kinetic_airflow.job.stop import stop_requested
 
-__all__ = ["MetricsCallback"]  # noqa: F822 (resolved by __getattr__, importing Keras)
+__all__ = ["CheckpointOnStop", "MetricsCallback"]  # noqa: F822 (resolved by __getattr__, importing Keras)
 
 _class: Any = None
+_stop_class: Any = None
 
 
 def _callback_class() -> Any:
@@ -57,7 +61,52 @@ def _callback_class() -> Any:
     return _class
 
 
+def _stop_callback_class() -> Any:
+    global _stop_class
+    if _stop_class is not None:
+        return _stop_class
+    import keras  # the job's own Keras, when first used (the runner imports this package without it)
+
+    class CheckpointOnStop(keras.callbacks.Callback):
+        """When the job is asked to stop (``kinetic_airflow.stop_requested()``): at the end of the
+        batch under way, save the model to ``filepath`` and set ``model.stop_training``, so
+        ``fit`` returns within the job's ``stop_grace_seconds``.
+
+        ``filepath`` defaults to ``$KINETIC_OUTPUT_DIR/stopped.keras`` (the task instance's output
+        directory, the same across retries: the next try can resume from it). Checked at the
+        batch's end, between two steps, so the saved weights are those of a whole step.
+        """
+
+        def __init__(self, filepath: str | None = None) -> None:
+            super().__init__()
+            self.filepath = filepath
+            self.saved_to: str | None = None
+
+        def _path(self) -> str:
+            if self.filepath:
+                return self.filepath
+            folder = os.environ.get("KINETIC_OUTPUT_DIR")
+            if not folder:
+                raise RuntimeError(
+                    "CheckpointOnStop has no filepath and KINETIC_OUTPUT_DIR is not set (not in a "
+                    "kinetic job); pass CheckpointOnStop(filepath='.../model.keras')"
+                )
+            return os.path.join(folder, "stopped.keras")
+
+        def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+            if self.saved_to is None and stop_requested():
+                self.saved_to = self._path()
+                self.model.save(self.saved_to)
+                print(f"[kinetic] stop requested: saved the model to {self.saved_to}", flush=True)
+                self.model.stop_training = True
+
+    _stop_class = CheckpointOnStop
+    return _stop_class
+
+
 def __getattr__(name: str) -> Any:
     if name == "MetricsCallback":
         return _callback_class()
+    if name == "CheckpointOnStop":
+        return _stop_callback_class()
     raise AttributeError(f"module 'kinetic_airflow.keras' has no attribute {name!r}")

@@ -190,6 +190,7 @@ class KineticRunOperator(BaseOperator):
             identity=identity,
             local_dir=local_dir,
             python=resolve_setting("local_python") or sys.executable,
+            stop_grace_seconds=float(resolve_setting("stop_grace_seconds", self.stop_grace_seconds)),
             # what the job's chips are counted from (usage), on the local backend too; its
             # ``accelerator`` is the spec's text
             spec=spec,

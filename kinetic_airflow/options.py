@@ -385,6 +385,21 @@ class TaskOptions(TypedDict, total=False):
             config=True,
         ),
     ]
+    stop_grace_seconds: Annotated[
+        float | timedelta | None,
+        _row(
+            "duration",
+            _SECONDS + ", 0 or more",
+            "stop_grace_seconds=60",
+            doc="Seconds a job asked to stop (cancel, execution_timeout, mark failed, preemption) "
+            "gives its function to save a checkpoint (kinetic_airflow.stop_requested(), on_stop "
+            "hooks) before it ends; the backend kills it 10 s after that.",
+            default=30.0,
+            setting_example="60",
+            minimum=0,
+            config=True,
+        ),
+    ]
     container_env: Annotated[
         Mapping[str, str] | None,
         _row(

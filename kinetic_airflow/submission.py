@@ -336,6 +336,7 @@ def ship_payload(
         "output_dir": output_dir,
         "heartbeat_seconds": heartbeat_seconds,
         "metrics_interval": resolve_setting("metrics_interval"),
+        "stop_grace_seconds": ref.stop_grace_seconds,  # job.stop: the function's grace on SIGTERM
         "callable": callable_name(python_callable),
         "created": time.time(),
         "backend": ref.backend,

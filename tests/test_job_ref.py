@@ -96,7 +96,9 @@ def test_the_operator_writes_the_same_keys_as_before(tmp_path, monkeypatch) -> N
     encoded = ref.to_dict()
     assert set(encoded) == {
         "backend", "job_id", "job_uri", "base_uri", "identity", "local_dir", "python", "accelerator",
+        "stop_grace_seconds",  # added with the graceful stop; older readers keep it in ``extra``
     }  # fmt: skip
+    assert encoded["stop_grace_seconds"] == 30.0
     assert encoded["identity"] == IDENTITY.to_dict() and encoded["python"] == sys.executable
     assert JobRef.from_dict(encoded) == ref
 

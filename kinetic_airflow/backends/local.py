@@ -24,10 +24,11 @@ from kinetic_airflow.config import local_state_root
 from kinetic_airflow.job.integrity import KEY_ENV, KEY_FD_ENV, key_pipe
 from kinetic_airflow.job.layout import CANCEL_NAME, EXIT_NAME, LAUNCH_NAME, LOG_NAME, SUPERVISOR_LOG_NAME
 from kinetic_airflow.job.ref import JobRefError
+from kinetic_airflow.job.stop import kill_after_seconds
 
 __all__ = ["LocalBackend", "process_alive"]
 
-_CANCEL_GRACE_SECONDS = 10.0
+
 _TMP_DIR = "tmp"  # also in local_supervisor.py
 _EXIT_CHECK_SECONDS = 0.05
 
@@ -175,7 +176,7 @@ class LocalBackend(Backend):
             os.killpg(pid, signal.SIGTERM)  # the supervisor leads its own session: pgid == pid
         except ProcessLookupError:
             return
-        deadline = time.monotonic() + _CANCEL_GRACE_SECONDS
+        deadline = time.monotonic() + kill_after_seconds(job.stop_grace_seconds)  # job.stop's grace
         while time.monotonic() < deadline:
             if not process_alive(pid):
                 break

@@ -265,6 +265,7 @@ class JobRef:
     startup_timeout: float | None = None
     heartbeat_timeout: float | None = None
     debug: dict[str, Any] | None = None  # debug=True: job.debugging.debug_settings, for the manifest
+    stop_grace_seconds: float | None = None  # the function's grace after SIGTERM (job.stop)
     k8s: K8sFields | None = None  # a cluster job's fields; None on the local backend
     extra: dict[str, Any] = field(default_factory=dict)  # keys of a newer version, kept as they were
     # ``accelerator`` parsed (never written; compared through the string): given by whoever

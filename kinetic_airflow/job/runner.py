@@ -14,6 +14,7 @@ means the result is complete), then ``status/finished.json``.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import platform
@@ -57,6 +58,7 @@ from kinetic_airflow.job.layout import PAYLOAD_NAME, RESULT_NAME, JobLayout
 from kinetic_airflow.job.metrics import MetricsWriter, flush_on_termination, start_for_job
 from kinetic_airflow.job.multihost import multislice_host_index
 from kinetic_airflow.job.requirements import InstallError, ensure_environment
+from kinetic_airflow.job.stop import function_finished, request_stop, stop_requested
 from kinetic_airflow.job.storage import Storage, open_storage, uri_to_local_path
 from kinetic_airflow.job.tracebacks import mark_traceback, user_names
 
@@ -412,6 +414,8 @@ class JobRunner:
                         value = None
                     else:
                         raise
+                finally:
+                    function_finished()  # a stop in progress need not wait for it any longer
             envelope.update(ok=True, value=value)
         except BaseException as exc:
             if self.post_mortem and self.phase == "execute":  # kinetic-airflow reproduce --pdb
@@ -425,8 +429,14 @@ class JobRunner:
         finally:
             if heartbeat is not None:
                 heartbeat.stop_event.set()
-            if metrics is not None:  # the last points are stored before the result
+            if metrics is not None and not stop_requested():  # the last points go before the result
                 metrics.close()
+        if stop_requested():
+            # Asked to stop (cancel, timeout, preemption): the job ends as stopped, with no result,
+            # whatever the function did in its grace period. The kinetic-stop thread flushes the
+            # metrics once the stop hooks are done too, and ends the process.
+            log("the function ended after the stop was asked; no result is written")
+            threading.Event().wait()
         envelope["timings"] = {**self.timings, "total": round(_now() - started, 3)}
         envelope["fingerprint"] = {
             "python": platform.python_version(),
@@ -555,17 +565,49 @@ class _PhaseTimer:
 
 
 def _install_sigterm_marker(runner: JobRunner) -> None:
-    """Record that the job was told to stop (preemption, cancel) before dying of SIGTERM."""
+    """On SIGTERM (a cancel, ``execution_timeout``, mark failed, a preemption): tell the function
+    (``kinetic_airflow.stop_requested()``, its ``on_stop`` hooks), give it the job's
+    ``stop_grace_seconds``, flush the reported metrics, then end of SIGTERM as before.
+
+    The handler itself only sets the flag and starts the ``kinetic-stop`` thread (``job.stop``
+    says why the hooks do not run here, in the main thread)."""
 
     def handler(signum: int, _frame: Any) -> None:
-        runner.marker("terminated", signal=signum)
-        log(f"received signal {signum}; stopping")
-        # A preempted attempt's curve keeps its last interval: the next attempt continues it.
-        flush_on_termination()
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
+        log(f"received signal {signum}; asking the function to stop")
+
+        def record() -> None:
+            runner.marker("terminated", signal=signum)
+
+        def finish() -> None:
+            # A preempted attempt's curve keeps its last interval: the next attempt continues it.
+            flush_on_termination()
+            log(f"stopping (signal {signum})")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            _die_of(signum)
+
+        # No grace in the manifest (made by an earlier version, or not read yet: the function has
+        # not started): the backend gives none either, so end at once as before.
+        grace = runner.manifest.get("stop_grace_seconds") if isinstance(runner.manifest, dict) else None
+        request_stop(float(grace) if isinstance(grace, (int, float)) else 0.0, record, finish)
 
     signal.signal(signal.SIGTERM, handler)
+
+
+def _die_of(signum: int) -> None:
+    """End the process of ``signum`` from any thread, as if no handler were installed: watchers
+    read a stop from the exit (143 in a pod, -15 for the local supervisor). ``signal.signal``
+    works only in the main thread, which may be inside the function: reset the C-level
+    disposition instead."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+        libc.signal(signum, None)  # SIG_DFL is 0
+        os.kill(os.getpid(), signum)
+        time.sleep(5)
+    finally:
+        os._exit(128 + signum)  # what a shell reports for a death of that signal
 
 
 def build_parser() -> argparse.ArgumentParser:

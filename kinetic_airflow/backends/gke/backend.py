@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from kinetic_airflow.backends.gke.watch_cache import (
 from kinetic_airflow.capacity import placement_of
 from kinetic_airflow.config import resolve_setting
 from kinetic_airflow.job.layout import JOB_PREFIX, check_derived_names
+from kinetic_airflow.job.stop import kill_after_seconds
 
 __all__ = ["GKEBackend", "JobOwnershipError", "Observed", "k8s_job_name"]
 
@@ -169,6 +171,7 @@ class GKEBackend(Backend):
             ),
             "secret_env": key_env(self.object_name(job)),
             "placement": placement_of(k8s.capacity, k8s.max_run_seconds, k8s.local_queue, k8s.priority_class),
+            "grace_seconds": math.ceil(kill_after_seconds(job.stop_grace_seconds)),  # job.stop
         }
 
     def manifest(self, job: JobRef) -> dict[str, Any]:

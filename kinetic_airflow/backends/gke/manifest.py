@@ -143,10 +143,13 @@ def pod_template(
     restart_policy: str = "Never",
     secret_env: list[dict[str, Any]] | None = None,
     placement: Placement | None = None,
+    grace_seconds: int | None = None,
 ) -> dict[str, Any]:
-    """The pod template of a Job or a LeaderWorkerSet: labels, annotations and ``pod_spec``."""
+    """The pod template of a Job or a LeaderWorkerSet: labels, annotations and ``pod_spec``;
+    ``grace_seconds``: SIGTERM to SIGKILL, the function's ``stop_grace_seconds`` and the runner's
+    flush (``job.stop``)."""
     extras = extras or PodExtras()
-    return {
+    template = {
         "metadata": {
             "labels": dict(labels),
             "annotations": pod_annotations({**annotations, **extras.annotations}),
@@ -166,6 +169,9 @@ def pod_template(
             placement=placement,
         ),
     }
+    if grace_seconds is not None:
+        template["spec"]["terminationGracePeriodSeconds"] = grace_seconds
+    return template
 
 
 def build_job_manifest(
