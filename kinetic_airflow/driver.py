@@ -510,7 +510,7 @@ class JobDriver:
             # The event names the failure briefly; message and traceback come from result.json.
             brief = {**event.summary, "error_message": event.message}
             summary = self._summary(storage, ref, event.host_index, brief)
-            self._log_other_hosts(storage, ref, event)
+            self._log_other_hosts(storage, ref, event, summary)
             try:
                 envelope, _ = load_verified_envelope(storage, result_uri, summary, key, event.host_index)
             except IntegrityError:
@@ -521,13 +521,30 @@ class JobDriver:
             raise_remote(envelope, summary, ref.job_id, where=event.where or "", logger=self.task.log)
         raise KineticJobError(describe_failure(event, full_log))
 
-    def _log_other_hosts(self, storage: Storage, ref: JobRef, event: JobEvent) -> None:
+    def _log_other_hosts(
+        self, storage: Storage, ref: JobRef, event: JobEvent, reported: dict[str, Any]
+    ) -> None:
         """The tracebacks of the other hosts that failed, before the reported one's (the streamed
-        log leaves every host's traceback out, saying it is logged here)."""
+        log leaves every host's traceback out, saying it is logged here). A traceback already
+        shown (every host ran the same code into the same error) is named, not shown again."""
         hosts = int(ref.hosts or 1)
+        shown = {reported.get("traceback")}
+        same: list[str] = []
         for host in event.other_failed_hosts or []:
             summary = self._summary(storage, ref, int(host), {"error_message": ""})
+            if summary.get("traceback") and summary["traceback"] in shown:
+                same.append(str(host))
+                continue
+            shown.add(summary.get("traceback"))
             log_remote_traceback(summary, ref.job_id, f"host {host} of {hosts}", self.task.log)
+        if same:
+            self.task.log.error(
+                "[kinetic] job %s: host(s) %s of %d failed with the same traceback as another host; "
+                "it is shown once",
+                ref.job_id,
+                ", ".join(same),
+                hosts,
+            )
 
     def _summary(self, storage: Storage, ref: JobRef, host: int, brief: dict[str, Any]) -> dict[str, Any]:
         """The failing host's ``result.json``; ``brief`` (what the event says) if it cannot be read."""

@@ -152,6 +152,18 @@ def test_a_worker_that_raises_fails_the_task_fast_with_its_own_exception(lws_env
     _wait_gone(lws_env, "one_worker_raises")
 
 
+def test_a_traceback_every_host_shares_is_shown_once(lws_env, capfd):
+    dr = _dag("kn_pathways_all_fail").test()
+    assert ti_states(dr) == {"every_worker_raises": "failed"}
+    log = _task_log(capfd)
+    assert 'raise ValueError("every host: bad config")' in log, log[-3000:]
+    # once in the traceback the task's log shows; the other hosts that failed alike are named
+    shown = [line for line in log.splitlines() if 'raise ValueError("every host: bad config")' in line]
+    assert len(shown) == 1, shown
+    assert "failed with the same traceback as another host; it is shown once" in log, log[-3000:]
+    _wait_gone(lws_env, "every_worker_raises")
+
+
 def test_a_preempted_worker_recreates_the_group_as_attempt_2(lws_env):
     emulator = lws_env
     errors: list[BaseException] = []

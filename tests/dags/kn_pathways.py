@@ -85,6 +85,17 @@ def kn_pathways_worker_fails():
 
 
 @task.kinetic(backend="auto", accelerator="tpu-v6e-16")
+def every_worker_raises() -> str:
+    _barrier("all-up", 4)  # every host fails, at about the same time
+    raise ValueError("every host: bad config")
+
+
+@dag(schedule=None, start_date=START, catchup=False)
+def kn_pathways_all_fail():
+    every_worker_raises()
+
+
+@task.kinetic(backend="auto", accelerator="tpu-v6e-16")
 def resumes_after_preemption() -> dict:
     out = os.environ["KINETIC_OUTPUT_DIR"]
     attempt = int(os.environ["KINETIC_ATTEMPT"])
@@ -156,6 +167,7 @@ def kn_pathways_oom():
 
 kn_pathways_all_hosts()
 kn_pathways_worker_fails()
+kn_pathways_all_fail()
 kn_pathways_preempted()
 kn_pathways_timeout()
 kn_pathways_jax()
