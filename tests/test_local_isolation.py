@@ -81,16 +81,23 @@ def _processes_holding(secret: str) -> list[str]:
     return found
 
 
+def _start_sleeping_job(tmp_path: Path, job_id: str) -> tuple[JobRef, Path]:
+    """A local job whose function has started and waits until its flag file is removed."""
+    base = f"file://{tmp_path}"
+    flag = tmp_path / f"{job_id}-running"
+    make_job(base, _sleep_until, (str(flag), 120), job_id=job_id)
+    ref = _ref(base, job_id)
+    LocalBackend().submit(ref, job_key=key_of(ref.job_uri))
+    end = time.monotonic() + 60
+    while not flag.exists() and time.monotonic() < end:
+        time.sleep(0.05)
+    assert flag.exists(), f"job {job_id} did not start"
+    return ref, flag
+
+
 def test_a_second_local_job_cannot_read_a_running_jobs_key(tmp_path):
     base = f"file://{tmp_path}"
-    flag = str(tmp_path / "a-running")
-    make_job(base, _sleep_until, (flag, 120), job_id="job-a")
-    ref_a = _ref(base, "job-a")
-    LocalBackend().submit(ref_a, job_key=key_of(ref_a.job_uri))
-    end = time.monotonic() + 60
-    while not Path(flag).exists() and time.monotonic() < end:
-        time.sleep(0.05)
-    assert Path(flag).exists(), "job A did not start"
+    ref_a, flag = _start_sleeping_job(tmp_path, "job-a")
 
     # Job B looks for A's key wherever a process of the same user can read it. (The key is B's
     # argument only to have something to look for; arguments travel in the payload, not in an
@@ -101,7 +108,7 @@ def test_a_second_local_job_cannot_read_a_running_jobs_key(tmp_path):
     LocalBackend().submit(ref_b, job_key=key_of(ref_b.job_uri))
     event_b, _ = _watch(ref_b)
     assert event_b["status"] == "success", event_b
-    Path(flag).unlink()  # A finishes, having used its key to sign its result
+    flag.unlink()  # A finishes, having used its key to sign its result
     event_a, _ = _watch(ref_a)
     assert event_a["status"] == "success", event_a
     assert _processes_holding(key_a) == []
@@ -160,14 +167,7 @@ def test_a_child_the_function_left_running_is_stopped_when_the_job_ends(tmp_path
 
 
 def test_a_kill_from_outside_is_not_called_out_of_memory(tmp_path):
-    base = f"file://{tmp_path}"
-    flag = str(tmp_path / "running")
-    make_job(base, _sleep_until, (flag, 120), job_id="victim")
-    ref = _ref(base, "victim")
-    LocalBackend().submit(ref, job_key=key_of(ref.job_uri))
-    end = time.monotonic() + 60
-    while not Path(flag).exists() and time.monotonic() < end:
-        time.sleep(0.05)
+    ref, _ = _start_sleeping_job(tmp_path, "victim")
     started = json.loads(next((tmp_path / "jobs/victim/status").glob("started*")).read_text())
     os.kill(started["pid"], signal.SIGKILL)  # the runner, as `kill -9` would
     event, _ = _watch(ref)
