@@ -117,3 +117,28 @@ def point_kinetic_at(emulator: ClusterEmulator, kubeconfig: Path, monkeypatch: A
     monkeypatch.setenv("KINETIC_KUBERNETES_CONN_ID", "kinetic_emulator")
     monkeypatch.setenv("KINETIC_RUNNER_PYTHON", sys.executable)
     monkeypatch.setenv("KINETIC_CONTAINER_IMAGE", "kinetic-runner:test")
+
+
+# The identity GKE knows the test service-account key's token ("source-token", minted by
+# test_gke_access.google_endpoints) as: a Google user, bound to the printed Role like Airflow's.
+GOOGLE_WORKER = "worker@p.iam.gserviceaccount.com"
+
+
+def google_worker_tokens() -> dict[str, Any]:
+    """``static_tokens`` for a TLS emulator standing in for GKE: the key's token is GOOGLE_WORKER."""
+    from cluster_emulator.rbac import UserInfo
+
+    return {"source-token": UserInfo(GOOGLE_WORKER, ("system:authenticated",))}
+
+
+def bind_google_worker(emulator: ClusterEmulator, namespace: str = "default") -> None:
+    """As the admin: exactly the Role `doctor --print-rbac --rbac-user GOOGLE_WORKER` prints."""
+    import kubernetes.client
+    import yaml
+
+    from kinetic_airflow.backends.gke.doctor import rbac_yaml
+
+    rbac = kubernetes.client.RbacAuthorizationV1Api(emulator.api_client())
+    role, binding = yaml.safe_load_all(rbac_yaml(namespace, GOOGLE_WORKER))
+    rbac.create_namespaced_role(namespace, role)
+    rbac.create_namespaced_role_binding(namespace, binding)

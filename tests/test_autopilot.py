@@ -18,7 +18,7 @@ import types
 import cloudpickle
 import pytest
 from cluster_emulator import ClusterEmulator, NodePool
-from emulated_cluster import point_kinetic_at
+from emulated_cluster import bind_google_worker, google_worker_tokens, point_kinetic_at
 from jobkit import gke_job
 from test_gke_access import google_endpoints, service_account_key  # noqa: F401 (fixtures)
 from test_shipping import _wheel
@@ -43,8 +43,10 @@ def autopilot_emulator(tmp_path_factory):
         autopilot=True,
         node_pools=[NodePool("default-pool")],
         work_dir=tmp_path_factory.mktemp("emu"),
+        static_tokens=google_worker_tokens(),
     )
     k8s.start()
+    bind_google_worker(k8s)  # kinetic acts as the Google identity, holding the printed Role
     yield k8s, k8s.write_kubeconfig(tmp_path_factory.mktemp("kube") / "config")
     k8s.stop()
 

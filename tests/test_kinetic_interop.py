@@ -57,7 +57,6 @@ def _kinetic(kubeconfig: Path, home: Path, *job_ids: str) -> dict:
 
 
 def test_kinetic_lists_attaches_and_collects_kinetic_airflow_jobs(kinetic_bucket, tmp_path):
-    _, kubeconfig, _ = kinetic_bucket
     import kn_ops
 
     dr = kn_ops.DAGS["kn_ops_gke"].test()
@@ -76,7 +75,11 @@ def test_kinetic_lists_attaches_and_collects_kinetic_airflow_jobs(kinetic_bucket
     assert handle["bucket_name"] == BUCKET and handle["project"] == PROJECT
     assert handle["kinetic_airflow"]["job_uri"] == f"gs://{BUCKET}/jobs/{greet}"
 
-    seen = _kinetic(kubeconfig, tmp_path, greet, diverges)
+    # keras-kinetic's CLI is a person's tool: it runs with that person's kubeconfig (here the
+    # cluster admin's), not with Airflow's Role (kinetic reads jobs/status, which kinetic-airflow
+    # never calls).
+    admin = kinetic_bucket[0].write_kubeconfig(tmp_path / "admin-kubeconfig")
+    seen = _kinetic(admin, tmp_path, greet, diverges)
     assert seen["version"] == "0.0.4"
     listed = {h["job_id"]: h for h in seen["listed"]}
     assert {greet, diverges, ids["big"]} <= set(listed)

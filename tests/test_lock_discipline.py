@@ -43,7 +43,7 @@ PACKAGE = Path(kinetic_airflow.__file__).resolve().parent
 MEMORY_ONLY = {
     "get", "pop", "popitem", "setdefault", "add", "discard", "remove", "append", "clear", "update", "copy",
     "items", "values", "keys", "list", "dict", "set", "tuple", "len", "sorted", "is_set",
-    "monotonic", "id", "bool", "cluster_key",
+    "monotonic", "id", "bool", "cluster_key", "move_to_end",
 }  # fmt: skip
 
 pytestmark = pytest.mark.timeout(300)

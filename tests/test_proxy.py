@@ -41,7 +41,13 @@ import cloudpickle
 import pytest
 import yaml
 from cluster_emulator import ClusterEmulator, NodePool
-from emulated_cluster import point_kinetic_at
+from emulated_cluster import (
+    bind_google_worker,
+    google_worker_tokens,
+    grant_printed_role,
+    point_kinetic_at,
+    product_token,
+)
 from jobkit import gke_job
 from test_gke_access import google_endpoints, service_account_key  # noqa: F401 (fixtures)
 
@@ -175,6 +181,7 @@ def http_cluster(tmp_path_factory):
     """A plain-HTTP emulator behind a gate; yields (emulator, gate)."""
     k8s = ClusterEmulator(node_pools=[NodePool("default-pool")], work_dir=tmp_path_factory.mktemp("emu"))
     k8s.start()
+    grant_printed_role(k8s.url)
     gate = Gate(k8s.port)
     yield k8s, gate
     gate.close()
@@ -185,9 +192,13 @@ def http_cluster(tmp_path_factory):
 def tls_cluster(tmp_path_factory):
     """An HTTPS emulator (a GKE control plane) behind a gate; yields (emulator, gate)."""
     k8s = ClusterEmulator(
-        tls=True, node_pools=[NodePool("default-pool")], work_dir=tmp_path_factory.mktemp("emu-tls")
+        tls=True,
+        node_pools=[NodePool("default-pool")],
+        work_dir=tmp_path_factory.mktemp("emu-tls"),
+        static_tokens=google_worker_tokens(),
     )
     k8s.start()
+    bind_google_worker(k8s)  # kinetic acts as the Google identity, holding the printed Role
     gate = Gate(k8s.port)
     yield k8s, gate
     gate.close()
@@ -356,7 +367,7 @@ def test_the_hook_fallback_keeps_its_proxy_no_proxy_and_headers(squid, http_clus
     credential = {
         "apiVersion": "client.authentication.k8s.io/v1beta1",
         "kind": "ExecCredential",
-        "status": {"token": "from-the-plugin"},
+        "status": {"token": product_token(k8s.url)},  # the service account holding the printed Role
     }
     plugin.write_text(f"#!{sys.executable}\nprint({json.dumps(json.dumps(credential))})\n")
     plugin.chmod(0o755)

@@ -78,6 +78,8 @@ class ApiError(RuntimeError):
         except (ValueError, AttributeError):
             message = body
         super().__init__(f"Kubernetes API error {status} {reason}: {message}{_rbac_fix(status, message)}")
+        # RBAC refused this identity (not a 403 some other layer returned, e.g. a kubelet's)
+        self.rbac_denied = bool(_rbac_fix(status, message))
 
 
 _RETRYABLE = frozenset({429, 500, 502, 503, 504})
@@ -235,6 +237,7 @@ _RESOLVED_FIELDS = (
     "use_dns_endpoint",
     "endpoint",
     "ca",
+    "autopilot",  # the requirements cache's choice (volumes.requirements_cache_for)
 )
 
 

@@ -206,9 +206,10 @@ class PodLogStream:
                         # end of the log. Resume from the last line's time.
                         log.info("log stream of pod %s ended early; resuming", self.pod)
                     except (ApiError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-                        if isinstance(exc, ApiError) and exc.status == 403:
+                        if isinstance(exc, ApiError) and exc.rbac_denied:
                             # RBAC: no reconnect mends a Role without get on pods/log; the message
-                            # names the grant (ApiError), once, where the task log shows it
+                            # names the grant (ApiError), once, where the task log shows it. Any
+                            # other 403 (a kubelet's, relayed) is retried like other errors.
                             log.warning("cannot follow the log of pod %s: %s", self.pod, exc)
                             return
                         if not (isinstance(exc, ApiError) and exc.status in (400, 404)):
