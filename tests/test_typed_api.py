@@ -133,4 +133,4 @@ def test_the_option_table_feeds_config_template_fields_and_the_provider_section(
             assert str(option["default"]).lower() == str(DEFAULTS[name]).lower().replace(".0", ""), name
     assert declared["poll_interval"]["default"] == "2"
     assert declared["use_internal_ip"]["default"] == "false"
-    assert declared["requirements_cache"]["default"] == "hostpath"
+    assert declared["requirements_cache"]["default"] == "auto"  # emptydir on Autopilot, else hostpath
