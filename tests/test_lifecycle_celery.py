@@ -13,9 +13,11 @@ assertions, on one stack per module: PostgreSQL, Redis, the api-server,
 scheduler, dag-processor, triggerer and two Celery workers (``kn-worker-1``,
 ``kn-worker-2``, 4 pool processes each). Covered: the executor-event race (one
 run each of 20 zero-second and 20 just-deferred jobs), clearing a running and a
-deferred task, a backfill reprocess and a recreated run, the task process killed
-before its payload was shipped, and a Celery worker killed while its task waits
-for the job (``Stack.crash_worker_of``: the new try, on either worker, reattaches).
+deferred task, the task process killed before its payload was shipped, and a Celery
+worker killed while its task waits for the job (``Stack.crash_worker_of``: the new
+try, on either worker, reattaches). The backfill reprocess and the recreated run are
+not repeated here: which code a new run ships is decided in the task, the same under
+any executor, and the LocalExecutor module covers it.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ from components.stack import started
 # The scenarios, collected here as tests of this module (its own `stack` fixture).
 from test_lifecycle_components import (  # noqa: F401
     Stack,
-    test_backfill_reprocess_and_a_recreated_run_run_new_jobs_with_current_code,
     test_clearing_a_live_task_stops_its_job_and_runs_a_new_one,
     test_task_killed_after_payload_upload_reattaches,
     test_task_killed_between_job_creation_and_payload_upload_still_succeeds_once,

@@ -180,7 +180,8 @@ def test_priority_order(k8s_cluster: ClusterEmulator, apis: Any) -> None:
     batch.create_namespaced_job(NS, queued_job("low1", priority="low"))
     low = wl_of(custom, batch, "low1")["metadata"]["name"]
     wait_cond(custom, low, "QuotaReserved", "False")
-    batch.create_namespaced_job(NS, queued_job("high1", priority="high"))
+    # high1 too holds the quota once admitted: low1 must still be waiting when it is read
+    batch.create_namespaced_job(NS, queued_job("high1", "import time; time.sleep(120)", priority="high"))
     high = wl_of(custom, batch, "high1")["metadata"]["name"]
     wait_cond(custom, high, "QuotaReserved", "False")
     summary = visibility(
