@@ -75,7 +75,7 @@ from kinetic_airflow.watch import JobEvent, JobEventError, JobWatcher, describe_
 if TYPE_CHECKING:
     from kinetic_airflow.operators import KineticRunOperator
 
-__all__ = ["JobDriver", "WaitSettings", "min_deferral_seconds", "push_links"]
+__all__ = ["JobDriver", "WaitSettings", "links_of", "min_deferral_seconds", "push_links"]
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,9 @@ class JobDriver:
 
     def __init__(self, task: KineticRunOperator, context: Any) -> None:
         self.task = task
+        # The job's links as this process knows them: Airflow asks for them when the task ends
+        # (``links._KineticLink``), and an XCom lookup would log an error where there are none.
+        task.kinetic_links = {}
         self.integrity: dict[str, Any] | None = None
         self.active_job: JobRef | None = None
         self.bind(context)
@@ -385,7 +388,7 @@ class JobDriver:
         raise AssertionError("defer() returned instead of raising TaskDeferred")  # pragma: no cover
 
     def _push_links(self, ref: JobRef) -> None:
-        push_links(self.context["ti"], ref)
+        self.task.kinetic_links = push_links(self.context["ti"], ref)
 
     # Complete ---------------------------------------------------------------------------------
     def complete(self, event: dict[str, Any] | None) -> Any:
@@ -399,6 +402,7 @@ class JobDriver:
         ref = ended.job
         if record is not None and record.job.job_id == ref.job_id:
             ref = record.job  # the full reference: an event names its job briefly
+        self.task.kinetic_links = links_of(ref)
         key = self._integrity_of(record, ref).get("key")
         status = ended.status
         if status == EVENT_PREEMPTED:
@@ -585,19 +589,27 @@ class JobDriver:
         return self._run_job(new_ref, deadline, record, Action.NEW_JOB)
 
 
-def push_links(ti: Any, ref: JobRef) -> None:
-    """GKE console and Cloud Logging URLs, for a job on GKE only (``kinetic_airflow.links``)."""
+def links_of(ref: JobRef) -> dict[str, str]:
+    """GKE console and Cloud Logging URLs of a job on GKE; none for any other job."""
     cluster = ref.k8s.cluster if ref.k8s is not None else None
     if not cluster or not is_gke_cluster(cluster):
-        return
-    links = job_links(
+        return {}
+    return job_links(
         project=cluster.get("project"),
         location=cluster.get("location") or "",
         cluster=cluster.get("name") or "",
         namespace=ref.on_cluster().namespace,
         job_name=get_backend(ref.backend).object_name(ref),
     )
-    ti.xcom_push(key=LINKS_XCOM_KEY, value=links)
+
+
+def push_links(ti: Any, ref: JobRef) -> dict[str, str]:
+    """Push a GKE job's links to XCom (``kinetic_airflow.links``: the UI reads them while the
+    task is deferred); nothing for another job. Returns the links."""
+    links = links_of(ref)
+    if links:
+        ti.xcom_push(key=LINKS_XCOM_KEY, value=links)
+    return links
 
 
 # Wait settings ----------------------------------------------------------------------------------

@@ -56,10 +56,14 @@ class _KineticLink(BaseOperatorLink):
     field = ""
 
     def get_link(self, operator: Any, *, ti_key: TaskInstanceKey) -> str:
-        # Airflow start-up cost: loaded when called, not when this module is imported.
-        from airflow.sdk.execution_time.xcom import XCom
+        # The worker that ran the task knows the links (JobDriver sets them): Airflow asks there
+        # when the task ends, and a lookup of an XCom that was never pushed logs an error.
+        links = getattr(operator, "kinetic_links", None)
+        if links is None:
+            # Airflow start-up cost: loaded when called, not when this module is imported.
+            from airflow.sdk.execution_time.xcom import XCom
 
-        links = XCom.get_value(key=LINKS_XCOM_KEY, ti_key=ti_key) or {}
+            links = XCom.get_value(key=LINKS_XCOM_KEY, ti_key=ti_key) or {}
         return links.get(self.field, "") if isinstance(links, dict) else ""
 
 

@@ -110,6 +110,8 @@ class KineticRunOperator(BaseOperator):
     ui_color = "#d7e9f7"
     operator_extra_links = (KineticViewLink(), KineticJobConsoleLink(), KineticJobLogsLink())
     shallow_copy_attrs: Sequence[str] = ("python_callable",)
+    # The links of this try's job as the worker knows them (set by JobDriver); None elsewhere.
+    kinetic_links: dict[str, str] | None = None
 
     @task_parameters  # the options' names, types and defaults, where Airflow reads them
     def __init__(

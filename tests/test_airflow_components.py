@@ -293,5 +293,10 @@ def test_marking_failed_before_the_triggerer_watches_still_kills_the_job(airflow
         os.killpg(triggerer, signal.SIGCONT)
     assert exit_record["cancelled"] is True, why()
     assert (job_dir / "cancel.json").is_file(), why()
-    api_log = (airflow.logs / "api-server.log").read_text(errors="replace")
-    assert f"cancelled kinetic job {job_dir.name}" in api_log, why()
+
+    def listener_reported() -> bool:
+        # logged once its cancel returns, a moment after the job's exit record is written
+        api_log = (airflow.logs / "api-server.log").read_text(errors="replace")
+        return f"cancelled kinetic job {job_dir.name}" in api_log
+
+    poll(listener_reported, timeout=30, what="the listener to report the cancel", diagnostics=why)

@@ -68,7 +68,9 @@ _LOG_PREFIX = "[kinetic]"
 
 
 def log(message: str) -> None:
-    print(f"{_LOG_PREFIX} {message}", file=sys.stderr, flush=True)
+    # One write, line included: a signal handler's line may come between two writes of print().
+    sys.stderr.write(f"{_LOG_PREFIX} {message}\n")
+    sys.stderr.flush()
 
 
 # Airflow's own code a job reaches when the function asks for a Variable or a Connection.
@@ -573,6 +575,8 @@ def _install_sigterm_marker(runner: JobRunner) -> None:
     says why the hooks do not run here, in the main thread)."""
 
     def handler(signum: int, _frame: Any) -> None:
+        if stop_requested():  # a second SIGTERM (the group's and the supervisor's): one stop
+            return
         log(f"received signal {signum}; asking the function to stop")
 
         def record() -> None:

@@ -48,7 +48,9 @@ FLUSH_MARGIN_SECONDS = 10.0
 _requested = threading.Event()
 _function_done = threading.Event()
 _hooks: list[Callable[[], Any]] = []
-_hooks_lock = threading.Lock()
+# Reentrant: the SIGTERM handler (request_stop) runs in the main thread, which may be inside
+# on_stop holding it.
+_hooks_lock = threading.RLock()
 _thread: threading.Thread | None = None
 
 
