@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,22 @@ def _ti_states(services: AirflowServices, dag_id: str, run_id: str) -> dict[str,
 def _xcom(services: AirflowServices, dag_id: str, run_id: str, task_id: str) -> Any:
     path = f"{run_path(dag_id, run_id)}/taskInstances/{task_id}/xcomEntries/return_value?deserialize=true"
     return services.api("GET", path)["value"]
+
+
+def _assert_stopped_gracefully(job_dir: Path, why: Callable[[], str]) -> None:
+    """The function saw the stop: its checkpoint is in its output folder, and the metrics its
+    stop hook reported were flushed to the job's files (the view reads them there)."""
+    from kinetic_airflow.job import metrics as job_metrics
+    from kinetic_airflow.job.layout import JobLayout
+    from kinetic_airflow.job.storage import open_storage, uri_to_local_path
+
+    manifest = _read_json(job_dir / "manifest.json") or {}
+    checkpoint = Path(uri_to_local_path(manifest["output_dir"])) / "checkpoint.json"
+    assert checkpoint.is_file(), why()
+    assert json.loads(checkpoint.read_text())["step"] >= 1, why()
+    storage = open_storage(f"file://{job_dir.parent.parent}")  # <base>/jobs/<job id>
+    read = job_metrics.read_attempt(storage, JobLayout(f"file://{job_dir}"))
+    assert read["summary"]["final_loss"]["last"] == 0.5, why()
 
 
 def _job_dir(services: AirflowServices, dag_id: str, run_id: str, task_id: str) -> Path:
@@ -253,6 +270,7 @@ def test_marking_deferred_task_failed_kills_the_job(airflow: AirflowServices) ->
         return "listener" if f"cancelled kinetic job {job_dir.name}" in api_log else None
 
     poll(stopped_by, timeout=30, what="on_kill or the listener to report the cancel", diagnostics=why)
+    _assert_stopped_gracefully(job_dir, why)
     assert _ti_states(airflow, dag_id, run_id)[task_id] == "failed", why()
     assert _wait_run_finished(airflow, dag_id, run_id) == "failed", why()
 
@@ -300,3 +318,4 @@ def test_marking_failed_before_the_triggerer_watches_still_kills_the_job(airflow
         return f"cancelled kinetic job {job_dir.name}" in api_log
 
     poll(listener_reported, timeout=30, what="the listener to report the cancel", diagnostics=why)
+    _assert_stopped_gracefully(job_dir, why)

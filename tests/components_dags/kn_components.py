@@ -78,10 +78,27 @@ def kn_components():
     check(compute(4))
 
 
-@task.kinetic
-def sleep_long() -> None:
+@task.kinetic(stop_grace_seconds=30)
+def sleep_long() -> str:
+    """Trains until asked to stop, then saves a checkpoint in KINETIC_OUTPUT_DIR; its stop hook
+    reports last metrics. What a mark-failed must leave behind (issue 41 item 4)."""
+    import json
+    import pathlib
+
+    import kinetic_airflow
+    from kinetic_airflow.job.storage import uri_to_local_path
+
     print(f"kn-components sleeping pid={os.getpid()}", flush=True)
-    time.sleep(600)
+    kinetic_airflow.on_stop(lambda: kinetic_airflow.report(final_loss=0.5))
+    step = 0
+    while not kinetic_airflow.stop_requested() and step < 6000:
+        step += 1
+        kinetic_airflow.report(step=step, loss=1.0 / step)
+        time.sleep(0.1)
+    out = pathlib.Path(uri_to_local_path(os.environ["KINETIC_OUTPUT_DIR"]))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "checkpoint.json").write_text(json.dumps({"step": step}))
+    return "stopped"
 
 
 @dag(schedule=None, start_date=START, catchup=False, tags=["kinetic-components-test"])
