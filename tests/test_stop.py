@@ -146,7 +146,9 @@ def test_stop_grace_seconds_is_checked_at_parse_time():
 
 
 # Through the backends' own cancel: the local process tree and the emulated cluster's pods -------
-def _cancel_and_check(backend: str, folder: Path, grace: float):
+def _cancel_and_check(backend: str, folder: Path, grace: float, stop=None):
+    """Start the checkpointing job, stop it with ``stop(ref)`` (the backend's cancel by default)
+    once it runs, and check its checkpoint and its stop hook's metrics."""
     from jobkit import gke_job
 
     from kinetic_airflow.backends.registry import get_backend
@@ -162,7 +164,10 @@ def _cancel_and_check(backend: str, folder: Path, grace: float):
     )
     assert ref.stop_grace_seconds == grace
     _wait_for(folder / "running")
-    get_backend(backend).cancel(ref)  # what `kinetic-airflow jobs cancel` and on_kill end with
+    if stop is None:
+        get_backend(backend).cancel(ref)  # what `kinetic-airflow jobs cancel` and on_kill end with
+    else:
+        stop(ref)
     _wait_for(folder / "checkpoint.json", seconds=60)
     layout = JobLayout(ref.job_uri)
     deadline = time.monotonic() + 60
@@ -205,6 +210,28 @@ def test_an_emulated_pod_deleted_leaves_the_checkpoint_and_the_last_metrics(clus
     pods = core.list_namespaced_pod("default", label_selector="kinetic.airflow/task-id=stops").items
     for pod in pods:  # the pod may already be gone once deleted
         assert pod.spec.termination_grace_period_seconds == 13
+
+
+def test_an_emulated_spot_preemption_leaves_the_checkpoint_and_the_last_metrics(
+    cluster, tmp_path, monkeypatch
+):
+    """A Spot node reclaimed (the emulator's preempt_pod: the pod gets SIGTERM, its grace, then a
+    DisruptionTarget condition, as GKE's graceful node shutdown does): the function sees the stop,
+    saves its checkpoint and its last metrics reach storage before the pod ends."""
+    import kubernetes
+    from emulated_cluster import point_kinetic_at
+
+    emulator = cluster[0]
+    point_kinetic_at(*cluster, monkeypatch)
+    monkeypatch.setenv("KINETIC_BASE_URI", f"file://{tmp_path}/kinetic")
+    core = kubernetes.client.CoreV1Api(emulator.api_client())
+
+    def preempt(ref) -> None:
+        selector = f"job-id={ref.job_id}"
+        (pod,) = core.list_namespaced_pod("default", label_selector=selector).items
+        emulator.preempt_pod("default", pod.metadata.name)
+
+    _cancel_and_check("gke", tmp_path, 3, stop=preempt)
 
 
 def test_execution_timeout_leaves_the_checkpoint_and_the_last_metrics(tmp_path, monkeypatch):
