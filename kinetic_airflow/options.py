@@ -47,6 +47,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypedDict
 
+# The job reads these defaults too, for a manifest without them (stdlib-only module).
+from kinetic_airflow.job.debugging import DEFAULT_ON_TIMEOUT as DEBUG_ON_TIMEOUT
+from kinetic_airflow.job.debugging import DEFAULT_WAIT_SECONDS as DEBUG_WAIT_SECONDS
+
 if TYPE_CHECKING:
     from kinetic_airflow.job.inputs import Data
 
@@ -569,7 +573,7 @@ class TaskOptions(TypedDict, total=False):
             _SECONDS + ", more than 0: how long a debug=True job waits for a debugger",
             "debug_wait=timedelta(minutes=10)",
             doc="How long a debug=True job waits for a debugger before debug_on_timeout applies.",
-            default=600.0,
+            default=DEBUG_WAIT_SECONDS,
             **_MORE_THAN_0,
         ),
     ]
@@ -580,7 +584,7 @@ class TaskOptions(TypedDict, total=False):
             "fail (the job fails before the function runs) or run (it runs without a debugger)",
             'debug_on_timeout="run"',
             doc="What a debug=True job does when no debugger attached within debug_wait.",
-            default="fail",
+            default=DEBUG_ON_TIMEOUT,
             choices=("fail", "run"),
         ),
     ]

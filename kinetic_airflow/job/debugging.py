@@ -49,7 +49,8 @@ __all__ = [
 ]
 
 DEBUG_MARKER = "debug"  # status/debug.json (status/debug-host<N>.json is never written: host 0 only)
-# The option table's defaults (options.TaskOptions), for a manifest that lacks them
+# The defaults of debug_wait and debug_on_timeout: the option table (options.py) uses these, and
+# the job falls back to them for a manifest without them.
 DEFAULT_WAIT_SECONDS = 600.0
 DEFAULT_ON_TIMEOUT = "fail"
 DEBUGPY_REQUIREMENT = "debugpy>=1.8"
