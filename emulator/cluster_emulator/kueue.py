@@ -667,10 +667,11 @@ class KueueController:
     def queue_order(self, workloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """``pkg/cache/queue/cluster_queue.go`` ``queueOrderingFunc`` / ``baseCompareFunc``
         (admission fair sharing off): higher priority first (``pkg/util/priority``
-        ``EffectivePriority``), then the earlier ``queue_timestamp``, then the UID."""
+        ``EffectivePriority``), then the earlier ``queue_timestamp``. Upstream breaks a tie (the
+        same second) by UID, i.e. at random; here the sort is stable, so ties keep creation order."""
 
-        def key(wl: dict[str, Any]) -> tuple[int, str, str]:
-            return (-int(wl["spec"].get("priority") or 0), queue_timestamp(wl), wl["metadata"].get("uid", ""))
+        def key(wl: dict[str, Any]) -> tuple[int, str]:
+            return (-int(wl["spec"].get("priority") or 0), queue_timestamp(wl))
 
         return sorted(workloads, key=key)
 
@@ -690,24 +691,37 @@ class KueueController:
         return {cq: self.queue_order(wls) for cq, wls in out.items()}
 
     def _cq_inactive(self, cq: dict[str, Any]) -> str | None:
-        """``pkg/cache/scheduler/clusterqueue.go`` ``updateQueueStatus``: a ClusterQueue with a
-        missing flavor / admission check or a stop policy is inactive (reason, message)."""
+        """The reason a ClusterQueue is inactive, or None (``_cq_inactive_reason``)."""
+        got = self._cq_inactive_reason(cq)
+        return got[0] if got else None
+
+    def _cq_inactive_reason(self, cq: dict[str, Any]) -> tuple[str, str] | None:
+        """``pkg/cache/scheduler/clusterqueue.go`` ``updateQueueStatus`` / ``inactiveReason``: a
+        ClusterQueue with a stop policy, a missing flavor or a missing admission check is inactive;
+        the reason is the first cause's (``Stopped``, ``FlavorNotFound``,
+        ``AdmissionCheckNotFound``), the message "Can't admit new workloads: <every cause>."."""
         spec = cq.get("spec") or {}
-        missing = sorted(
-            {
-                f["name"]
-                for rg in spec.get("resourceGroups") or []
-                for f in rg.get("flavors") or []
-                if self.store.get(RESOURCEFLAVORS, None, f["name"]) is None
-            }
-        )
-        if missing:
-            return "FlavorNotFound"
-        if any(self.store.get(ADMISSIONCHECKS, None, name) is None for name in _cq_checks(cq)):
-            return "AdmissionCheckNotFound"
+        reasons: list[str] = []
+        messages: list[str] = []
         if spec.get("stopPolicy", "None") != "None":
-            return "Stopped"
-        return None
+            reasons.append("Stopped")
+            messages.append("is stopped")
+        missing = [  # updateFlavorMetadata: in the resource groups' order
+            f["name"]
+            for rg in spec.get("resourceGroups") or []
+            for f in rg.get("flavors") or []
+            if self.store.get(RESOURCEFLAVORS, None, f["name"]) is None
+        ]
+        if missing:
+            reasons.append("FlavorNotFound")
+            messages.append(f"references missing ResourceFlavor(s): {','.join(missing)}")
+        missing_checks = sorted(n for n in _cq_checks(cq) if self.store.get(ADMISSIONCHECKS, None, n) is None)
+        if missing_checks:
+            reasons.append("AdmissionCheckNotFound")
+            messages.append(f"references missing AdmissionCheck(s): {','.join(missing_checks)}")
+        if not reasons:
+            return None
+        return reasons[0], f"Can't admit new workloads: {', '.join(messages)}."
 
     def _schedule(self) -> None:
         """``pkg/scheduler/scheduler.go`` ``schedule``: per ClusterQueue, heads in queue order."""
@@ -1018,16 +1032,18 @@ class KueueController:
                 if (lq.get("spec") or {}).get("clusterQueue") == name
             }
             mine = [w for w in wls if (w["metadata"]["namespace"], w["spec"].get("queueName")) in lqs]
-            inactive = self._cq_inactive(cq)
+            inactive = self._cq_inactive_reason(cq)
 
             def write(
-                obj: dict[str, Any], mine: list[dict[str, Any]] = mine, inactive: str | None = inactive
+                obj: dict[str, Any],
+                mine: list[dict[str, Any]] = mine,
+                inactive: tuple[str, str] | None = inactive,
             ) -> None:
                 status = obj.setdefault("status", {})
                 _counts(status, mine)
                 c = status.setdefault("conditions", [])
                 if inactive:
-                    set_condition(c, "Active", "False", inactive, "Can't admit new workloads", probe=False)
+                    set_condition(c, "Active", "False", inactive[0], inactive[1], probe=False)
                 else:
                     set_condition(c, "Active", "True", "Ready", "Can admit new workloads", probe=False)
 

@@ -429,6 +429,20 @@ def test_inactive_clusterqueue_message(k8s_cluster: ClusterEmulator, apis: Any) 
         timeout=10,
     )
     assert cond(wl, "QuotaReserved")["message"] == "ClusterQueue cq is inactive"
+    # v0.19.2 clusterqueue.go inactiveReason: the first cause's reason, every cause in the message
+    active = cond(api.get_cluster_custom_object(G, V, "clusterqueues", "cq"), "Active")
+    assert (active["status"], active["reason"]) == ("False", "FlavorNotFound")
+    assert active["message"] == "Can't admit new workloads: references missing ResourceFlavor(s): missing."
+    api.patch_cluster_custom_object(G, V, "clusterqueues", "cq", {"spec": {"stopPolicy": "Hold"}})
+
+    def stopped() -> dict[str, Any] | None:
+        got = cond(api.get_cluster_custom_object(G, V, "clusterqueues", "cq"), "Active")
+        return got if got.get("reason") == "Stopped" else None
+
+    active = wait_until(stopped, timeout=10)
+    assert active["message"] == (
+        "Can't admit new workloads: is stopped, references missing ResourceFlavor(s): missing."
+    )
 
 
 def test_jobset_suspended_admitted_and_runs(k8s_cluster: ClusterEmulator, apis: Any) -> None:
