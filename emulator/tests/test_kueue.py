@@ -321,6 +321,7 @@ def test_provisioning_retry_then_success(k8s_cluster: ClusterEmulator, apis: Any
     assert cond(wl, "Evicted")["message"] == (
         'Evicted due to AdmissionCheck in Retry state: "dws-prov" (Retrying after failure: stockout)'
     )
+    assert cond(wl, "Admitted") == {}  # v0.19.2, gate off: never admitted, so never written
     k8s_cluster.set_provisioning()
     wait_until(lambda: _pr(custom, f"{name}-dws-prov-2"), timeout=15)
     wait_job(batch, "retry", "Complete", timeout=20)
@@ -770,6 +771,15 @@ def test_requeued_as_released_kueue_sets_it(k8s_cluster: ClusterEmulator, apis: 
         wl = wait_cond(custom, name, "Requeued", "False")
         assert (cond(wl, "Evicted")["reason"], cond(wl, "Requeued")["reason"]) == (reason, reason)
         assert cond(wl, "Admitted")["status"] == "False"  # held while the queue is stopped
+        # v0.19.2 (UnadmittedWorkloadsObservability off): SyncAdmittedCondition after a first
+        # admission, no checks -> NoReservation; the stopped queue blocks with the legacy reason
+        assert cond(wl, "Admitted")["reason"] == "NoReservation"
+        blocked = "ClusterQueue cq is inactive" if how == "clusterqueues" else "LocalQueue lq is inactive"
+        wl = wait_until(
+            lambda: (w := _get(custom, name)) and cond(w, "QuotaReserved").get("message") == blocked and w,
+            timeout=10,
+        )
+        assert cond(wl, "QuotaReserved")["reason"] == "Inadmissible"
         none = {"spec": {"stopPolicy": "None"}}
         if how == "clusterqueues":
             custom.patch_cluster_custom_object(G, V, how, "cq", none)
