@@ -183,7 +183,8 @@ class JobController:
     def _failure_policy(self, job: dict[str, Any], pod: dict[str, Any]) -> tuple[str, str] | None:
         """The first ``podFailurePolicy`` rule a failed pod matches: (action, FailJob message).
 
-        kubernetes/kubernetes ``pkg/controller/job/pod_failure_policy.go`` (at 95f0849),
+        kubernetes/kubernetes ``pkg/controller/job/pod_failure_policy.go`` (read at master commit
+        95f0849; not re-read at a release tag, the repository could not be fetched here),
         ``matchPodFailurePolicy``: rules in order; ``onExitCodes`` looks at the terminated
         containers with a non-zero exit code, ``containerStatuses`` before
         ``initContainerStatuses`` (``matchOnExitCodes``, ``getMatchingContainerFromList``), with

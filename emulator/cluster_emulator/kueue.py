@@ -4,11 +4,11 @@ ClusterQueue, eviction and requeueing, stop policies, the ProvisioningRequest ad
 (with a model of GKE's queued provisioning answering the requests), the visibility API's pending
 workloads, and GKE flex-start's maximum run duration.
 
-Every rule is read from kubernetes-sigs/kueue (file and function named where the rule is
-written): eviction, ``Requeued`` and stop policies at the pinned release v0.19.2
-(crds/UPSTREAM.json), the rest at ff69552 (main, 2026-08-22), or the GKE documentation (URL
-named). Nothing of upstream's code is copied. What is not modelled is listed in this package's
-README (Kueue section).
+Every rule is read from kubernetes-sigs/kueue at the pinned release v0.19.2 (crds/UPSTREAM.json,
+commit 8eab687; file and function named where the rule is written, paths relative to that tag)
+with its default feature gates and configuration, or from the GKE documentation (URL named).
+Nothing of upstream's code is copied. What is not modelled is listed in this package's README
+(Kueue section).
 """
 
 from __future__ import annotations
@@ -67,6 +67,11 @@ FLEX_START_DEFAULT_MAX_RUN = 7 * 24 * 3600.0  # "If you don't specify ... the de
 LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
 LWS_GROUP = "leaderworkerset.sigs.k8s.io/group-index"
 
+# pkg/features/kube_features.go: UnadmittedWorkloadsObservability is Beta and off by default in
+# v0.19.2 (main turned it on after the release branch). Off, the unadmitted reasons are the
+# fallbacks (``pkg/workload/workload.go`` ``UnadmittedWorkloadReasonWithFallback``).
+UNADMITTED_WORKLOADS_OBSERVABILITY = False
+
 QUOTA_RESERVED, ADMITTED, FINISHED = "QuotaReserved", "Admitted", "Finished"
 EVICTED, PREEMPTED, REQUEUED = "Evicted", "Preempted", "Requeued"
 # Eviction reasons after which Kueue requeues at once (Requeued=True): reconciler.go ``setRequeued``
@@ -105,7 +110,7 @@ def kueue_gate_pod(cluster: Any, pod: dict[str, Any]) -> None:
         _merge_pod_spec(
             pod.setdefault("spec", {}),
             pod.setdefault("metadata", {}),
-            _podset_info(cluster, wl, _pod_podset(pod)),
+            _podset_info(cluster, wl, _pod_podset(pod, lws)),
         )
         return
     gates = pod.setdefault("spec", {}).setdefault("schedulingGates", [])
@@ -113,7 +118,11 @@ def kueue_gate_pod(cluster: Any, pod: dict[str, Any]) -> None:
         gates.append({"name": ADMISSION_GATE})
 
 
-def _pod_podset(pod: dict[str, Any]) -> str:
+def _pod_podset(pod: dict[str, Any], lws: dict[str, Any]) -> str:
+    """The pod set of an LWS pod (``_podsets``): ``main`` without a leaderTemplate, else the
+    leader (worker index 0) or the workers."""
+    if not ((lws.get("spec") or {}).get("leaderWorkerTemplate") or {}).get("leaderTemplate"):
+        return "main"
     return (
         "leader"
         if (pod["metadata"].get("labels") or {}).get("leaderworkerset.sigs.k8s.io/worker-index", "0") == "0"
@@ -208,6 +217,23 @@ def pod_requests(spec: dict[str, Any]) -> dict[str, float]:
 
 def _conds(obj: dict[str, Any]) -> list[dict[str, Any]]:
     return (obj.get("status") or {}).get("conditions") or []
+
+
+def queue_timestamp(wl: dict[str, Any]) -> str:
+    """``pkg/workload/workload.go`` ``Ordering.GetQueueOrderTimestamp``: the time of an eviction
+    still in force (``Evicted=True``) by ``PodsReadyTimeout`` (``waitForPodsReady.
+    requeuingStrategy.timestamp: Eviction``, the default) or ``AdmissionCheck``, else the
+    creation time: a workload evicted for any other reason (``Preempted``, a stopped queue,
+    ``NodeFailures``...) keeps its place by creation time."""
+    ev = find_condition(_conds(wl), EVICTED)
+    if ev and ev.get("status") == "True" and ev.get("reason") in ("PodsReadyTimeout", "AdmissionCheck"):
+        return str(ev["lastTransitionTime"])
+    return str(wl["metadata"]["creationTimestamp"])
+
+
+def _unadmitted_reason(granular: str, fallback: str) -> str:
+    """``pkg/workload/workload.go`` ``UnadmittedWorkloadReasonWithFallback``."""
+    return granular if UNADMITTED_WORKLOADS_OBSERVABILITY else fallback
 
 
 def _merge_pod_spec(spec: dict[str, Any], meta: dict[str, Any], info: dict[str, Any]) -> None:
@@ -323,7 +349,12 @@ class KueueController:
     def _create_workload(
         self, rt: ResourceType, job: dict[str, Any], name: str, uid: str, podsets: list[dict[str, Any]]
     ) -> dict[str, Any] | None:
-        """``jobframework/reconciler.go`` ``ensureOneWorkload`` / ``constructWorkload``."""
+        """``pkg/controller/jobframework/reconciler.go`` ``ensureOneWorkload`` /
+        ``handleJobWithNoWorkload`` (``constructWorkload``, ``prepareWorkload``). The priority is
+        ``ExtractPriority``'s: a ``kueue.x-k8s.io/priority-class`` label naming no
+        WorkloadPriorityClass is an error (``pkg/util/priority`` ``GetPriorityFromWorkloadPriorityClass``
+        returns the NotFound), so no Workload is created and the job stays suspended until the
+        class exists (the reconciler retries); v0.19.2 records no event for it."""
         md = job["metadata"]
         labels = md.get("labels") or {}
         kind, group = _GVK[rt]
@@ -336,9 +367,11 @@ class KueueController:
         pc = labels.get(PRIORITY_CLASS)
         if pc:
             wpc = self.store.get(WORKLOADPRIORITYCLASSES, None, pc)
+            if wpc is None:
+                return None
             # v1beta2's priorityClassRef (v1beta1: priorityClassSource + priorityClassName)
             spec["priorityClassRef"] = {"group": GROUP, "kind": "WorkloadPriorityClass", "name": pc}
-            spec["priority"] = int((wpc or {}).get("value", 0))
+            spec["priority"] = int(wpc.get("value", 0))
         obj = {
             "apiVersion": WORKLOADS.api_version,
             "kind": "Workload",
@@ -419,7 +452,7 @@ class KueueController:
         md = job["metadata"]
         if rt is LWS:
             for pod in self._group_pods(job, wl):
-                info = _podset_info(self.cluster, wl, _pod_podset(pod))
+                info = _podset_info(self.cluster, wl, _pod_podset(pod, job))
 
                 def ungate(obj: dict[str, Any], info: dict[str, Any] = info) -> None:
                     gates = [
@@ -542,10 +575,10 @@ class KueueController:
             requeued = "True" if reason in REQUEUED_AT_ONCE else "False"
             set_condition(c, REQUEUED, requeued, reason, ev.get("message", ""), probe=False)
             status.pop("admission", None)
-            set_condition(c, QUOTA_RESERVED, "False", "Pending", ev.get("message", ""), probe=False)
-            set_condition(
-                c, ADMITTED, "False", "NoReservation", "The workload has no reservation", probe=False
-            )
+            # UnsetQuotaReservationWithCondition (then SyncAdmittedCondition)
+            reserved_reason = _unadmitted_reason("PendingEvaluation", "Pending")
+            set_condition(c, QUOTA_RESERVED, "False", reserved_reason, ev.get("message", ""), probe=False)
+            _sync_admitted(obj)
 
         self.store.mutate(WORKLOADS, md["namespace"], md["name"], unset)
 
@@ -632,18 +665,13 @@ class KueueController:
 
     # Scheduling -----------------------------------------------------------------------------
     def queue_order(self, workloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """``pkg/util/priority`` + ``pkg/cache/queue/cluster_queue.go`` ``queueOrderingFunc``:
-        higher priority first, then the earlier timestamp (the eviction time of an evicted
-        workload, ``requeuingTimestamp: Eviction``, else creation)."""
+        """``pkg/cache/queue/cluster_queue.go`` ``queueOrderingFunc`` / ``baseCompareFunc``
+        (admission fair sharing off): higher priority first (``pkg/util/priority``
+        ``EffectivePriority``), then the earlier ``queue_timestamp``. Upstream breaks a tie (the
+        same second) by UID, i.e. at random; here the sort is stable, so ties keep creation order."""
 
         def key(wl: dict[str, Any]) -> tuple[int, str]:
-            ev = find_condition(_conds(wl), EVICTED)
-            ts = (
-                ev["lastTransitionTime"]
-                if ev and ev.get("status") == "True"
-                else wl["metadata"]["creationTimestamp"]
-            )
-            return (-int(wl["spec"].get("priority") or 0), ts)
+            return (-int(wl["spec"].get("priority") or 0), queue_timestamp(wl))
 
         return sorted(workloads, key=key)
 
@@ -663,24 +691,37 @@ class KueueController:
         return {cq: self.queue_order(wls) for cq, wls in out.items()}
 
     def _cq_inactive(self, cq: dict[str, Any]) -> str | None:
-        """``pkg/cache/scheduler/clusterqueue.go`` ``updateQueueStatus``: a ClusterQueue with a
-        missing flavor / admission check or a stop policy is inactive (reason, message)."""
+        """The reason a ClusterQueue is inactive, or None (``_cq_inactive_reason``)."""
+        got = self._cq_inactive_reason(cq)
+        return got[0] if got else None
+
+    def _cq_inactive_reason(self, cq: dict[str, Any]) -> tuple[str, str] | None:
+        """``pkg/cache/scheduler/clusterqueue.go`` ``updateQueueStatus`` / ``inactiveReason``: a
+        ClusterQueue with a stop policy, a missing flavor or a missing admission check is inactive;
+        the reason is the first cause's (``Stopped``, ``FlavorNotFound``,
+        ``AdmissionCheckNotFound``), the message "Can't admit new workloads: <every cause>."."""
         spec = cq.get("spec") or {}
-        missing = sorted(
-            {
-                f["name"]
-                for rg in spec.get("resourceGroups") or []
-                for f in rg.get("flavors") or []
-                if self.store.get(RESOURCEFLAVORS, None, f["name"]) is None
-            }
-        )
-        if missing:
-            return "FlavorNotFound"
-        if any(self.store.get(ADMISSIONCHECKS, None, name) is None for name in _cq_checks(cq)):
-            return "AdmissionCheckNotFound"
+        reasons: list[str] = []
+        messages: list[str] = []
         if spec.get("stopPolicy", "None") != "None":
-            return "Stopped"
-        return None
+            reasons.append("Stopped")
+            messages.append("is stopped")
+        missing = [  # updateFlavorMetadata: in the resource groups' order
+            f["name"]
+            for rg in spec.get("resourceGroups") or []
+            for f in rg.get("flavors") or []
+            if self.store.get(RESOURCEFLAVORS, None, f["name"]) is None
+        ]
+        if missing:
+            reasons.append("FlavorNotFound")
+            messages.append(f"references missing ResourceFlavor(s): {','.join(missing)}")
+        missing_checks = sorted(n for n in _cq_checks(cq) if self.store.get(ADMISSIONCHECKS, None, n) is None)
+        if missing_checks:
+            reasons.append("AdmissionCheckNotFound")
+            messages.append(f"references missing AdmissionCheck(s): {','.join(missing_checks)}")
+        if not reasons:
+            return None
+        return reasons[0], f"Can't admit new workloads: {', '.join(messages)}."
 
     def _schedule(self) -> None:
         """``pkg/scheduler/scheduler.go`` ``schedule``: per ClusterQueue, heads in queue order."""
@@ -697,21 +738,33 @@ class KueueController:
                 continue
             if wl["spec"].get("active", True) is False:
                 continue
-            # workload_controller.go resolveGranularUnadmittedQuotaReservedCondition
+            # workload_controller.go syncQuotaReservedFalseCondition: with the gate off,
+            # resolveLegacyUnadmittedQuotaReservedCondition (reason Inadmissible) with
+            # getQueueBlocker's message (granular reasons: resolveGranular...Condition)
             ns, qn = wl["metadata"]["namespace"], wl["spec"].get("queueName", "")
             lq = self.store.get(LOCALQUEUES, ns, qn)
             if lq is None:
-                self._pending(wl, "Misconfigured", f"LocalQueue {qn} doesn't exist")
+                self._pending(
+                    wl, _unadmitted_reason("Misconfigured", "Inadmissible"), f"LocalQueue {qn} doesn't exist"
+                )
                 continue
-            if _stop_policy(lq) != "None":  # workload_controller.go reconcileOnLocalQueueActiveState
-                self._pending(wl, "Inadmissible", f"LocalQueue {qn} is stopped")
+            if _stop_policy(lq) != "None":  # lqActive false
+                self._pending(
+                    wl, _unadmitted_reason("Suspended", "Inadmissible"), f"LocalQueue {qn} is inactive"
+                )
                 continue
             cq_name = (lq.get("spec") or {}).get("clusterQueue", "")
             cq = self.store.get(CLUSTERQUEUES, None, cq_name)
             if cq is None:
-                self._pending(wl, "Misconfigured", f"ClusterQueue {cq_name} doesn't exist")
+                self._pending(
+                    wl,
+                    _unadmitted_reason("Misconfigured", "Inadmissible"),
+                    f"ClusterQueue {cq_name} doesn't exist",
+                )
             elif self._cq_inactive(cq):
-                self._pending(wl, "Suspended", f"ClusterQueue {cq_name} is inactive")
+                self._pending(
+                    wl, _unadmitted_reason("Suspended", "Inadmissible"), f"ClusterQueue {cq_name} is inactive"
+                )
         for cq_name, queue in self.pending().items():
             cq = self.store.get(CLUSTERQUEUES, None, cq_name)
             if cq is None or self._cq_inactive(cq):
@@ -731,6 +784,9 @@ class KueueController:
                     # pkg/cache/queue/cluster_queue.go backoffWaitingTimeExpired: not until requeued
                     continue
                 assignment, reason, message = self._assign(cq, wl, usage)
+                # scheduler.go requeueAndUpdate: the QuotaReserved=False reason ("Pending" with
+                # the gate off) and the scheduler's message
+                reason = _unadmitted_reason(reason, "Pending")
                 if assignment is not None:
                     self._reserve(cq, wl, assignment)
                     for psa in assignment:
@@ -852,14 +908,14 @@ class KueueController:
         if evicted and self._assign(cq, wl, _usage(admitted))[0] is not None:
             return [], len(evicted)
         prio = int(wl["spec"].get("priority") or 0)
-        ts = wl["metadata"]["creationTimestamp"]
+        ts = queue_timestamp(wl)
 
         def eligible(c: dict[str, Any]) -> bool:
+            # pkg/scheduler/preemption/common/preemption_policy.go SatisfiesPreemptionPolicy
+            # (SchedulerTimestampPreemptionBuffer off, its v0.19.2 default)
             cp = int(c["spec"].get("priority") or 0)
             return cp < prio or (
-                policy == "LowerOrNewerEqualPriority"
-                and cp == prio
-                and c["metadata"]["creationTimestamp"] > ts
+                policy == "LowerOrNewerEqualPriority" and cp == prio and queue_timestamp(c) > ts
             )
 
         def admitted_at(c: dict[str, Any]) -> str:
@@ -953,12 +1009,14 @@ class KueueController:
         )
 
     def _pending(self, wl: dict[str, Any], reason: str, message: str) -> None:
+        """``pkg/workload/workload.go`` ``UnsetQuotaReservationWithCondition``: QuotaReserved=False
+        (reason, message), no admission, then ``SyncAdmittedCondition``."""
+
         def pend(obj: dict[str, Any]) -> None:
             c = obj.setdefault("status", {}).setdefault("conditions", [])
             set_condition(c, QUOTA_RESERVED, "False", reason, message, probe=False)
-            set_condition(
-                c, ADMITTED, "False", "NoReservation", "The workload has no reservation", probe=False
-            )
+            obj["status"].pop("admission", None)
+            _sync_admitted(obj)
 
         self.store.mutate(WORKLOADS, wl["metadata"]["namespace"], wl["metadata"]["name"], pend)
 
@@ -974,16 +1032,18 @@ class KueueController:
                 if (lq.get("spec") or {}).get("clusterQueue") == name
             }
             mine = [w for w in wls if (w["metadata"]["namespace"], w["spec"].get("queueName")) in lqs]
-            inactive = self._cq_inactive(cq)
+            inactive = self._cq_inactive_reason(cq)
 
             def write(
-                obj: dict[str, Any], mine: list[dict[str, Any]] = mine, inactive: str | None = inactive
+                obj: dict[str, Any],
+                mine: list[dict[str, Any]] = mine,
+                inactive: tuple[str, str] | None = inactive,
             ) -> None:
                 status = obj.setdefault("status", {})
                 _counts(status, mine)
                 c = status.setdefault("conditions", [])
                 if inactive:
-                    set_condition(c, "Active", "False", inactive, "Can't admit new workloads", probe=False)
+                    set_condition(c, "Active", "False", inactive[0], inactive[1], probe=False)
                 else:
                     set_condition(c, "Active", "True", "Ready", "Can admit new workloads", probe=False)
 
@@ -1370,24 +1430,36 @@ def _reset_checks(status: dict[str, Any]) -> None:
 
 
 def _sync_admitted(obj: dict[str, Any]) -> None:
-    """``pkg/workload/admissionchecks.go`` ``SyncAdmittedCondition``."""
+    """``pkg/workload/admissionchecks.go`` ``SyncAdmittedCondition`` (``HasAllChecksReady``: every
+    check ``Ready``). With UnadmittedWorkloadsObservability off (v0.19.2's default) nothing changes
+    while ``Admitted`` already agrees with "reserved and all checks ready": a Workload never
+    admitted has no ``Admitted`` condition at all; one admitted before gets ``False``
+    ``NoReservation`` / ``NoReservationUnsatisfiedChecks`` / ``UnsatisfiedChecks``."""
     status = obj.setdefault("status", {})
     c = status.setdefault("conditions", [])
     reserved = condition_true(c, QUOTA_RESERVED)
     ready = all(s.get("state") == "Ready" for s in status.get("admissionChecks") or [])
+    if UNADMITTED_WORKLOADS_OBSERVABILITY:
+        if find_condition(c, QUOTA_RESERVED) is None and find_condition(c, ADMITTED) is None:
+            return  # UnadmittedWorkloadsExplicitStatus off
+    elif condition_true(c, ADMITTED) == (reserved and ready):
+        return
     if reserved and ready:
         set_condition(c, ADMITTED, "True", "Admitted", "The workload is admitted", probe=False)
+    elif not reserved and not ready:
+        if UNADMITTED_WORKLOADS_OBSERVABILITY:
+            reason, message = "NoReservation", "The workload has no reservation"
+        else:
+            reason, message = (
+                "NoReservationUnsatisfiedChecks",
+                "The workload has no reservation and not all checks ready",
+            )
+        set_condition(c, ADMITTED, "False", reason, message, probe=False)
     elif not reserved:
         set_condition(c, ADMITTED, "False", "NoReservation", "The workload has no reservation", probe=False)
     else:
-        set_condition(
-            c,
-            ADMITTED,
-            "False",
-            "UnsatisfiedAdmissionChecks",
-            "The workload has not all checks ready",
-            probe=False,
-        )
+        reason = _unadmitted_reason("UnsatisfiedAdmissionChecks", "UnsatisfiedChecks")
+        set_condition(c, ADMITTED, "False", reason, "The workload has not all checks ready", probe=False)
 
 
 def _usage(workloads: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
@@ -1441,14 +1513,19 @@ def _podsets(rt: ResourceType, obj: dict[str, Any]) -> list[dict[str, Any]]:
                 {"name": r["name"], "count": count, "template": copy.deepcopy(jspec.get("template") or {})}
             )
         return out
+    # pkg/controller/jobs/leaderworkerset/leaderworkerset_reconciler.go podSets: with a
+    # leaderTemplate, "leader" x1 and "worker" x (size - 1) (kept at count 0); without one a
+    # single pod set "main" x size
     lwt = spec.get("leaderWorkerTemplate") or {}
     size = int(lwt.get("size", 1))
     worker = copy.deepcopy(lwt.get("workerTemplate") or {})
-    leader = copy.deepcopy(lwt.get("leaderTemplate") or worker)
-    out = [{"name": "leader", "count": 1, "template": leader}]
-    if size > 1:
-        out.append({"name": "worker", "count": size - 1, "template": worker})
-    return out
+    if not lwt.get("leaderTemplate"):
+        return [{"name": "main", "count": size, "template": worker}]
+    leader = copy.deepcopy(lwt["leaderTemplate"])
+    return [
+        {"name": "leader", "count": 1, "template": leader},
+        {"name": "worker", "count": size - 1, "template": worker},
+    ]
 
 
 def _job_finished(rt: ResourceType, job: dict[str, Any]) -> tuple[bool, str] | None:

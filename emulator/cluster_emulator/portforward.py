@@ -1,19 +1,26 @@
 """The ``pods/{name}/portforward`` subresource over a WebSocket (``v4.channel.k8s.io``).
 
-What a real cluster does, and where (kubernetes/kubernetes, read at commit 25d732c):
+What a real cluster does, and where. The kubelet's side is read at the Kubernetes release v1.36.2
+(the newest release whose sources could be read here; the emulator reports 1.37, whose release was
+not readable): since v1.36 it is the published staging module k8s.io/cri-streaming (tag v0.36.2 =
+Kubernetes v1.36.2), the same code as the kubelet's ``pkg/cri/streaming/portforward/websocket.go``
+of v1.35 (k8s.io/kubelet tag kubernetes-1.35.0) but for imports:
 
 * the API server finds the pod and refuses one without a node: ``PortForwardLocation`` in
-  ``pkg/registry/core/pod/strategy.go`` ("pod NAME does not have a host assigned", 400), then
-  proxies the upgraded connection to the kubelet;
-* the kubelet's ``NewV4Options`` (``staging/src/k8s.io/kubelet/pkg/cri/streaming/portforward/
-  websocket.go``) reads the ``ports`` query parameter (repeatable, comma separated, each 1-65535;
-  "query parameter "ports" is required" otherwise) and ``handleWebSocketStreams`` (same file)
-  opens two channels per port, in order: data ``2i`` (read-write) and error ``2i+1`` (write
-  only). Before anything else it writes the port, as an unsigned 16-bit little-endian number,
-  on both channels of each port. Every WebSocket message is one binary frame whose first byte
-  is the channel (``wsstream.Conn``, ``staging/src/k8s.io/apimachinery/pkg/util/httpstream/
-  wsstream/conn.go``); the sub-protocols served are ``v4.channel.k8s.io`` (binary), its base64
-  form and none at all (treated as binary);
+  kubernetes/kubernetes ``pkg/registry/core/pod/strategy.go`` ("pod NAME does not have a host
+  assigned", 400), then proxies the upgraded connection to the kubelet (read at master commit
+  25d732c; not re-read at a release tag, kubernetes/kubernetes could not be fetched here);
+* the kubelet's ``NewV4Options`` (k8s.io/cri-streaming v0.36.2
+  ``pkg/streaming/portforward/websocket.go``) reads the ``ports`` query parameter (repeatable,
+  comma separated, each 1-65535; "query parameter "ports" is required" / "... cannot be empty"
+  otherwise) and ``handleWebSocketStreams`` (same file) opens two channels per port, in order:
+  data ``2i`` (read-write) and error ``2i+1`` (write only). Before anything else it writes the
+  port, as an unsigned 16-bit little-endian number, on both channels of each port. Every
+  WebSocket message is one binary frame whose first byte is the channel (``wsstream.Conn``,
+  k8s.io/apimachinery tag kubernetes-1.35.7 ``pkg/util/httpstream/wsstream/conn.go``; from v1.36
+  in k8s.io/streaming, whose tags could not be read here, apimachinery keeping a wrapper); the
+  sub-protocols served are ``v4.channel.k8s.io`` (binary), its base64 form and none at all
+  (treated as binary);
 * each port's forwarder dials the port inside the pod's network namespace and copies both ways;
   when that fails, the message ``error forwarding port P to pod NAME, uid UID: ...`` goes to the
   port's error channel and both channels close (``websocketStreamHandler.portForward``).

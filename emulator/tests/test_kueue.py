@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from cluster_emulator import ClusterEmulator, EmulatorAdminClient, NodePool, wait_until
-from cluster_emulator.kueue import workload_name
+from cluster_emulator.kueue import KueueController, queue_timestamp, workload_name
 from cluster_emulator.kueue_setup import (
     kueue_queue,
     provisioning_check,
@@ -124,10 +124,13 @@ def test_job_suspended_on_create_and_workload_fields(k8s_cluster: ClusterEmulato
     ps = wl["spec"]["podSets"][0]
     assert ps["name"] == "main" and ps["count"] == 2
     assert ps["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "1"
-    # no LocalQueue yet: inadmissible with upstream's message
+    # no LocalQueue yet: inadmissible with upstream's message; v0.19.2 (UnadmittedWorkloadsObservability
+    # off by default) gives the legacy reason Inadmissible, not Misconfigured, and no Admitted
+    # condition for a Workload never admitted (SyncAdmittedCondition)
     wl = wait_cond(custom, wl["metadata"]["name"], "QuotaReserved", "False")
-    assert cond(wl, "QuotaReserved")["reason"] == "Misconfigured"
+    assert cond(wl, "QuotaReserved")["reason"] == "Inadmissible"
     assert cond(wl, "QuotaReserved")["message"] == "LocalQueue lq doesn't exist"
+    assert cond(wl, "Admitted") == {}
 
 
 def test_quota_for_one_second_pending_then_runs(k8s_cluster: ClusterEmulator, apis: Any) -> None:
@@ -141,7 +144,7 @@ def test_quota_for_one_second_pending_then_runs(k8s_cluster: ClusterEmulator, ap
     second = wl_of(custom, batch, "second")["metadata"]["name"]
     wl = wait_cond(custom, second, "QuotaReserved", "False")
     qr = cond(wl, "QuotaReserved")
-    assert qr["reason"] == "WaitingForQuota"
+    assert qr["reason"] == "Pending"  # v0.19.2: the fallback of WaitingForQuota (gate off)
     assert (
         qr["message"] == "couldn't assign flavors to pod set main: "
         "insufficient unused quota for cpu in flavor f1, 1 more needed"
@@ -252,7 +255,7 @@ def test_provisioning_delay_then_run(k8s_cluster: ClusterEmulator, apis: Any) ->
     batch.create_namespaced_job(NS, queued_job("prov", "print('provisioned run')"))
     name = wl_of(custom, batch, "prov")["metadata"]["name"]
     wl = wait_cond(custom, name, "QuotaReserved")
-    assert cond(wl, "Admitted")["reason"] in ("UnsatisfiedAdmissionChecks", "")
+    assert cond(wl, "Admitted") == {}  # v0.19.2: never admitted, no Admitted condition yet
     assert wl["status"]["admissionChecks"][0]["name"] == "dws-prov"
     assert wl["status"]["admissionChecks"][0]["state"] == "Pending"
     pr_name = f"{name}-dws-prov-1"
@@ -318,6 +321,7 @@ def test_provisioning_retry_then_success(k8s_cluster: ClusterEmulator, apis: Any
     assert cond(wl, "Evicted")["message"] == (
         'Evicted due to AdmissionCheck in Retry state: "dws-prov" (Retrying after failure: stockout)'
     )
+    assert cond(wl, "Admitted") == {}  # v0.19.2, gate off: never admitted, so never written
     k8s_cluster.set_provisioning()
     wait_until(lambda: _pr(custom, f"{name}-dws-prov-2"), timeout=15)
     wait_job(batch, "retry", "Complete", timeout=20)
@@ -422,10 +426,24 @@ def test_inactive_clusterqueue_message(k8s_cluster: ClusterEmulator, apis: Any) 
     batch.create_namespaced_job(NS, queued_job("inact"))
     name = wl_of(custom, batch, "inact")["metadata"]["name"]
     wl = wait_until(
-        lambda: (w := _get(custom, name)) and cond(w, "QuotaReserved").get("reason") == "Suspended" and w,
+        lambda: (w := _get(custom, name)) and cond(w, "QuotaReserved").get("reason") == "Inadmissible" and w,
         timeout=10,
     )
     assert cond(wl, "QuotaReserved")["message"] == "ClusterQueue cq is inactive"
+    # v0.19.2 clusterqueue.go inactiveReason: the first cause's reason, every cause in the message
+    active = cond(api.get_cluster_custom_object(G, V, "clusterqueues", "cq"), "Active")
+    assert (active["status"], active["reason"]) == ("False", "FlavorNotFound")
+    assert active["message"] == "Can't admit new workloads: references missing ResourceFlavor(s): missing."
+    api.patch_cluster_custom_object(G, V, "clusterqueues", "cq", {"spec": {"stopPolicy": "Hold"}})
+
+    def stopped() -> dict[str, Any] | None:
+        got = cond(api.get_cluster_custom_object(G, V, "clusterqueues", "cq"), "Active")
+        return got if got.get("reason") == "Stopped" else None
+
+    active = wait_until(stopped, timeout=10)
+    assert active["message"] == (
+        "Can't admit new workloads: is stopped, references missing ResourceFlavor(s): missing."
+    )
 
 
 def test_jobset_suspended_admitted_and_runs(k8s_cluster: ClusterEmulator, apis: Any) -> None:
@@ -504,7 +522,8 @@ def test_lws_pods_gated_until_admitted(k8s_cluster: ClusterEmulator, apis: Any) 
     name = workload_name("lw-0", created["metadata"]["uid"], LWS)
     wl = wait_cond(custom, name, "QuotaReserved", "False")
     assert cond(wl, "QuotaReserved")["message"] == "LocalQueue lq doesn't exist"
-    assert [(p["name"], p["count"]) for p in wl["spec"]["podSets"]] == [("leader", 1), ("worker", 1)]
+    # v0.19.2 leaderworkerset_reconciler.go podSets: no leaderTemplate -> one pod set "main" x size
+    assert [(p["name"], p["count"]) for p in wl["spec"]["podSets"]] == [("main", 2)]
 
     def gated() -> list[client.V1Pod]:
         pods = core.list_namespaced_pod(NS, label_selector="leaderworkerset.sigs.k8s.io/name=lw").items
@@ -526,6 +545,93 @@ def test_lws_pods_gated_until_admitted(k8s_cluster: ClusterEmulator, apis: Any) 
 
     pods = wait_until(running, timeout=20)
     assert all(not p.spec.scheduling_gates for p in pods)
+
+
+def test_lws_with_leader_template_has_leader_and_worker_pod_sets(
+    k8s_cluster: ClusterEmulator, apis: Any
+) -> None:
+    """v0.19.2 ``leaderworkerset_reconciler.go`` ``podSets``: a leaderTemplate gives "leader" x1 and
+    "worker" x (size - 1), the worker pod set kept even at count 0."""
+    _, custom, _ = apis
+    container = {
+        "name": "c",
+        "image": "x",
+        "command": [PY, "-c", "pass"],
+        "resources": {"requests": {"cpu": "1"}},
+    }
+
+    def lws(name: str, size: int) -> dict[str, Any]:
+        template = {"spec": {"containers": [container]}}
+        return {
+            "apiVersion": "leaderworkerset.x-k8s.io/v1",
+            "kind": "LeaderWorkerSet",
+            "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": "lq"}},
+            "spec": {
+                "replicas": 1,
+                "leaderWorkerTemplate": {
+                    "size": size,
+                    "leaderTemplate": template,
+                    "workerTemplate": template,
+                },
+            },
+        }
+
+    for name, size, want in (
+        ("lw3", 3, [("leader", 1), ("worker", 2)]),
+        ("lw1", 1, [("leader", 1), ("worker", 0)]),
+    ):
+        created = custom.create_namespaced_custom_object(
+            "leaderworkerset.x-k8s.io", "v1", NS, "leaderworkersets", lws(name, size)
+        )
+        wl_name = workload_name(f"{name}-0", created["metadata"]["uid"], LWS)
+        wl = wait_until(lambda n=wl_name: _get(custom, n), timeout=10, message=wl_name)
+        assert [(p["name"], p["count"]) for p in wl["spec"]["podSets"]] == want
+
+
+def test_missing_workload_priority_class_creates_no_workload(k8s_cluster: ClusterEmulator, apis: Any) -> None:
+    """v0.19.2 ``jobframework/reconciler.go`` ``prepareWorkload`` -> ``ExtractPriority``: a
+    ``kueue.x-k8s.io/priority-class`` naming no WorkloadPriorityClass is a NotFound error, so no
+    Workload is created (the job stays suspended) until the class exists."""
+    batch, custom, _ = apis
+    kueue_queue(k8s_cluster, "cq", quota={"cpu": "2"}, local_queue="lq")
+    batch.create_namespaced_job(NS, queued_job("nopc", priority="later"))
+    uid = batch.read_namespaced_job("nopc", NS).metadata.uid
+    name = workload_name("nopc", uid, JOBS)
+    with pytest.raises(TimeoutError):
+        wait_until(lambda: _get(custom, name), timeout=1.5, message="no Workload without its class")
+    assert batch.read_namespaced_job("nopc", NS).spec.suspend is True
+    workload_priority_class(k8s_cluster, "later", 7)
+    wl = wait_until(lambda: _get(custom, name), timeout=10, message=name)
+    assert wl["spec"]["priority"] == 7
+    assert wl["spec"]["priorityClassRef"]["name"] == "later"
+    wait_cond(custom, name, "Admitted")
+
+
+def test_queue_order_uses_eviction_time_only_for_pods_ready_timeout_and_admission_check() -> None:
+    """v0.19.2 ``pkg/workload/workload.go`` ``Ordering.GetQueueOrderTimestamp``: an evicted
+    Workload is ordered by its eviction time only when evicted by ``PodsReadyTimeout`` or
+    ``AdmissionCheck``; after any other eviction (e.g. ``Preempted``) by its creation time."""
+
+    def wl(name: str, created: str, evicted: tuple[str, str] | None = None) -> dict[str, Any]:
+        conds = []
+        if evicted:
+            conds = [
+                {"type": "Evicted", "status": "True", "reason": evicted[0], "lastTransitionTime": evicted[1]}
+            ]
+        return {
+            "metadata": {"name": name, "uid": name, "creationTimestamp": created},
+            "spec": {"priority": 0},
+            "status": {"conditions": conds},
+        }
+
+    later = wl("later", "2026-01-01T00:00:10Z")
+    preempted = wl("preempted", "2026-01-01T00:00:00Z", ("Preempted", "2026-01-01T00:01:00Z"))
+    check = wl("check", "2026-01-01T00:00:01Z", ("AdmissionCheck", "2026-01-01T00:02:00Z"))
+    timeout = wl("timeout", "2026-01-01T00:00:02Z", ("PodsReadyTimeout", "2026-01-01T00:00:30Z"))
+    assert queue_timestamp(preempted) == "2026-01-01T00:00:00Z"
+    assert queue_timestamp(check) == "2026-01-01T00:02:00Z"
+    order = KueueController(None).queue_order([check, later, timeout, preempted])
+    assert [w["metadata"]["name"] for w in order] == ["preempted", "later", "timeout", "check"]
 
 
 def test_admin_api_hooks(k8s_cluster: ClusterEmulator, apis: Any) -> None:
@@ -665,6 +771,15 @@ def test_requeued_as_released_kueue_sets_it(k8s_cluster: ClusterEmulator, apis: 
         wl = wait_cond(custom, name, "Requeued", "False")
         assert (cond(wl, "Evicted")["reason"], cond(wl, "Requeued")["reason"]) == (reason, reason)
         assert cond(wl, "Admitted")["status"] == "False"  # held while the queue is stopped
+        # v0.19.2 (UnadmittedWorkloadsObservability off): SyncAdmittedCondition after a first
+        # admission, no checks -> NoReservation; the stopped queue blocks with the legacy reason
+        assert cond(wl, "Admitted")["reason"] == "NoReservation"
+        blocked = "ClusterQueue cq is inactive" if how == "clusterqueues" else "LocalQueue lq is inactive"
+        wl = wait_until(
+            lambda: (w := _get(custom, name)) and cond(w, "QuotaReserved").get("message") == blocked and w,
+            timeout=10,
+        )
+        assert cond(wl, "QuotaReserved")["reason"] == "Inadmissible"
         none = {"spec": {"stopPolicy": "None"}}
         if how == "clusterqueues":
             custom.patch_cluster_custom_object(G, V, how, "cq", none)
