@@ -145,3 +145,70 @@ def test_doctor_passes_on_the_emulator_for_every_accelerator_kind(readme_emulato
         g.gke_label for g in GPU_TYPES.values()
     }
     assert asked == catalog  # every accelerator kind of the catalog was asked about
+
+
+def test_a_stocked_out_pool_never_gets_its_node_until_capacity_is_back(tmp_path):
+    """Capacity that never arrives (``NodePool.stockout``, ``ClusterEmulator.stock_out``): a pod
+    only a stocked-out pool fits stays Unschedulable with the cluster-autoscaler's events for a
+    failed scale-up (TriggeredScaleUp, FailedScaleUp, NotTriggerScaleUp "in backoff after failed
+    scale-up"), and is scheduled once the pool can grow again."""
+    import time
+
+    import kubernetes
+    from cluster_emulator import NodePool
+
+    l4 = {"cloud.google.com/gke-accelerator": "nvidia-l4"}
+    pools = [
+        NodePool("cpu", {}),
+        NodePool("l4-spot", {**l4, "cloud.google.com/gke-spot": "true"}, stockout=True),
+    ]
+    with ClusterEmulator(node_pools=pools, work_dir=tmp_path) as emulator:
+        core = kubernetes.client.CoreV1Api(emulator.api_client())
+        pod = {
+            "metadata": {"name": "wants-spot-l4"},
+            "spec": {
+                "restartPolicy": "Never",
+                "nodeSelector": {**l4, "cloud.google.com/gke-spot": "true"},
+                "containers": [
+                    {"name": "c", "image": "python", "command": [sys.executable, "-c", "print(1)"]}
+                ],
+            },
+        }
+        core.create_namespaced_pod("default", pod)
+
+        def events() -> dict[str, str]:
+            listed = core.list_namespaced_event("default").items
+            return {e.reason: e.message for e in listed if e.involved_object.name == "wants-spot-l4"}
+
+        deadline = time.monotonic() + 60
+        while "NotTriggerScaleUp" not in events() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        seen = events()
+        assert "TriggeredScaleUp" in seen, seen
+        assert seen["FailedScaleUp"] == (
+            "Node scale up in zones us-central1-a associated with this pod failed: GCE out of resources. "
+            "Pod is at risk of not being scheduled."
+        )
+        assert seen["NotTriggerScaleUp"] == "pod didn't trigger scale-up: 1 in backoff after failed scale-up"
+        status = core.read_namespaced_pod("wants-spot-l4", "default").status
+        assert status.phase == "Pending"
+        (scheduled,) = [c for c in status.conditions if c.type == "PodScheduled"]
+        assert scheduled.reason == "Unschedulable" and "1 Insufficient" in scheduled.message
+
+        with pytest.raises(ValueError, match="no node pool matches 'l4-spto'"):
+            emulator.stock_out("l4-spto")
+        assert emulator.stock_out("l4-*", stocked=False) == ["l4-spot"]
+        deadline = time.monotonic() + 60
+        while not core.read_namespaced_pod("wants-spot-l4", "default").spec.node_name:
+            assert time.monotonic() < deadline, "the pod was not scheduled once capacity was back"
+            time.sleep(0.2)
+        assert "l4-spot" in core.read_namespaced_pod("wants-spot-l4", "default").spec.node_name
+
+
+def test_the_pool_file_can_stock_out_one_provisioning_model_of_a_pool():
+    from cluster_emulator.nodes import _stockout
+
+    assert _stockout({"stockout": True}, spot=False) and _stockout({"stockout": True}, spot=True)
+    assert _stockout({"stockout": "spot"}, spot=True) and not _stockout({"stockout": "spot"}, spot=False)
+    assert not _stockout({}, spot=True)
+    assert not any(pool.stockout for pool in default_node_pools())  # the defaults: capacity arrives

@@ -14,6 +14,7 @@ import concurrent.futures
 import contextlib
 import copy
 import faulthandler
+import fnmatch
 import json
 import os
 import re
@@ -497,6 +498,34 @@ class ClusterEmulator:
             faults.scale_up_seconds = seconds
             faults.scale_up_until = time.monotonic() + seconds if seconds > 0 else 0.0
         self._call(self.cluster.scheduling_changed)
+
+    def stock_out(self, *pools: str, stocked: bool = True) -> list[str]:
+        """Model capacity that never arrives: the node pools named (``fnmatch`` patterns, e.g.
+        ``"*-spot"`` or ``"tpu-v6e-slice-4t-2x2-spot"``) cannot scale up, as when GCE has no VMs
+        of their kind in the zone (a Spot or TPU stockout). A pod only they would fit stays
+        Unschedulable, with the cluster-autoscaler's ``TriggeredScaleUp``, ``FailedScaleUp`` and
+        ``NotTriggerScaleUp`` ("in backoff after failed scale-up") events; pods already bound
+        keep running. ``stocked=False`` brings the capacity back. Returns the pools changed;
+        a pattern that matches no pool is an error (a typo would silently model nothing)."""
+
+        def apply() -> list[str]:  # in the emulator's loop, where the scheduler reads the pools
+            cluster = self.cluster
+            found = {
+                pattern: [p for p in cluster.node_pools if fnmatch.fnmatchcase(p.name, pattern)]
+                for pattern in pools
+            }
+            missing = [pattern for pattern, matched in found.items() if not matched]
+            if missing:
+                raise ValueError(f"stock_out: no node pool matches {', '.join(map(repr, missing))}")
+            changed = []
+            for matched in found.values():
+                for pool in matched:
+                    pool.stockout = stocked
+                    changed.append(pool.name)
+            cluster.scheduling_changed()
+            return changed
+
+        return self._call(apply)
 
     def delay_exit_reports(self, seconds: float) -> None:
         """A container's exit reaches its pod's status ``seconds`` after its process ended (its

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import dns
 from ._util import fmt_nano, fmt_time, parse_time, utcnow, wait_event
-from .nodes import find_node, scale_up_message
+from .nodes import find_node, scale_up_message, stocked_out_pool
 from .resources import CONFIGMAPS, PODS, SECRETS, SERVICES
 
 if TYPE_CHECKING:
@@ -454,6 +454,7 @@ class PodRuntime:
         nodes = self.cluster.nodes
         announced_scale_up = False
         announced_no_scale_up = False
+        announced_stockout = False
         while True:
             pod = self.pod()
             if pod is None or self.killing:
@@ -511,6 +512,11 @@ class PodRuntime:
                         f"zones/us-central1-a/instanceGroups/{group} 0->1 (max: 10)}}]",
                         component="cluster-autoscaler",
                     )
+            elif (stocked := stocked_out_pool(spec, nodes)) is not None:
+                # find_node's message counts the stocked-out pool's node as Insufficient
+                if not announced_stockout:
+                    announced_stockout = True
+                    self._announce_failed_scale_up(stocked.name)
             elif not announced_no_scale_up:
                 announced_no_scale_up = True
                 reason = message.split(": ", 1)[1].split(". preemption", 1)[0] if ": " in message else message
@@ -525,6 +531,37 @@ class PodRuntime:
             wait = min(delay, 5.0) if node is not None else 5.0
             if await self._sleep_or_kill(wait, self.kubelet.nodes_changed):
                 return False
+
+    def _announce_failed_scale_up(self, pool: str) -> None:
+        """The cluster-autoscaler's events for a pod whose only fitting pool cannot grow (GCE has
+        no VMs for it: ``NodePool.stockout``): it triggers a scale-up, the scale-up fails and the
+        node group goes into backoff, after which the pod no longer triggers one. Reasons and
+        wording: GoogleCloudPlatform/cluster-autoscaler's GKE event processor (``FailedScaleUp``,
+        "Node scale up in zones %v associated with this pod failed: %v. Pod is at risk of not
+        being scheduled.", "GCE out of resources") and kubernetes/autoscaler
+        cluster-autoscaler/core/scaleup/orchestrator (``BackoffReason``: "in backoff after failed
+        scale-up", in ``NotTriggerScaleUp``)."""
+        group = f"gke-emulator-{pool}-grp"
+        self.event(
+            "Normal",
+            "TriggeredScaleUp",
+            "pod triggered scale-up: [{https://www.googleapis.com/compute/v1/projects/emulator/"
+            f"zones/us-central1-a/instanceGroups/{group} 0->1 (max: 10)}}]",
+            component="cluster-autoscaler",
+        )
+        self.event(
+            "Warning",
+            "FailedScaleUp",
+            "Node scale up in zones us-central1-a associated with this pod failed: GCE out of resources. "
+            "Pod is at risk of not being scheduled.",
+            component="cluster-autoscaler",
+        )
+        self.event(
+            "Normal",
+            "NotTriggerScaleUp",
+            "pod didn't trigger scale-up: 1 in backoff after failed scale-up",
+            component="cluster-autoscaler",
+        )
 
     def _publish_unschedulable(self, message: str) -> None:
         cond = self._condition("PodScheduled", "False", "Unschedulable", message)

@@ -63,6 +63,12 @@ class NodePool:
     # long (``maxRunDurationSeconds``, https://cloud.google.com/kubernetes-engine/docs/concepts/dws);
     # None: GKE's default of seven days. See kueue.py ``KueueController._flex_start``.
     max_run_seconds: float | None = None
+    # Capacity that never arrives: the pool exists, but every scale-up of it fails, as when GCE
+    # has no VMs of its kind in the zone (a Spot or TPU stockout, ZONE_RESOURCE_POOL_EXHAUSTED).
+    # Its node is never ready, so no pod is bound to it; a pod only it would fit gets the
+    # cluster-autoscaler's events for a failed scale-up (kubelet.py ``_schedule``). Set by
+    # ``"stockout": true`` on a pool of gke_node_pools.json or ``ClusterEmulator.stock_out``.
+    stockout: bool = False
 
     def taint_objects(self) -> list[Taint]:
         """Taints normalized to :class:`Taint`."""
@@ -84,7 +90,14 @@ def default_node_pools() -> list[NodePool]:
         labels = {LABEL_INSTANCE_TYPE: cpu["machine_type"]}
         if cpu.get("spot"):
             labels[LABEL_SPOT] = "true"
-        pools.append(NodePool(cpu["name"], labels=labels, capacity={"cpu": "8", "memory": "32Gi"}))
+        pools.append(
+            NodePool(
+                cpu["name"],
+                labels=labels,
+                capacity={"cpu": "8", "memory": "32Gi"},
+                stockout=bool(cpu.get("stockout")),
+            )
+        )
     for spot in (False, True):
         for tpu in data["tpu"]:
             chips = str(tpu["chips_per_node"])
@@ -102,6 +115,7 @@ def default_node_pools() -> list[NodePool]:
                         spot,
                         Taint("google.com/tpu", "present", "NoSchedule"),
                         {"cpu": "224", "memory": "448Gi", "google.com/tpu": chips},
+                        _stockout(tpu, spot),
                     )
                 )
         for gpu in data["gpu"]:
@@ -120,19 +134,32 @@ def default_node_pools() -> list[NodePool]:
                         spot,
                         Taint("nvidia.com/gpu", "present", "NoSchedule"),
                         {"cpu": "96", "memory": "680Gi", "nvidia.com/gpu": str(count)},
+                        _stockout(gpu, spot),
                     )
                 )
     return pools
 
 
+def _stockout(entry: Mapping[str, Any], spot: bool) -> bool:
+    """An entry's ``"stockout"``: true (both of its pools), ``"spot"`` or ``"on-demand"`` (one)."""
+    value = entry.get("stockout")
+    return value is True or value == ("spot" if spot else "on-demand")
+
+
 def _accelerator_pool(
-    name: str, labels: dict[str, str], spot: bool, taint: Taint, capacity: dict[str, str]
+    name: str,
+    labels: dict[str, str],
+    spot: bool,
+    taint: Taint,
+    capacity: dict[str, str],
+    stockout: bool = False,
 ) -> NodePool:
     # A Standard Spot pool carries the gke-spot label; its taint is optional (--node-taints), and
     # only NAP / Autopilot add it (https://cloud.google.com/kubernetes-engine/docs/how-to/autopilot-spot-pods)
     if spot:
         labels = {**labels, LABEL_SPOT: "true"}
-    return NodePool(f"{name}-spot" if spot else name, labels=labels, taints=[taint], capacity=capacity)
+    name = f"{name}-spot" if spot else name
+    return NodePool(name, labels=labels, taints=[taint], capacity=capacity, stockout=stockout)
 
 
 @dataclass
@@ -297,9 +324,12 @@ def find_node(pod_spec: Mapping[str, Any], nodes: Sequence[Node]) -> tuple[Node 
             reason = "node(s) didn't match Pod's node affinity/selector"
         else:
             bad = next((t for t in node.pool.taint_objects() if not tolerates(pod_spec, t)), None)
-            if bad is None:
+            if bad is None and not node.pool.stockout:
                 return node, ""
-            reason = f"node(s) had untolerated taint {{{bad.key}: {bad.value}}}"
+            if bad is None:  # it would fit, but its VM never came: the scheduler sees it full
+                reason = f"Insufficient {_first_extended(pod_spec)}"
+            else:
+                reason = f"node(s) had untolerated taint {{{bad.key}: {bad.value}}}"
         reasons[reason] = reasons.get(reason, 0) + 1
     total = len(nodes)
     parts = ", ".join(f"{count} {reason}" for reason, count in sorted(reasons.items()))
@@ -310,10 +340,23 @@ def find_node(pod_spec: Mapping[str, Any], nodes: Sequence[Node]) -> tuple[Node 
     return None, message
 
 
+def stocked_out_pool(pod_spec: Mapping[str, Any], nodes: Sequence[Node]) -> NodePool | None:
+    """The stocked-out pool (``NodePool.stockout``) the pod would fit, if only such pools fit it."""
+    for node in nodes:
+        if node.pool.stockout and selector_matches(pod_spec, node.labels):
+            if all(tolerates(pod_spec, t) for t in node.pool.taint_objects()):
+                return node.pool
+    return None
+
+
+def _first_extended(pod_spec: Mapping[str, Any]) -> str:
+    extended = sorted(r for r in requested_resources(pod_spec) if "/" in r)
+    return extended[0] if extended else "cpu"
+
+
 def scale_up_message(pod_spec: Mapping[str, Any], total: int) -> str:
     """Message while a node pool is (pretend) scaling up for the pod."""
-    extended = sorted(r for r in requested_resources(pod_spec) if "/" in r)
-    resource = extended[0] if extended else "cpu"
+    resource = _first_extended(pod_spec)
     return (
         f"0/{total} nodes are available: {total} Insufficient {resource}. preemption: 0/{total} nodes are "
         f"available: {total} No preemption victims found for incoming pod."
