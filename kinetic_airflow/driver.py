@@ -40,8 +40,9 @@ from kinetic_airflow.config import KineticSettingError, resolve_setting
 from kinetic_airflow.connections import storage_for
 from kinetic_airflow.job.integrity import IntegrityError, new_key
 from kinetic_airflow.job.layout import JobIdentity, JobLayout
-from kinetic_airflow.job.states import EVENT_PREEMPTED, EVENT_SUCCESS, EVENT_TIMEOUT, Cause
+from kinetic_airflow.job.states import EVENT_FAILED, EVENT_PREEMPTED, EVENT_SUCCESS, EVENT_TIMEOUT, Cause
 from kinetic_airflow.job.storage import Storage, parse_json
+from kinetic_airflow.ladder import LADDER_CAUSES
 from kinetic_airflow.lifecycle import (
     Action,
     JobRecord,
@@ -290,7 +291,7 @@ class JobDriver:
             "submitted kinetic job %s (%s, %s, %d-byte payload); files at %s; KINETIC_OUTPUT_DIR=%s",
             ref.job_id,
             ref.backend,
-            self.task.accelerator,
+            ref.accelerator or self.task.accelerator,  # a capacity ladder's rung names its own
             payload_bytes,
             ref.job_uri,
             output_dir,
@@ -407,6 +408,16 @@ class JobDriver:
         status = ended.status
         if status == EVENT_PREEMPTED:
             return self._resubmit_after_preemption(ended, record, ref)
+        if status == EVENT_FAILED and ended.cause in LADDER_CAUSES and ref.rung:
+            if int(ref.rung["rung"]) < int(ref.rung["of"]):
+                return self._next_rung(ended, record, ref)
+            self._delivered(ref, "failed", record)
+            raise KineticJobError(
+                describe_failure(ended)
+                + f"\nThe capacity ladder is used up: its last rung ({ref.rung['rung']} of {ref.rung['of']}) "
+                "did not start either (the task log names each rung and why it was withdrawn). Add a "
+                "rung, give the rungs longer to start, or retry later."
+            )
         if status != EVENT_SUCCESS:
             # Recorded (and its usage line logged) first: the job's traceback, which
             # _raise_failure logs, is then the last thing above the task's error.
@@ -562,20 +573,27 @@ class JobDriver:
         return brief
 
     def _resubmit_after_preemption(self, event: JobEvent, record: JobRecord | None, ref: JobRef) -> Any:
-        """A preempted attempt runs again as a new attempt of the same try: no Airflow retry used."""
+        """A preempted attempt runs again as a new attempt of the same try: no Airflow retry used.
+        On a capacity ladder it starts again from the first rung (``rung_after_preemption``)."""
         identity = ref.job_identity
         limit = int(resolve_setting("preemption_retries", self.task.preemption_retries))
-        if identity.attempt > limit:
+        preempted = identity.attempt - _withdrawn_attempts(record, identity.try_number)
+        if preempted > limit:
             self._delivered(ref, "failed", record)
             raise KineticJobError(
                 describe_failure(event)
-                + f"\nThe job was preempted {identity.attempt} times (preemption_retries={limit})."
+                + f"\nThe job was preempted {preempted} times (preemption_retries={limit})."
             )
         deadline = record.deadline if record else None
         usage = self._account(ref, "preempted")
         if record is not None and record.job.job_id == ref.job_id:
             record = self._record(Phase.WAITING, ref, deadline, record, outcome="preempted", usage=usage)
-        new_ref = self.task._job_ref(identity.next_attempt(), ref.backend, ref.base_uri, ref.spec)
+        if ref.rung:  # a capacity ladder: the first rung again (Spot may be back), or the same one
+            same = getattr(self.task, "rung_after_preemption", "first") == "same"
+            index = int(ref.rung["rung"]) - 1 if same else 0
+            new_ref = self.task._rung_job_ref(identity.next_attempt(), ref.base_uri, index)
+        else:
+            new_ref = self.task._job_ref(identity.next_attempt(), ref.backend, ref.base_uri, ref.spec)
         log.warning(
             "[kinetic] preempted -> attempt %d: job %s was preempted (%s); resubmitting "
             "(up to %d more) as %s. "
@@ -587,6 +605,57 @@ class JobDriver:
             new_ref.job_id,
         )
         return self._run_job(new_ref, deadline, record, Action.NEW_JOB)
+
+    def _next_rung(self, event: JobEvent, record: JobRecord | None, ref: JobRef) -> Any:
+        """A capacity ladder's rung that did not start in its time (unschedulable, no scale-up,
+        Kueue not admitting it, no provisioning: ``ladder.LADDER_CAUSES``) is withdrawn and the
+        next rung is submitted as the next attempt of the same try: no Airflow retry is used.
+
+        Withdrawn means its cluster objects are deleted (the watcher deleted them already when it
+        gave the rung up; deleting again is a no-op that makes sure of it; Kueue's Workload and the
+        job's Secret follow their owner); its payload, logs and storage stay, as for every job.
+        """
+        identity = ref.job_identity
+        rung = ref.rung or {}
+        get_backend(ref.backend).cancel(ref)
+        deadline = record.deadline if record else None
+        usage = self._account(ref, "withdrawn")
+        if record is not None and record.job.job_id == ref.job_id:
+            record = self._record(Phase.WAITING, ref, deadline, record, outcome="withdrawn", usage=usage)
+        new_ref = self.task._rung_job_ref(identity.next_attempt(), ref.base_uri, int(rung["rung"]))
+        log.warning(
+            "[kinetic] capacity ladder: rung %d of %d (%s, %s) did not start (%s: %s); withdrawn, nothing "
+            "of it is left in the cluster. Rung %d (%s, %s) is submitted as %s (attempt %d of this try; "
+            "no Airflow retry is used).",
+            rung["rung"],
+            rung["of"],
+            ref.accelerator,
+            _capacity_of(ref),
+            event.cause,
+            event.message,
+            int(rung["rung"]) + 1,
+            new_ref.accelerator,
+            _capacity_of(new_ref),
+            new_ref.job_id,
+            identity.attempt + 1,
+        )
+        return self._run_job(new_ref, deadline, record, Action.NEW_JOB)
+
+
+def _capacity_of(ref: JobRef) -> str:
+    """The capacity a job asked for, as the log names it."""
+    capacity = ref.k8s.capacity if ref.k8s is not None else None
+    if capacity:
+        return capacity
+    return "spot" if ref.spec is not None and ref.spec.spot else "on-demand"
+
+
+def _withdrawn_attempts(record: JobRecord | None, try_number: int) -> int:
+    """How many attempts of try ``try_number`` were a capacity ladder's withdrawn rungs (they are
+    attempts, not preemptions: ``preemption_retries`` does not count them)."""
+    if record is None:
+        return 0
+    return sum(1 for j in recorded_jobs(record) if j.try_number == try_number and j.outcome == "withdrawn")
 
 
 def links_of(ref: JobRef) -> dict[str, str]:

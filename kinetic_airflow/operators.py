@@ -19,15 +19,17 @@ that never got its payload; a retry after the function failed runs a new job.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
 
 from airflow.sdk import BaseOperator
 
-from kinetic_airflow.accelerators import AcceleratorSpec
+from kinetic_airflow.accelerators import AcceleratorSpec, parse_accelerator
 from kinetic_airflow.backends import JobRef
 from kinetic_airflow.backends.gke.client import gke_access, resolve_gke_cluster
 from kinetic_airflow.backends.gke.image_choice import runner_image
@@ -48,6 +50,7 @@ from kinetic_airflow.job.layout import JobIdentity, JobLayout
 from kinetic_airflow.job.ref import K8sFields
 from kinetic_airflow.job.requirements import resolve_requirements
 from kinetic_airflow.job.storage import uri_to_local_path
+from kinetic_airflow.ladder import Rung, check_ladder_backend
 from kinetic_airflow.links import (
     KineticJobConsoleLink,
     KineticJobLogsLink,
@@ -132,6 +135,9 @@ class KineticRunOperator(BaseOperator):
         self.op_kwargs = op_kwargs if op_kwargs is not None else {}
         # One row of kinetic_airflow.options per option: a wrong value is a DAG import error
         # naming the option and the fix; durations become seconds, mappings and lists copies.
+        # A capacity ladder (a list of accelerators or capacities) leaves the first rung's values
+        # as ``accelerator`` / ``capacity`` and every rung in ``ladder`` (kinetic_airflow.ladder).
+        self.ladder: list[Rung] | None = None
         for name, value in check_task_options(values).items():
             setattr(self, name, value)
         self.capture_env_vars = self.capture_env_vars or []
@@ -173,11 +179,65 @@ class KineticRunOperator(BaseOperator):
     def _gcp_conn_id(self) -> str | None:
         return resolve_gcp_conn_id(self.gcp_conn_id)
 
+    def _rung_job_ref(self, identity: JobIdentity, base_uri: str, index: int) -> JobRef:
+        """The reference of a new job on rung ``index`` (0-based) of the task's capacity ladder:
+        its accelerator parsed, and its backend resolved for it (a multi-host TPU rung runs as a
+        LeaderWorkerSet on ``auto``); the job storage stays the task's, so the output directory
+        (and its checkpoints) is the same on every rung."""
+        ladder = self.ladder or [Rung(None, None)]
+        rung = ladder[index]
+        accelerator = rung.accelerator or self.accelerator
+        spec = parse_accelerator(accelerator, spot=self.spot or None)
+        backend = resolve_backend(self.backend, spec, slices=self.slices)
+        check_ladder_backend(self.ladder, backend)
+        return self._job_ref(identity, backend, base_uri, spec, rung=index)
+
+    @contextmanager
+    def _on_rung(self, rung: Rung) -> Iterator[None]:
+        """The task as rung ``rung`` asks for it (its capacity and time to start), while one job's
+        reference is built; the task's own values are back afterwards."""
+        saved = {name: getattr(self, name) for name in ("capacity", "startup_timeout")}
+        changes: dict[str, Any] = {}
+        if rung.capacity is not None:
+            changes["capacity"] = rung.capacity
+        if rung.start_within is not None:
+            changes["startup_timeout"] = rung.start_within
+        try:
+            for name, value in changes.items():
+                object.__setattr__(self, name, value)  # not BaseOperator's template bookkeeping
+            yield
+        finally:
+            for name, value in saved.items():
+                object.__setattr__(self, name, value)
+
     def _job_ref(
-        self, identity: JobIdentity, backend: str, base_uri: str, spec: AcceleratorSpec | None = None
+        self,
+        identity: JobIdentity,
+        backend: str,
+        base_uri: str,
+        spec: AcceleratorSpec | None = None,
+        *,
+        rung: int = 0,
     ) -> JobRef:
         """The reference of a new job; ``spec`` is the accelerator preflight parsed (``Target``) or
-        the previous attempt's, so the run parses it once (None: parsed here, as for a test)."""
+        the previous attempt's, so the run parses it once (None: parsed here, as for a test).
+        With a capacity ladder, the job of rung ``rung`` (``_rung_job_ref`` picks its spec)."""
+        if not self.ladder:
+            return self._new_job_ref(identity, backend, base_uri, spec)
+        with self._on_rung(self.ladder[rung]):
+            ref = self._new_job_ref(identity, backend, base_uri, spec)
+        ref = ref.replace(rung=self.ladder[rung].to_dict(rung, len(self.ladder)))
+        if ref.k8s is not None and ref.startup_timeout:
+            # A rung's time to start bounds its wait in a Kueue queue too (Kueue not admitting it,
+            # a ProvisioningRequest not provisioned): a queued rung must move on as well.
+            queue = ref.k8s.queue_timeout
+            bound = min(queue, ref.startup_timeout) if queue else ref.startup_timeout
+            ref = ref.replace(k8s=dataclasses.replace(ref.k8s, queue_timeout=bound))
+        return ref
+
+    def _new_job_ref(
+        self, identity: JobIdentity, backend: str, base_uri: str, spec: AcceleratorSpec | None = None
+    ) -> JobRef:
         spec = spec or task_spec(self)
         layout = JobLayout.for_job(base_uri, identity.job_id)
         if layout.job_uri.startswith("file://"):

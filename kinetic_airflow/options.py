@@ -156,13 +156,16 @@ class TaskOptions(TypedDict, total=False):
     each field's type is what a type checker holds a DAG to, its ``Annotated`` row the rest."""
 
     accelerator: Annotated[
-        str,
+        str | list[str | tuple[str, float | timedelta]],
         _row(
             "accelerator",
-            "a kinetic accelerator string such as 'cpu', 'gpu-l4', 'tpu-v6e-8t' or 'tpu-v5e-4:spot'",
+            "a kinetic accelerator string such as 'cpu', 'gpu-l4', 'tpu-v6e-8t' or 'tpu-v5e-4:spot', or a "
+            "list of them (a capacity ladder, each item a string or a pair (string, time to start))",
             'accelerator="gpu-l4"',
             doc="The hardware the job runs on, in kinetic's strings (`cpu`, `gpu-l4`, `tpu-v6e-8`, "
-            "a `:spot` suffix); checked at DAG import against the GKE catalog.",
+            "a `:spot` suffix); checked at DAG import against the GKE catalog. A list is a capacity "
+            "ladder: each accelerator is tried in turn, the next when one has not started within its "
+            "time to start (how-to/capacity-ladder.md).",
             default="cpu",
             templated=True,
             optional=False,
@@ -480,17 +483,33 @@ class TaskOptions(TypedDict, total=False):
     ]
     # Capacity and Kueue (kinetic_airflow.capacity: the labels, taints and GKE's limits)
     capacity: Annotated[
-        str | None,
+        str | list[str | tuple[str, float | timedelta]] | None,
         _row(
             "capacity",
             "on-demand, spot, flex-start, queued, reservation:<name>, reservation:<project>/<name> "
-            "or any-reservation",
+            "or any-reservation, or (a task argument) a list of them: a capacity ladder, each item a "
+            "string or a pair (string, time to start)",
             'capacity="flex-start"',
             doc="Cluster backends: where the nodes come from: on-demand, spot, flex-start (Dynamic "
             "Workload Scheduler), queued (queued provisioning through Kueue; needs local_queue), "
-            "reservation:<name>, reservation:<project>/<name> or any-reservation (default on-demand).",
+            "reservation:<name>, reservation:<project>/<name> or any-reservation (default on-demand). "
+            "A list is a capacity ladder, e.g. `[('spot', timedelta(minutes=20)), 'on-demand']`: a rung "
+            "that has not started within its time to start (default startup_timeout) is withdrawn "
+            "and the next is submitted in the same try (how-to/capacity-ladder.md).",
             setting_example="flex-start",
             config=True,
+        ),
+    ]
+    rung_after_preemption: Annotated[
+        Literal["first", "same"],
+        _row(
+            "enum",
+            "'first' or 'same'",
+            'rung_after_preemption="same"',
+            doc="Capacity ladder: the rung a preempted job resubmits on: `first` (the first rung "
+            "again: Spot capacity may be back) or `same` (the rung it was preempted on).",
+            default="first",
+            choices=("first", "same"),
         ),
     ]
     max_run_duration: Annotated[
@@ -1197,7 +1216,30 @@ def _check_accelerator_text(spec: OptionSpec, value: Any, where: str) -> str:
     return value
 
 
-def _check_accelerator(spec: OptionSpec, value: Any, where: str) -> str:
+def _check_rungs(spec: OptionSpec, value: Any, where: str, check: Callable[[Any, str, str], Any]) -> list:
+    """A list-form accelerator or capacity (a capacity ladder, ``kinetic_airflow.ladder``): each
+    rung's value checked by ``check`` as a single value is; pairs keep their time in seconds."""
+    from kinetic_airflow.ladder import LadderError, rung_items  # (stdlib only at import, as above)
+
+    try:
+        items = rung_items(spec.name, value)
+    except LadderError as exc:
+        raise KineticOptionError(f"{exc}. {spec.name} takes {spec.accepts}") from None
+    out: list[Any] = []
+    for index, (text, seconds) in enumerate(items):
+        try:
+            checked = check(spec, text, f"{where} rung {index + 1}")
+        except KineticOptionError:
+            raise
+        except (TypeError, ValueError) as exc:  # the accelerator's own error: name the rung
+            raise KineticOptionError(f"{where} rung {index + 1}: {exc}") from None
+        out.append((checked, seconds) if seconds is not None else checked)
+    return out
+
+
+def _check_accelerator(spec: OptionSpec, value: Any, where: str) -> Any:
+    if isinstance(value, (list, tuple)):
+        return _check_rungs(spec, value, where, _check_accelerator)
     value = _check_accelerator_text(spec, value, where)
     # Start-up cost: config loads this module everywhere (stdlib only at import).
     from kinetic_airflow.accelerators import parse_accelerator
@@ -1305,7 +1347,9 @@ def _check_impersonation(spec: OptionSpec, value: Any, where: str) -> str | list
     return value if isinstance(value, str) else list(value)
 
 
-def _check_capacity(spec: OptionSpec, value: Any, where: str) -> str:
+def _check_capacity(spec: OptionSpec, value: Any, where: str) -> Any:
+    if isinstance(value, (list, tuple)):
+        return _check_rungs(spec, value, where, _check_capacity)
     # Start-up cost: config loads this module everywhere (stdlib only at import).
     from kinetic_airflow.capacity import InvalidCapacityError, parse_capacity
 
@@ -1377,8 +1421,9 @@ def validate_options(values: Mapping[str, Any]) -> dict[str, Any]:
     )
 
     checked = check_options(values)
-    accelerator = checked.get("accelerator", "cpu")
     backend = checked.get("backend")
+    rungs = _ladder(checked, backend)  # a capacity ladder: the first rung is the task's own values
+    accelerator = checked.get("accelerator", "cpu")
     check_gke_access(checked.get("use_internal_ip"), checked.get("use_dns_endpoint"))
     if not is_templated(accelerator) and isinstance(accelerator, str):
         spec = parse_accelerator(accelerator, spot=checked.get("spot") or None)
@@ -1394,7 +1439,58 @@ def validate_options(values: Mapping[str, Any]) -> dict[str, Any]:
     from kinetic_airflow.job.debugging import check_debug_options  # (as above)
 
     check_debug_options(checked, KineticOptionError)
+    if rungs is not None:
+        _check_rungs_together(checked, rungs, backend)
     return checked
+
+
+def _ladder(checked: dict[str, Any], backend: str | None) -> Any:
+    """A capacity ladder (``kinetic_airflow.ladder``), if ``accelerator`` or ``capacity`` is a list:
+    ``checked`` then names the first rung's values and ``checked["ladder"]`` holds every rung."""
+    from kinetic_airflow.ladder import LadderError, check_ladder_backend, ladder_of  # (as above)
+
+    try:
+        rungs = ladder_of(checked.get("accelerator"), checked.get("capacity"))
+        check_ladder_backend(rungs, backend)
+    except LadderError as exc:
+        raise KineticOptionError(str(exc)) from None
+    if rungs is None:
+        return None
+    if rungs[0].accelerator is not None:
+        checked["accelerator"] = rungs[0].accelerator
+    if rungs[0].capacity is not None:
+        checked["capacity"] = rungs[0].capacity
+    if checked.get("spot") and any(r.capacity for r in rungs):
+        raise KineticOptionError(
+            "spot=True makes every rung of the capacity ladder Spot, so the ladder "
+            f"capacity={[r.capacity for r in rungs]!r} could not fall back: drop spot=True and write "
+            "'spot' as the rung that asks for it, e.g. capacity=['spot', 'on-demand']"
+        )
+    checked["ladder"] = rungs if len(rungs) > 1 else None
+    return checked["ladder"]
+
+
+def _check_rungs_together(checked: dict[str, Any], rungs: Any, backend: str | None) -> None:
+    """Every rung after the first, checked with the other options as the first one was."""
+    from kinetic_airflow.accelerators import parse_accelerator  # (as above)
+    from kinetic_airflow.capacity import check_task_placement
+    from kinetic_airflow.validation import check_backend_fits, is_templated
+
+    for index, rung in enumerate(rungs[1:], start=2):
+        accelerator = rung.accelerator or checked.get("accelerator", "cpu")
+        if is_templated(accelerator) or not isinstance(accelerator, str):
+            continue  # the task's own templated accelerator: checked when rendered
+        spec = parse_accelerator(accelerator, spot=checked.get("spot") or None)
+        try:
+            check_backend_fits(backend, spec)
+            if backend != "local":
+                check_task_placement({**checked, "capacity": rung.capacity or checked.get("capacity")}, spec)
+            if (checked.get("slices") or 1) > 1:
+                from kinetic_airflow.slices import check_slices  # (as above)
+
+                check_slices(checked["slices"], accelerator, backend, spot=checked.get("spot"))
+        except (TypeError, ValueError) as exc:
+            raise KineticOptionError(f"capacity ladder rung {index} ({rung.label()}): {exc}") from None
 
 
 # Configured values ------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from kinetic_airflow.job.payload import register_dag_modules_by_value, write_pay
 from kinetic_airflow.job.ref import JobRef
 from kinetic_airflow.job.storage import Storage
 from kinetic_airflow.job.tracebacks import user_names
+from kinetic_airflow.ladder import check_ladder_backend
 from kinetic_airflow.options import check_rendered_options, validate_backend
 from kinetic_airflow.validation import callable_name, check_backend_fits, check_base_uri, check_local_volumes
 
@@ -156,6 +157,7 @@ def preflight(op: RenderedTask, context: Any) -> Target:
     backend = resolve_backend(op.backend, spec, slices=getattr(op, "slices", None))
     check_settings(op, backend)
     check_backend_fits(backend, spec)
+    check_ladder_backend(getattr(op, "ladder", None), backend)  # [kinetic] backend=local: no ladder
     target = Target(
         backend,
         resolve_base_uri(op.base_uri, backend, op.project, op.cluster),

@@ -98,6 +98,7 @@ EVENT_JOB_FIELDS = (
     "accelerator",
     "hosts",
     "submitted_at",
+    "rung",  # a capacity ladder's rung: the driver moves on from it (kinetic_airflow.ladder)
 )
 
 

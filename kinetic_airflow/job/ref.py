@@ -267,6 +267,8 @@ class JobRef:
     debug: dict[str, Any] | None = None  # debug=True: job.debugging.debug_settings, for the manifest
     stop_grace_seconds: float | None = None  # the function's grace after SIGTERM (job.stop)
     k8s: K8sFields | None = None  # a cluster job's fields; None on the local backend
+    # a capacity ladder's rung: {"rung": n (1-based), "of": rungs, "start_within": s} (kinetic_airflow.ladder)
+    rung: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # keys of a newer version, kept as they were
     # ``accelerator`` parsed (never written; compared through the string): given by whoever
     # parsed it already, else parsed once here from ``accelerator`` (see the module's rules)

@@ -1,0 +1,43 @@
+"""DAGs for tests/test_capacity_ladder.py: capacity ladders whose first rung never gets nodes."""
+
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import dag, task
+
+START = pendulum.datetime(2026, 1, 1, tz="UTC")
+
+
+# Spot L4s are stocked out in the test's cluster: rung 1 never gets a node; rung 2 (on-demand) does.
+@task.kinetic(backend="gke", accelerator="gpu-l4", capacity=[("spot", 2), "on-demand"])
+def spot_then_on_demand() -> str:
+    import os
+
+    return f"ran in {os.environ['KINETIC_JOB_ID']}"
+
+
+# The test's cluster has no A100 pool at all: rung 1 is unschedulable with no scale-up possible.
+@task.kinetic(backend="gke", accelerator=[("gpu-a100", 2), "gpu-l4"])
+def a100_else_l4() -> str:
+    return "l4"
+
+
+# Every rung is stocked out (the test stocks out on-demand L4s too): the ladder is used up and the task fails, naming the last rung's cause.
+@task.kinetic(backend="gke", accelerator="gpu-l4", capacity=[("spot", 2), ("on-demand", 2)], retries=0)
+def nothing_starts() -> str:
+    return "never"
+
+
+@dag(schedule=None, start_date=START, catchup=False)
+def kn_ladder():
+    spot_then_on_demand()
+    a100_else_l4()
+
+
+@dag(schedule=None, start_date=START, catchup=False)
+def kn_ladder_used_up():
+    nothing_starts()
+
+
+kn_ladder()
+kn_ladder_used_up()

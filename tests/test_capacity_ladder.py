@@ -1,0 +1,225 @@
+"""The capacity ladder (issue 41 item 3): ``capacity=[...]`` / ``accelerator=[...]`` as ordered rungs.
+
+Parse time: every rung is checked as a single value is, and a ladder's own mistakes (an empty
+list, a repeated rung, a time with a unit, two lists of different lengths, Spot forced on every
+rung, the local backend) are DAG import errors naming the fix. Run time, on the emulator: a rung
+whose capacity never arrives (a stocked-out node pool, or no pool at all) is withdrawn, with none
+of its cluster objects left, and the next rung runs in the same Airflow try; the history, the view
+and the usage figures name each attempt's rung, its wait and its chip-hours.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import timedelta
+
+import pytest
+from cluster_emulator import NodePool
+from emulated_cluster import point_kinetic_at, running_emulator
+from helpers import ti_states, ti_try_numbers, xcom
+
+from kinetic_airflow.options import KineticOptionError, validate_options
+
+L4 = {"cloud.google.com/gke-accelerator": "nvidia-l4"}
+SPOT = {"cloud.google.com/gke-spot": "true"}
+NODE_POOLS = [
+    NodePool("cpu", {}),
+    NodePool("l4", dict(L4)),  # on-demand L4s: scale up as usual
+    # Spot L4 VMs exist as a pool, but GCE has none to give: every scale-up of it fails
+    NodePool("l4-spot", {**L4, **SPOT}, stockout=True),
+]
+
+
+# Parse time -----------------------------------------------------------------------------------
+def test_a_ladder_is_its_rungs_in_order_with_the_first_as_the_tasks_own_values():
+    checked = validate_options(
+        {"accelerator": "gpu-l4", "capacity": [("spot", timedelta(minutes=20)), "flex-start", "on-demand"]}
+    )
+    assert checked["capacity"] == "spot"  # what the first job asks for
+    assert [(r.capacity, r.start_within) for r in checked["ladder"]] == [
+        ("spot", 1200.0),
+        ("flex-start", None),
+        ("on-demand", None),
+    ]
+    checked = validate_options({"accelerator": [("tpu-v6e-8", 600), "tpu-v5p-8"], "capacity": "spot"})
+    assert checked["accelerator"] == "tpu-v6e-8" and checked["capacity"] == "spot"
+    assert [(r.accelerator, r.capacity, r.start_within) for r in checked["ladder"]] == [
+        ("tpu-v6e-8", None, 600.0),
+        ("tpu-v5p-8", None, None),
+    ]
+    # two lists pair rung by rung; a one-rung list is just that value
+    checked = validate_options({"accelerator": ["gpu-l4", "gpu-a100"], "capacity": ["spot", "on-demand"]})
+    assert [r.label() for r in checked["ladder"]] == ["gpu-l4 on spot", "gpu-a100 on on-demand"]
+    checked = validate_options({"accelerator": "gpu-l4", "capacity": ["spot"]})
+    assert checked["capacity"] == "spot" and checked["ladder"] is None
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"capacity": []}, "names no rung: give one value"),
+        ({"capacity": ["spot", "spot"]}, r"rung 2 \(spot\) repeats rung 1"),
+        ({"capacity": [("spot", "30m"), "on-demand"]}, "units in strings are not read"),
+        ({"capacity": [("spot", 0), "on-demand"]}, "must be more than 0 seconds"),
+        ({"capacity": [timedelta(minutes=5), "on-demand"]}, "time to start goes with its rung"),
+        ({"capacity": ["spot", "ondmand"]}, "Did you mean capacity='on-demand'"),
+        ({"capacity": ["spot", "{{ params.cap }}"]}, "not templated"),
+        ({"accelerator": ["gpu-l4", "tpu-v9-8"]}, "accelerator rung 2: Invalid accelerator 'tpu-v9-8'"),
+        (
+            {"accelerator": ["gpu-l4", "gpu-a100"], "capacity": ["spot", "on-demand", "flex-start"]},
+            "give them the same length",
+        ),
+        (
+            {"accelerator": [("gpu-l4", 60), "gpu-a100"], "capacity": [("spot", 60), "on-demand"]},
+            "gives its time to start twice",
+        ),
+        ({"spot": True, "capacity": ["spot", "on-demand"]}, "drop spot=True"),
+        ({"backend": "local", "capacity": ["spot", "on-demand"]}, "needs a cluster backend"),
+        (
+            {"accelerator": "cpu", "capacity": ["spot", "flex-start"]},
+            r"capacity ladder rung 2 \(flex-start\): .*GPUs and TPUs only",
+        ),
+        (
+            {"backend": "gke", "accelerator": ["tpu-v6e-8t", "tpu-v5p-16"]},
+            r"capacity ladder rung 2 \(tpu-v5p-16\): .*use backend='pathways'",
+        ),
+    ],
+)
+def test_a_wrong_ladder_is_refused_at_parse_time_naming_the_fix(options, words):
+    with pytest.raises(KineticOptionError, match=words):
+        validate_options({"accelerator": "gpu-l4", **options})
+
+
+def test_a_dag_with_a_wrong_ladder_does_not_import(tmp_path):
+    from airflow.dag_processing.dagbag import DagBag
+
+    (tmp_path / "bad_ladder.py").write_text(
+        "import pendulum\nfrom airflow.sdk import dag, task\n\n"
+        "@task.kinetic(backend='gke', accelerator='gpu-l4', capacity=[('spot', '20m'), 'on-demand'])\n"
+        "def job():\n    return 1\n\n"
+        "@dag(schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz='UTC'))\n"
+        "def bad_ladder():\n    job()\n\nbad_ladder()\n"
+    )
+    bag = DagBag(dag_folder=str(tmp_path))
+    assert not bag.dags
+    assert "units in strings are not read" in bag.import_errors[str(tmp_path / "bad_ladder.py")]
+
+
+# On the emulator ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with running_emulator(tmp_path_factory, NODE_POOLS) as running:
+        yield running
+
+
+@pytest.fixture
+def gke_env(cluster, monkeypatch, tmp_path):
+    point_kinetic_at(*cluster, monkeypatch)
+    monkeypatch.setenv("KINETIC_BASE_URI", f"file://{tmp_path}/kinetic")  # storage is not the subject
+    return cluster[0]
+
+
+def _cluster_objects(emulator, dag_run, task_id: str) -> dict[str, list[str]]:
+    """The task's Jobs and pods in the cluster, by name (kinetic's own labels find them)."""
+    import kubernetes
+
+    client = emulator.api_client()
+    run = hashlib.sha256(dag_run.run_id.encode()).hexdigest()[:16]
+    selector = f"kinetic.airflow/task-id={task_id.replace('_', '-')},kinetic.airflow/run-id={run}"
+    jobs = kubernetes.client.BatchV1Api(client).list_namespaced_job("default", label_selector=selector)
+    pods = kubernetes.client.CoreV1Api(client).list_namespaced_pod("default", label_selector=selector)
+    return {
+        "jobs": sorted(j.metadata.name for j in jobs.items),
+        "pods": sorted(p.spec.node_name or "(unscheduled)" for p in pods.items),
+    }
+
+
+def _view(dag_run, task_id: str) -> dict:
+    from airflow.utils.session import create_session
+
+    from kinetic_airflow.ui.data import task_rows
+
+    with create_session() as session:
+        (row,) = task_rows(
+            session,
+            all_jobs=True,
+            dag_ids=[dag_run.dag_id],
+            dag_id=dag_run.dag_id,
+            run_id=dag_run.run_id,
+            task_id=task_id,
+        )
+    return row
+
+
+def test_a_ladder_whose_first_rung_never_gets_nodes_ends_on_the_second_in_one_try(gke_env):
+    import kn_ladder
+
+    dr = kn_ladder.kn_ladder().test()
+    assert ti_states(dr) == {"spot_then_on_demand": "success", "a100_else_l4": "success"}
+    assert ti_try_numbers(dr) == {"spot_then_on_demand": 1, "a100_else_l4": 1}  # no Airflow retry
+
+    # rung 2 ran it, as attempt 2 of try 1
+    value = xcom(dr, "spot_then_on_demand")
+    assert value.startswith("ran in ") and value.endswith("-t1a2"), value
+    assert xcom(dr, "a100_else_l4") == "l4"
+
+    # nothing of rung 1 is left in the cluster: only rung 2's Job, its pod on the on-demand pool
+    for task_id in ("spot_then_on_demand", "a100_else_l4"):
+        left = _cluster_objects(gke_env, dr, task_id)
+        assert [name[-4:] for name in left["jobs"]] == ["t1a2"], left
+        assert all(node.startswith("gke-emulator-l4-") for node in left["pods"]), left
+        assert not any("l4-spot" in node for node in left["pods"]), left
+
+    # the usage figures: both attempts, their rungs, rung 1's wait and no chip-hours for it
+    usage = xcom(dr, "spot_then_on_demand", key="kinetic_usage")
+    first, second = usage["attempts"]
+    assert (first["attempt"], first["rung"], first["rungs"], first["capacity"], first["outcome"]) == (
+        1,
+        1,
+        2,
+        "spot",
+        "withdrawn",
+    )
+    assert first["chip_hours"] == 0 and first["queue_seconds"] > 0  # it only waited
+    assert (second["attempt"], second["rung"], second["capacity"], second["outcome"]) == (
+        2,
+        2,
+        "on-demand",
+        "success",
+    )
+    assert second["started_at"] and second["chips"] == 1  # it ran, and its chips count
+    assert second["chip_hours"] == round(second["chips"] * second["run_seconds"] / 3600, 6)
+    accelerators = [a["accelerator"] for a in xcom(dr, "a100_else_l4", key="kinetic_usage")["attempts"]]
+    assert accelerators == ["gpu-a100", "gpu-l4"]
+
+    # the history and the view: one row, two attempts, each with its rung
+    row = _view(dr, "spot_then_on_demand")
+    assert row["attempts"] == 2 and row["state"] == "succeeded"
+    jobs = row["jobs"]
+    assert [(j["attempt"], j["rung"], j["rungs"], j["capacity"], j["ending"]) for j in jobs] == [
+        (1, 1, 2, "spot", "withdrawn"),
+        (2, 2, 2, "on-demand", "succeeded"),
+    ]
+    assert jobs[0]["chip_hours"] == 0 and jobs[0]["queue_seconds"] > 0
+
+
+def test_a_ladder_whose_every_rung_cannot_start_fails_the_task_saying_so(gke_env, capfd):
+    import kn_ladder
+
+    assert gke_env.stock_out("l4") == ["l4"]  # on-demand L4s are gone too now
+    try:
+        dr = kn_ladder.kn_ladder_used_up().test()
+    finally:
+        gke_env.stock_out("l4", stocked=False)
+    assert ti_states(dr) == {"nothing_starts": "failed"}
+    out = capfd.readouterr()
+    error = out.out + out.err  # the task's error, as Airflow logs it
+    assert "could not be scheduled" in error  # the last rung's own cause, as without a ladder
+    assert "The capacity ladder is used up: its last rung (2 of 2) did not start either" in error
+    usage = xcom(dr, "nothing_starts", key="kinetic_usage")["attempts"]
+    assert [(a["rung"], a["capacity"], a["outcome"]) for a in usage] == [
+        (1, "spot", "withdrawn"),
+        (2, "on-demand", "failed"),
+    ]
+    left = _cluster_objects(gke_env, dr, "nothing_starts")
+    assert left == {"jobs": [], "pods": []}, left
