@@ -212,6 +212,8 @@ class HistoryEntry:
     def of(cls, job: JobRef) -> HistoryEntry:
         """A new entry for ``job`` (what ``history_entry`` has always written)."""
         identity = job.identity
+        # a capacity ladder's rung (kinetic_airflow.ladder): kept beside the attempt it was
+        rung = {"rung": dict(job.rung)} if job.rung else {}
         return cls(
             job_id=job.job_id,
             job_uri=job.job_uri,
@@ -220,7 +222,8 @@ class HistoryEntry:
             try_number=identity.try_number if identity else None,
             attempt=identity.attempt if identity else None,
             submitted_at=job.submitted_at,
-            stored=_ENTRY_KEYS[:7],
+            extra=rung,
+            stored=(*_ENTRY_KEYS[:7], *rung),
         )
 
     @classmethod

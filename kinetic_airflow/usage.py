@@ -125,6 +125,8 @@ def attempt_usage(storage: Storage, ref: JobRef, outcome: str, *, ended: float |
     finished = _marker_time(storage, layout, "finished") or ended or time.time()
     chips, spot = chips_of(ref)
     queue = max(0.0, started - submitted) if started and submitted else None
+    if queue is None and submitted and outcome == "withdrawn":  # a ladder's rung that never started:
+        queue = max(0.0, finished - submitted)  # all it did was wait
     run = max(0.0, finished - started) if started else 0.0
     usage = {
         "job_id": ref.job_id,
@@ -143,11 +145,18 @@ def attempt_usage(storage: Storage, ref: JobRef, outcome: str, *, ended: float |
         "chip_hours": round(chips * run / 3600, 6),
         "outcome": outcome,
     }
+    if ref.rung:  # a capacity ladder's rung (kinetic_airflow.ladder): which one, and what it asked for
+        capacity = ref.k8s.capacity if ref.k8s is not None else None
+        usage.update(rung=ref.rung.get("rung"), rungs=ref.rung.get("of"), capacity=capacity or _model(spot))
     try:
         storage.write_text(JobLayout(ref.job_uri).usage, json.dumps(usage, sort_keys=True))
     except Exception as exc:  # a figure must never fail the task
         log.warning("could not record the usage of job %s: %s", ref.job_id, exc)
     return usage
+
+
+def _model(spot: bool) -> str:
+    return "spot" if spot else "on-demand"
 
 
 def totals(attempts: list[dict[str, Any]]) -> dict[str, Any]:

@@ -250,6 +250,8 @@ def _ending(
     outcome = entry.outcome or progress.get("outcome")
     if outcome == EVENT_PREEMPTED:
         return progress.get("text") or "preempted", "preempted"
+    if outcome == "withdrawn":  # a capacity ladder's rung that did not start in its time
+        return f"withdrawn: {progress.get('text') or 'it did not start in its time'}", "withdrawn"
     delivered = entry.usage is not None or entry.phase == Phase.DELIVERED.value
     ended = f"its task instance is {ti_state or 'gone'}"
     if summary.get("ok") is not None:  # the job's own ending beats any later cancel
@@ -318,6 +320,10 @@ class JobView:
     chip_hours: float | None
     result: dict[str, Any] | None
     history: list[dict[str, Any]]
+    # a capacity ladder's rung (1-based), how many rungs, and the capacity it asked for; None without one
+    rung: int | None = None
+    rungs: int | None = None
+    capacity: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -383,7 +389,21 @@ def _job_view(
         if summary
         else None,
         history=progress.get("history") or [],
+        **_rung_of(entry, usage),
     )
+
+
+def _rung_of(entry: HistoryEntry, usage: dict[str, Any]) -> dict[str, Any]:
+    """A capacity ladder's rung of an attempt (``kinetic_airflow.ladder``): from its history entry,
+    the capacity from its usage; nothing for a job of a task without a ladder."""
+    rung = entry.extra.get("rung")
+    if not isinstance(rung, dict) or not isinstance(rung.get("rung"), int):
+        return {}
+    return {
+        "rung": rung["rung"],
+        "rungs": rung.get("of") if isinstance(rung.get("of"), int) else None,
+        "capacity": usage.get("capacity") if isinstance(usage.get("capacity"), str) else None,
+    }
 
 
 def _records(

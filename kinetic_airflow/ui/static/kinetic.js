@@ -23,6 +23,12 @@ function dur(seconds) {
   if (s < 5400) return Math.round(s / 60) + "m";
   return (s / 3600).toFixed(1) + "h";
 }
+
+// A capacity ladder's rung of an attempt (kinetic_airflow.ladder): "rung 2/3 on-demand".
+function rungText(job) {
+  return job.rung ? `<div class="small muted">rung ${job.rung}/${job.rungs ?? "?"} ${esc(job.capacity || "")}</div>` : "";
+}
+
 function chipHours(value) {
   const v = Number(value);
   return value === null || value === undefined || !Number.isFinite(v) ? "" : v.toFixed(v >= 10 ? 1 : 3);
@@ -174,7 +180,7 @@ function taskPage() {
       <tr><th>result</th><td colspan="3">${resultText(row.result)}</td></tr></table>
       ${tracebackBlock(row.result)}`;
     document.getElementById("attempts").innerHTML = list(row.jobs).slice().reverse().map((job) => rowOr((job) => `<tr>
-        <td class="num">${job.try_number ?? ""}</td><td class="num">${job.attempt ?? ""}</td>
+        <td class="num">${job.try_number ?? ""}</td><td class="num">${job.attempt ?? ""}${rungText(job)}</td>
         <td><code>${esc(job.job_id)}</code></td><td>${badge(job.state)}<div class="small muted wrap">${esc(job.doing)}</div></td>
         <td class="small">${when(job.submitted_at)}</td><td class="num">${dur(job.queue_seconds)}</td>
         <td class="num">${dur(job.duration_seconds)}</td><td class="num">${job.chips ?? ""}</td>
