@@ -1472,9 +1472,10 @@ def _ladder(checked: dict[str, Any], backend: str | None) -> Any:
 
 def _check_rungs_together(checked: dict[str, Any], rungs: Any, backend: str | None) -> None:
     """Every rung after the first, checked with the other options as the first one was."""
+    # (as above: config loads this module in every Airflow process)
     from kinetic_airflow.accelerators import parse_accelerator  # (as above)
-    from kinetic_airflow.capacity import check_task_placement
-    from kinetic_airflow.validation import check_backend_fits, is_templated
+    from kinetic_airflow.capacity import check_task_placement  # (as above)
+    from kinetic_airflow.validation import check_backend_fits, is_templated  # (as above)
 
     for index, rung in enumerate(rungs[1:], start=2):
         accelerator = rung.accelerator or checked.get("accelerator", "cpu")
