@@ -197,6 +197,11 @@ def test_a_stocked_out_pool_never_gets_its_node_until_capacity_is_back(tmp_path)
 
         with pytest.raises(ValueError, match="no node pool matches 'l4-spto'"):
             emulator.stock_out("l4-spto")
+        # over HTTP as in Python (the README's fault table): stocked out again, then back
+        from cluster_emulator.emulator import EmulatorAdminClient
+
+        admin = EmulatorAdminClient(emulator.url)
+        assert admin.stock_out("l4-spot") == ["l4-spot"]
         assert emulator.stock_out("l4-*", stocked=False) == ["l4-spot"]
         deadline = time.monotonic() + 60
         while not core.read_namespaced_pod("wants-spot-l4", "default").spec.node_name:

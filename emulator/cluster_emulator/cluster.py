@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import datetime as _dt
+import fnmatch
 import math
 import time
 import uuid
@@ -845,6 +846,23 @@ class Cluster:
             "message": message,
         }
         self.controllers.wake()
+
+    def stock_out(self, patterns: Sequence[str], stocked: bool = True) -> list[str]:
+        """Mark the node pools ``patterns`` (fnmatch) as stocked out (``NodePool.stockout``) or
+        back; the pools changed. A pattern matching no pool is a ``ValueError`` (a typo would
+        silently model nothing)."""
+        pools = self.node_pools
+        found = {pattern: [p for p in pools if fnmatch.fnmatchcase(p.name, pattern)] for pattern in patterns}
+        missing = [pattern for pattern, matched in found.items() if not matched]
+        if missing:
+            raise ValueError(f"stock_out: no node pool matches {', '.join(map(repr, missing))}")
+        changed = []
+        for matched in found.values():
+            for pool in matched:
+                pool.stockout = stocked
+                changed.append(pool.name)
+        self.scheduling_changed()
+        return changed
 
     def scheduling_changed(self) -> None:
         """Wake pods waiting for nodes (after a scale-up delay was changed)."""

@@ -14,7 +14,6 @@ import concurrent.futures
 import contextlib
 import copy
 import faulthandler
-import fnmatch
 import json
 import os
 import re
@@ -508,24 +507,7 @@ class ClusterEmulator:
         keep running. ``stocked=False`` brings the capacity back. Returns the pools changed;
         a pattern that matches no pool is an error (a typo would silently model nothing)."""
 
-        def apply() -> list[str]:  # in the emulator's loop, where the scheduler reads the pools
-            cluster = self.cluster
-            found = {
-                pattern: [p for p in cluster.node_pools if fnmatch.fnmatchcase(p.name, pattern)]
-                for pattern in pools
-            }
-            missing = [pattern for pattern, matched in found.items() if not matched]
-            if missing:
-                raise ValueError(f"stock_out: no node pool matches {', '.join(map(repr, missing))}")
-            changed = []
-            for matched in found.values():
-                for pool in matched:
-                    pool.stockout = stocked
-                    changed.append(pool.name)
-            cluster.scheduling_changed()
-            return changed
-
-        return self._call(apply)
+        return self._call(self.cluster.stock_out, pools, stocked)
 
     def delay_exit_reports(self, seconds: float) -> None:
         """A container's exit reaches its pod's status ``seconds`` after its process ended (its
@@ -656,6 +638,11 @@ class EmulatorAdminClient:
     def delay_scheduling(self, seconds: float) -> None:
         """``POST /_emulator/faults/scheduling-delay``."""
         self._request("POST", "faults/scheduling-delay", {"seconds": seconds})
+
+    def stock_out(self, *pools: str, stocked: bool = True) -> list[str]:
+        """``POST /_emulator/node-pools/stockout``."""
+        answer = self._request("POST", "node-pools/stockout", {"pools": list(pools), "stocked": stocked})
+        return list(answer["changed"])
 
     def delay_exit_reports(self, seconds: float) -> None:
         """``POST /_emulator/faults/exit-report-delay``."""

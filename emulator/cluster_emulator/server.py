@@ -1007,6 +1007,13 @@ class ApiServer:
             with faults.lock:
                 faults.exit_report_delay = max(0.0, float(body.get("seconds", 0)))
             return _json({"status": "ok"})
+        if route == "node-pools/stockout" and method == "POST":
+            try:
+                pools = [str(p) for p in body.get("pools") or []]
+                changed = self.cluster.stock_out(pools, bool(body.get("stocked", True)))
+            except ValueError as exc:
+                return _json({"status": "error", "message": str(exc)}, status=404)
+            return _json({"status": "ok", "changed": changed})
         if route == "faults/scheduling-delay" and method == "POST":
             seconds = float(body.get("seconds", 0))
             with faults.lock:

@@ -22,7 +22,8 @@ def a100_else_l4() -> str:
     return "l4"
 
 
-# Every rung is stocked out (the test stocks out on-demand L4s too): the ladder is used up and the task fails, naming the last rung's cause.
+# Every rung is stocked out (the test stocks out on-demand L4s too): the ladder is used up and
+# the task fails, naming the last rung's cause.
 @task.kinetic(backend="gke", accelerator="gpu-l4", capacity=[("spot", 2), ("on-demand", 2)], retries=0)
 def nothing_starts() -> str:
     return "never"
