@@ -22,11 +22,16 @@ from kinetic_airflow.options import KineticOptionError, validate_options
 
 L4 = {"cloud.google.com/gke-accelerator": "nvidia-l4"}
 SPOT = {"cloud.google.com/gke-spot": "true"}
+V6E = {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice", "cloud.google.com/gke-tpu-topology": "2x4"}
+TPU_TAINT = {"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"}
 NODE_POOLS = [
     NodePool("cpu", {}),
     NodePool("l4", dict(L4)),  # on-demand L4s: scale up as usual
     # Spot L4 VMs exist as a pool, but GCE has none to give: every scale-up of it fails
     NodePool("l4-spot", {**L4, **SPOT}, stockout=True),
+    # TPU v6e 2x4 slices (2 hosts), likewise: on-demand ones scale up, Spot ones never arrive
+    NodePool("v6e-2x4", dict(V6E), taints=[TPU_TAINT]),
+    NodePool("v6e-2x4-spot", {**V6E, **SPOT}, taints=[TPU_TAINT], stockout=True),
 ]
 
 
@@ -223,3 +228,38 @@ def test_a_ladder_whose_every_rung_cannot_start_fails_the_task_saying_so(gke_env
     ]
     left = _cluster_objects(gke_env, dr, "nothing_starts")
     assert left == {"jobs": [], "pods": []}, left
+
+
+def test_multi_host_rungs_are_withdrawn_whole_on_pathways_and_multislice(gke_env):
+    """A LeaderWorkerSet (pathways) and a JobSet (multislice) rung that never gets its slice is
+    withdrawn: deleted, with its Kueue-free pods, before the next rung's group is created."""
+    import kn_ladder
+
+    gke_env.request_log.clear()
+    dr = kn_ladder.kn_ladder_slices().test()
+    assert ti_states(dr) == {
+        "slice_spot_then_on_demand": "success",
+        "multislice_spot_then_on_demand": "success",
+    }
+    assert xcom(dr, "slice_spot_then_on_demand") == 2  # one 2-host slice
+    assert xcom(dr, "multislice_spot_then_on_demand") == 4  # two of them
+    for task_id, backend, plural in (
+        ("slice_spot_then_on_demand", "pathways", "leaderworkersets"),
+        ("multislice_spot_then_on_demand", "multislice", "jobsets"),
+    ):
+        attempts = xcom(dr, task_id, key="kinetic_usage")["attempts"]
+        assert [(a["backend"], a["rung"], a["capacity"], a["outcome"]) for a in attempts] == [
+            (backend, 1, "spot", "withdrawn"),
+            (backend, 2, "on-demand", "success"),
+        ]
+        # rung 1's group was deleted before rung 2's was created
+        first, second = (a["job_id"] for a in attempts)
+        calls = [
+            (r.method, r.path)
+            for r in gke_env.request_log.records
+            if f"/{plural}" in r.path and r.method in ("POST", "DELETE")
+        ]
+        created = [i for i, (m, p) in enumerate(calls) if m == "POST"]
+        deleted_first = [i for i, (m, p) in enumerate(calls) if m == "DELETE" and first in p]
+        assert len(created) == 2 and deleted_first and deleted_first[0] < created[1], calls
+        assert second  # named, as the log names it

@@ -42,3 +42,28 @@ def kn_ladder_used_up():
 
 kn_ladder()
 kn_ladder_used_up()
+
+
+# Multi-host TPU rungs: a LeaderWorkerSet (pathways) and a JobSet (multislice) per rung. Spot
+# v6e 2x4 slices are stocked out in the test's cluster; on-demand ones are not.
+@task.kinetic(backend="auto", accelerator="tpu-v6e-8", capacity=[("spot", 2), "on-demand"])
+def slice_spot_then_on_demand() -> int:
+    import os
+
+    return int(os.environ["KINETIC_NUM_HOSTS"])
+
+
+@task.kinetic(backend="auto", accelerator="tpu-v6e-8", slices=2, capacity=[("spot", 2), "on-demand"])
+def multislice_spot_then_on_demand() -> int:
+    import os
+
+    return int(os.environ["KINETIC_NUM_HOSTS"])
+
+
+@dag(schedule=None, start_date=START, catchup=False)
+def kn_ladder_slices():
+    slice_spot_then_on_demand()
+    multislice_spot_then_on_demand()
+
+
+kn_ladder_slices()
