@@ -263,3 +263,62 @@ def test_multi_host_rungs_are_withdrawn_whole_on_pathways_and_multislice(gke_env
         deleted_first = [i for i, (m, p) in enumerate(calls) if m == "DELETE" and first in p]
         assert len(created) == 2 and deleted_first and deleted_first[0] < created[1], calls
         assert second  # named, as the log names it
+
+
+def test_a_preempted_rung_resubmits_from_the_first_rung_or_the_same_one(gke_env):
+    """Preempted on rung 2: by default the next attempt is rung 1 again (Spot may be back; here it
+    is not, so it is withdrawn again and rung 2 runs); ``rung_after_preemption="same"`` goes
+    straight back to rung 2. Withdrawn rungs do not count as preemptions."""
+    import threading
+    import time
+
+    import kn_ladder
+    import kubernetes
+
+    core = kubernetes.client.CoreV1Api(gke_env.api_client())
+    errors: list[BaseException] = []
+
+    def preempt_attempt_2(task_label: str) -> None:
+        try:
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline:
+                pods = core.list_namespaced_pod(
+                    "default", label_selector=f"kinetic.airflow/task-id={task_label}"
+                )
+                for pod in pods.items:
+                    if "-t1a2" not in pod.metadata.name or pod.status.phase != "Running":
+                        continue
+                    log = core.read_namespaced_pod_log(pod.metadata.name, "default", _preload_content=False)
+                    if b"attempt 2 waits to be preempted" in log.data:
+                        gke_env.preempt_pod("default", pod.metadata.name, grace_seconds=1)
+                        return
+                time.sleep(0.2)
+            raise AssertionError(f"attempt 2 of {task_label} never ran")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=preempt_attempt_2, args=(label,), daemon=True)
+        for label in ("preempted-from-first-rung", "preempted-on-same-rung")
+    ]
+    for thread in threads:
+        thread.start()
+    dr = kn_ladder.kn_ladder_preempted().test()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert not errors, errors
+    assert ti_states(dr) == {"preempted_from_first_rung": "success", "preempted_on_same_rung": "success"}
+    assert ti_try_numbers(dr) == {"preempted_from_first_rung": 1, "preempted_on_same_rung": 1}
+
+    def walked(task_id: str) -> list[tuple]:
+        return [(a["rung"], a["outcome"]) for a in xcom(dr, task_id, key="kinetic_usage")["attempts"]]
+
+    assert walked("preempted_from_first_rung") == [
+        (1, "withdrawn"),
+        (2, "preempted"),
+        (1, "withdrawn"),
+        (2, "success"),
+    ]
+    assert xcom(dr, "preempted_from_first_rung").endswith("-t1a4")
+    assert walked("preempted_on_same_rung") == [(1, "withdrawn"), (2, "preempted"), (2, "success")]
+    assert xcom(dr, "preempted_on_same_rung").endswith("-t1a3")

@@ -67,3 +67,38 @@ def kn_ladder_slices():
 
 
 kn_ladder_slices()
+
+
+def _wait_to_be_preempted_on_attempt_2() -> str:
+    """Attempt 2 (the ladder's second rung) waits to be preempted; any other attempt returns."""
+    import os
+    import time
+
+    job = os.environ["KINETIC_JOB_ID"]
+    if job.endswith("-t1a2"):
+        print("attempt 2 waits to be preempted", flush=True)
+        time.sleep(120)
+    return job
+
+
+# Preempted on rung 2 (on-demand): resubmitted from the first rung (Spot, stocked out), by default
+@task.kinetic(backend="gke", accelerator="gpu-l4", capacity=[("spot", 2), "on-demand"])
+def preempted_from_first_rung() -> str:
+    return _wait_to_be_preempted_on_attempt_2()
+
+
+# ... or on the rung it was preempted on
+@task.kinetic(
+    backend="gke", accelerator="gpu-l4", capacity=[("spot", 2), "on-demand"], rung_after_preemption="same"
+)
+def preempted_on_same_rung() -> str:
+    return _wait_to_be_preempted_on_attempt_2()
+
+
+@dag(schedule=None, start_date=START, catchup=False)
+def kn_ladder_preempted():
+    preempted_from_first_rung()
+    preempted_on_same_rung()
+
+
+kn_ladder_preempted()
