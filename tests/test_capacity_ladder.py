@@ -322,3 +322,43 @@ def test_a_preempted_rung_resubmits_from_the_first_rung_or_the_same_one(gke_env)
     assert xcom(dr, "preempted_from_first_rung").endswith("-t1a4")
     assert walked("preempted_on_same_rung") == [(1, "withdrawn"), (2, "preempted"), (2, "success")]
     assert xcom(dr, "preempted_on_same_rung").endswith("-t1a3")
+
+
+def test_each_rungs_job_asks_for_its_rung_and_bounds_its_queue_wait_by_its_time(gke_env):
+    """What each rung's job reference says: its capacity, its time to start (also the bound of its
+    wait in a Kueue queue), its rung, and its backend (a multi-host TPU rung on ``auto`` is a
+    LeaderWorkerSet), built by the operator the driver asks."""
+    from kinetic_airflow import KineticRunOperator
+    from kinetic_airflow.job.layout import JobIdentity
+
+    op = KineticRunOperator(
+        task_id="rungs",
+        python_callable=lambda: 1,
+        backend="auto",
+        accelerator=[("tpu-v6e-8t", 30), "tpu-v6e-8"],
+        capacity="spot",
+        local_queue="team-a",
+        queue_timeout=3600,
+        startup_timeout=600,
+    )
+    identity = JobIdentity("d", "r", "rungs")
+    first = op._rung_job_ref(identity, "file:///tmp/kinetic", 0)
+    second = op._rung_job_ref(identity.next_attempt(), "file:///tmp/kinetic", 1)
+    assert (first.backend, first.accelerator, first.k8s.capacity) == ("gke", "tpu-v6e-8t:spot", "spot")
+    assert (first.startup_timeout, first.k8s.queue_timeout) == (30.0, 30.0)
+    assert first.rung == {"rung": 1, "of": 2, "start_within": 30.0}
+    assert (second.backend, second.accelerator, second.hosts) == ("pathways", "tpu-v6e-2x4:spot", 2)
+    assert (second.startup_timeout, second.k8s.queue_timeout) == (600.0, 600.0)  # the task's own
+    assert second.rung == {"rung": 2, "of": 2}
+    assert (op.accelerator, op.capacity, op.startup_timeout) == ("tpu-v6e-8t", "spot", 600.0)  # unchanged
+
+
+def test_a_ladder_on_a_configured_local_backend_is_refused_before_any_job(gke_env, monkeypatch, capfd):
+    import kn_ladder
+
+    monkeypatch.setenv("KINETIC_BACKEND", "local")
+    dr = kn_ladder.kn_ladder_configured_local().test()
+    assert ti_states(dr) == {"ladder_on_configured_backend": "failed"}
+    out = capfd.readouterr()
+    assert "a capacity ladder (2 rungs: spot, on-demand) needs a cluster backend" in out.out + out.err
+    assert _cluster_objects(gke_env, dr, "ladder_on_configured_backend") == {"jobs": [], "pods": []}

@@ -102,3 +102,17 @@ def kn_ladder_preempted():
 
 
 kn_ladder_preempted()
+
+
+# No backend named: [kinetic] backend decides when the task runs (the test says local)
+@task.kinetic(accelerator="gpu-l4", capacity=["spot", "on-demand"], retries=0)
+def ladder_on_configured_backend() -> str:
+    return "ran"
+
+
+@dag(schedule=None, start_date=START, catchup=False)
+def kn_ladder_configured_local():
+    ladder_on_configured_backend()
+
+
+kn_ladder_configured_local()
