@@ -10,6 +10,7 @@ and the usage figures name each attempt's rung, its wait and its chip-hours.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from datetime import timedelta
 
@@ -113,7 +114,11 @@ def test_a_dag_with_a_wrong_ladder_does_not_import(tmp_path):
 # On the emulator ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
+    from cluster_emulator.kueue_setup import kueue_queue
+
     with running_emulator(tmp_path_factory, NODE_POOLS) as running:
+        # quota for one kinetic CPU job (1 cpu, 4Gi) at a time
+        kueue_queue(running[0], "ladder-q", quota={"cpu": "1", "memory": "8Gi"}, flavor="cpu-flavor")
         yield running
 
 
@@ -362,3 +367,77 @@ def test_a_ladder_on_a_configured_local_backend_is_refused_before_any_job(gke_en
     out = capfd.readouterr()
     assert "a capacity ladder (2 rungs: spot, on-demand) needs a cluster backend" in out.out + out.err
     assert _cluster_objects(gke_env, dr, "ladder_on_configured_backend") == {"jobs": [], "pods": []}
+
+
+def test_a_rung_kueue_does_not_admit_in_its_time_is_withdrawn_with_its_workload(gke_env):
+    """Kueue not admitting: rung 1 waits in its queue past its time to start (a blocker holds the
+    quota), is withdrawn, and its Workload goes with its Job; rung 2 is queued in the same try and
+    runs once the blocker is gone (freed when rung 2's Workload exists, not on a timer)."""
+    import sys
+    import threading
+
+    import kn_ladder
+    import kubernetes
+    from ops_support import wait_for
+
+    client = gke_env.api_client()
+    batch = kubernetes.client.BatchV1Api(client)
+    custom = kubernetes.client.CustomObjectsApi(client)
+    core = kubernetes.client.CoreV1Api(client)
+    container = {
+        "name": "main",
+        "image": "busybox",
+        "command": [sys.executable, "-c", "import time; time.sleep(600)"],
+        "resources": {"requests": {"cpu": "1", "memory": "4Gi"}},
+    }
+    batch.create_namespaced_job(
+        "default",
+        {
+            "metadata": {"name": "ladder-blocker", "labels": {"kueue.x-k8s.io/queue-name": "ladder-q"}},
+            "spec": {
+                "backoffLimit": 0,
+                "template": {"spec": {"restartPolicy": "Never", "containers": [container]}},
+            },
+        },
+    )
+    running = core.list_namespaced_pod
+    wait_for(
+        lambda: any(
+            p.status.phase == "Running"
+            for p in running("default", label_selector="job-name=ladder-blocker").items
+        ),
+        "the blocker never ran",
+    )
+
+    def owners() -> set[str]:
+        listed = custom.list_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", "default", "workloads")
+        return {ref["name"] for w in listed["items"] for ref in w["metadata"].get("ownerReferences") or []}
+
+    errors: list[BaseException] = []
+
+    def free_when_rung_2_is_queued() -> None:
+        try:
+            wait_for(lambda: any(n.endswith("-t1a2") for n in owners()), "rung 2 was never queued", 240)
+            batch.delete_namespaced_job("ladder-blocker", "default", propagation_policy="Background")
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=free_when_rung_2_is_queued, daemon=True)
+    thread.start()
+    try:
+        dr = kn_ladder.kn_ladder_kueue().test()
+    finally:
+        thread.join(timeout=10)
+        with contextlib.suppress(kubernetes.client.ApiException):
+            batch.delete_namespaced_job("ladder-blocker", "default", propagation_policy="Background")
+    assert not errors, errors
+    assert ti_states(dr) == {"queued_spot_then_on_demand": "success"}
+    assert xcom(dr, "queued_spot_then_on_demand") == "admitted on rung 2"
+    attempts = xcom(dr, "queued_spot_then_on_demand", key="kinetic_usage")["attempts"]
+    assert [(a["rung"], a["capacity"], a["outcome"]) for a in attempts] == [
+        (1, "spot", "withdrawn"),
+        (2, "on-demand", "success"),
+    ]
+    first = attempts[0]["job_id"]
+    wait_for(lambda: not any(first in n for n in owners()), f"rung 1's Workload left: {owners()}")
+    assert not [j for j in batch.list_namespaced_job("default").items if first in j.metadata.name]

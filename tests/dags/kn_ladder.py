@@ -116,3 +116,18 @@ def kn_ladder_configured_local():
 
 
 kn_ladder_configured_local()
+
+
+# Through Kueue: rung 1 is not admitted in its 3 s (a blocker holds the queue's quota) and is
+# withdrawn with its Workload; rung 2 waits its turn and runs once the quota is free.
+@task.kinetic(backend="gke", local_queue="ladder-q", capacity=[("spot", 3), "on-demand"])
+def queued_spot_then_on_demand() -> str:
+    return "admitted on rung 2"
+
+
+@dag(schedule=None, start_date=START, catchup=False)
+def kn_ladder_kueue():
+    queued_spot_then_on_demand()
+
+
+kn_ladder_kueue()
