@@ -417,6 +417,8 @@ class JobRunner:
                     else:
                         raise
                 finally:
+                    if stop_requested():  # said before the kinetic-stop thread may end the process
+                        log("the function ended after the stop was asked; no result is written")
                     function_finished()  # a stop in progress need not wait for it any longer
             envelope.update(ok=True, value=value)
         except BaseException as exc:
@@ -437,7 +439,6 @@ class JobRunner:
             # Asked to stop (cancel, timeout, preemption): the job ends as stopped, with no result,
             # whatever the function did in its grace period. The kinetic-stop thread flushes the
             # metrics once the stop hooks are done too, and ends the process.
-            log("the function ended after the stop was asked; no result is written")
             threading.Event().wait()
         envelope["timings"] = {**self.timings, "total": round(_now() - started, 3)}
         envelope["fingerprint"] = {
