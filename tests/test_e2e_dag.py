@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 from helpers import metadata_db_files_containing, ti_states, ti_try_numbers, xcom
 
 
@@ -99,6 +100,9 @@ def _job_dirs(base_uri: str, task_id: str) -> list[str]:
     return sorted(found)
 
 
+# What this checks (a duplicate execute, the timeout, the in-worker wait) is Airflow's and the
+# driver's, the same on either storage: on GCS (fake-gcs-server), the product's storage.
+@pytest.mark.parametrize("base_uri", ["gs"], indirect=True)
 def test_duplicate_execute_timeout_and_in_worker_wait(base_uri, tmp_path, monkeypatch):
     out = tmp_path / "failures"
     out.mkdir()
