@@ -1441,6 +1441,12 @@ def validate_options(values: Mapping[str, Any]) -> dict[str, Any]:
     check_debug_options(checked, KineticOptionError)
     if rungs is not None:
         _check_rungs_together(checked, rungs, backend)
+    elif checked.get("rung_after_preemption") == "same":
+        raise KineticOptionError(
+            'rung_after_preemption="same" does nothing without a capacity ladder (it picks the rung a '
+            "preempted job resubmits on): give capacity or accelerator as a list of rungs, e.g. "
+            "capacity=['spot', 'on-demand'], or leave out rung_after_preemption"
+        )
     return checked
 
 

@@ -80,6 +80,7 @@ def test_a_ladder_is_its_rungs_in_order_with_the_first_as_the_tasks_own_values()
             "gives its time to start twice",
         ),
         ({"spot": True, "capacity": ["spot", "on-demand"]}, "drop spot=True"),
+        ({"capacity": "spot", "rung_after_preemption": "same"}, "does nothing without a capacity ladder"),
         ({"backend": "local", "capacity": ["spot", "on-demand"]}, "needs a cluster backend"),
         (
             {"accelerator": "cpu", "capacity": ["spot", "flex-start"]},
