@@ -192,6 +192,13 @@ def test_a_ladder_whose_first_rung_never_gets_nodes_ends_on_the_second_in_one_tr
         "withdrawn",
     )
     assert first["chip_hours"] == 0 and first["queue_seconds"] > 0  # it only waited
+    # `kinetic-airflow jobs show` of the withdrawn rung says which rung it was and how it ended
+    from ops_support import cli
+
+    code, out, err = cli("jobs", "show", first["job_id"])
+    assert code == 0, err
+    assert "  rung: 1" in out and "  rungs: 2" in out and "  capacity: spot" in out, out
+    assert "  outcome: withdrawn" in out and "  chip_hours: 0" in out, out
     assert (second["attempt"], second["rung"], second["capacity"], second["outcome"]) == (
         2,
         2,

@@ -103,7 +103,18 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 # jobs show ------------------------------------------------------------------------------------
-_USAGE_FIELDS = ("device", "chips", "spot", "queue_seconds", "run_seconds", "chip_hours", "outcome")
+_USAGE_FIELDS = (
+    "device",
+    "chips",
+    "spot",
+    "rung",  # a capacity ladder's: this job's rung of how many, and what it asked for
+    "rungs",
+    "capacity",
+    "queue_seconds",
+    "run_seconds",
+    "chip_hours",
+    "outcome",
+)
 
 
 def describe(info: JobInfo, usage: dict[str, Any] | None = None) -> dict[str, Any]:
