@@ -572,6 +572,32 @@ class TaskOptions(TypedDict, total=False):
             minimum=1,
         ),
     ]
+    # Reusing a result (kinetic_airflow.result_cache): checked together in validate_options
+    cache: Annotated[
+        bool,
+        _row(
+            "bool",
+            _A_BOOL,
+            "cache=True",
+            doc="Reuse the result of an earlier successful job whose function code, arguments (as "
+            "shipped), DAG code, requirements, image, backend, accelerator and cache_version are the "
+            "same, instead of launching a job; the task log, XCom `kinetic_cache` and the Kinetic view "
+            'name the reused job. A run triggered with conf `{"kinetic_fresh_run": true}` runs '
+            "fresh (how-to/cache.md).",
+            default=False,
+            optional=False,
+        ),
+    ]
+    cache_version: Annotated[
+        str | None,
+        _row(
+            "text",
+            "a non-empty string (str), with cache=True",
+            'cache_version="2"',
+            doc="Part of the cache key: change it to stop reusing results made before (e.g. the data "
+            "behind a path changed while the arguments did not).",
+        ),
+    ]
     # Remote debugging (kinetic_airflow.job.debugging): checked together in validate_options
     debug: Annotated[
         bool,
@@ -1441,6 +1467,7 @@ def validate_options(values: Mapping[str, Any]) -> dict[str, Any]:
     check_debug_options(checked, KineticOptionError)
     if rungs is not None:
         _check_rungs_together(checked, rungs, backend)
+    _check_cache_options(checked)
     return checked
 
 
@@ -1492,6 +1519,21 @@ def _check_rungs_together(checked: dict[str, Any], rungs: Any, backend: str | No
                 check_slices(checked["slices"], accelerator, backend, spot=checked.get("spot"))
         except (TypeError, ValueError) as exc:
             raise KineticOptionError(f"capacity ladder rung {index} ({rung.label()}): {exc}") from None
+
+
+def _check_cache_options(checked: Mapping[str, Any]) -> None:
+    """``cache_version`` only means something with ``cache=True``; ``debug=True`` wants its job to
+    run, which a reused result would skip."""
+    if checked.get("cache_version") is not None and checked.get("cache") is not True:
+        raise KineticOptionError(
+            f"cache_version={checked['cache_version']!r} given without cache=True does nothing (it is part "
+            "of the cache key); write cache=True to reuse results, or leave out cache_version."
+        )
+    if checked.get("cache") is True and checked.get("debug") is True:
+        raise KineticOptionError(
+            "cache=True with debug=True: a reused result would skip the job you want to debug; leave out "
+            "cache=True while debugging (or debug=True to reuse results)."
+        )
 
 
 # Configured values ------------------------------------------------------------------------------

@@ -1,0 +1,192 @@
+"""Reusing a result (issue 41 item 2): ``cache=True`` through real Airflow (dag.test), on the local
+backend with file:// and gs:// (fake-gcs-server) storage.
+
+A DAG run twice with the same inputs launches one job; the second task's log, its XCom
+``kinetic_cache`` and the Kinetic view name the reused job; changing an argument, the code or
+``cache_version`` launches a new one; a run whose conf asks for a fresh run launches one too; a
+result replaced in job storage after it was verified (what a bucket writer can do) is refused
+and the task runs a new job; a failed try never enters a result, and its retry runs a job.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import ti_states, xcom
+
+from kinetic_airflow.job.layout import RECORD_NAME, JobLayout
+from kinetic_airflow.job.storage import join_uri, open_storage
+
+
+def _jobs(base_uri: str) -> list[str]:
+    """The ids of every job launched under ``base_uri`` (each has its ``job.json``)."""
+    storage = open_storage(base_uri)
+    listed = storage.list(join_uri(base_uri, "jobs"))
+    return sorted(uri.rsplit("/", 2)[-2] for uri in listed if uri.endswith("/" + RECORD_NAME))
+
+
+def _run(capsys, dag, **kwargs):
+    capsys.readouterr()
+    dr = dag.test(**kwargs)
+    out, err = capsys.readouterr()
+    return dr, out + err
+
+
+def _variable(name: str) -> dict:
+    from airflow.models.variable import Variable
+
+    return json.loads(Variable.get(name))
+
+
+def _view_row(dr) -> dict:
+    from airflow.utils.session import create_session
+
+    from kinetic_airflow.ui.data import job_details
+
+    with create_session() as session:
+        return job_details(session, dr.dag_id, dr.run_id, "square", -1)
+
+
+@pytest.mark.parametrize("base_uri", ["file", "gs"], indirect=True)
+def test_a_dag_run_twice_launches_one_job_and_the_second_names_it(base_uri, tmp_path, capsys):
+    import kn_cache
+
+    dag = kn_cache.cache_dag("kn_cache_twice", str(tmp_path), 7)
+    first, first_log = _run(capsys, dag)
+    assert ti_states(first) == {"square": "success"}
+    launched = _jobs(base_uri)
+    assert len(launched) == 1
+    value = xcom(first, "square")
+    assert value["square"] == 49
+    recorded = xcom(first, "square", key="kinetic_cache")
+    assert recorded["reused"] is False
+    assert "[kinetic] cache: recorded the result of job" in first_log
+    entry = _variable(recorded["variable"])
+    assert entry["job_id"] == launched[0] and entry["run_id"] == first.run_id
+    assert len(entry["result_sha256"]) == 64
+
+    second, second_log = _run(capsys, dag)
+    assert ti_states(second) == {"square": "success"}
+    assert _jobs(base_uri) == launched  # no job was launched
+    assert xcom(second, "square") == value  # the first job's value, same process id and all
+    reused = xcom(second, "square", key="kinetic_cache")
+    assert reused["reused"] is True
+    assert reused["job_id"] == launched[0] and reused["run_id"] == first.run_id
+    assert reused["task_id"] == "square" and reused["cache_key"] == recorded["cache_key"]
+    assert f"reused the result of job {launched[0]} from run {first.run_id}" in second_log
+    assert "chip-hours" in second_log and "No job was launched" in second_log
+    usage = xcom(second, "square", key="kinetic_usage")
+    assert usage["chip_hours"] == 0 and usage["attempts"][0]["outcome"] == "reused"
+
+    # The Kinetic view: the second run's task instance says whose result it reused.
+    row = _view_row(second)
+    assert row["state"] == "succeeded" and row["ending"] == "reused"
+    assert f"reused the result of job {launched[0]} from run {first.run_id}" in row["doing"]
+    assert row["jobs"][-1]["reused"]["job_id"] == launched[0]
+    assert row["chip_hours"] == 0
+    assert _view_row(first)["ending"] == "succeeded"
+
+
+@pytest.mark.parametrize("base_uri", ["file"], indirect=True)
+def test_changing_an_argument_the_code_or_cache_version_launches_a_new_job(base_uri, tmp_path, capsys):
+    import kn_cache
+
+    tag = str(tmp_path)
+    kn_cache.cache_dag("kn_cache_base", tag, 3).test()
+    assert len(_jobs(base_uri)) == 1
+    # the same inputs in another DAG reuse it (the key is the job, not the DAG's name)
+    dr, log = _run(capsys, kn_cache.cache_dag("kn_cache_other_dag", tag, 3))
+    assert xcom(dr, "square", key="kinetic_cache")["reused"] is True
+    assert len(_jobs(base_uri)) == 1
+
+    variants = {
+        "argument": kn_cache.cache_dag("kn_cache_arg", tag, 4),
+        "code": kn_cache.cache_dag("kn_cache_code", tag, 3, changed=True),
+        "cache_version": kn_cache.cache_dag("kn_cache_version", tag, 3, version="2"),
+    }
+    keys = set()
+    for count, (what, dag) in enumerate(variants.items(), start=2):
+        dr, log = _run(capsys, dag)
+        assert ti_states(dr) == {"square": "success"}, what
+        assert len(_jobs(base_uri)) == count, f"changing the {what} launched no new job"
+        cached = xcom(dr, "square", key="kinetic_cache")
+        assert cached["reused"] is False, what
+        keys.add(cached["cache_key"])
+    assert len(keys) == 3
+    assert xcom(dr, "square")["square"] == 9
+    # and each of them is reused in its turn
+    dr, _ = _run(capsys, kn_cache.cache_dag("kn_cache_version", tag, 3, version="2"))
+    assert xcom(dr, "square", key="kinetic_cache")["reused"] is True
+    assert len(_jobs(base_uri)) == 4
+
+
+@pytest.mark.parametrize("base_uri", ["file"], indirect=True)
+def test_a_run_that_asks_for_a_fresh_run_launches_a_job_and_replaces_the_entry(base_uri, tmp_path, capsys):
+    import kn_cache
+
+    dag = kn_cache.cache_dag("kn_cache_fresh", str(tmp_path), 5)
+    first, _ = _run(capsys, dag)
+    name = xcom(first, "square", key="kinetic_cache")["variable"]
+    fresh, log = _run(capsys, dag, run_conf={"kinetic_fresh_run": True})
+    assert len(_jobs(base_uri)) == 2
+    assert 'not reusing a result (the DAG run\'s conf has "kinetic_fresh_run": true)' in log
+    assert xcom(fresh, "square", key="kinetic_cache") == {
+        "reused": False,
+        "cache_key": name.removeprefix("kinetic_cache."),
+        "variable": name,
+    }
+    assert _variable(name)["run_id"] == fresh.run_id  # the fresh result replaced the entry
+    named, _ = _run(capsys, dag, run_conf={"kinetic_fresh_run": ["square"]})
+    assert len(_jobs(base_uri)) == 3
+    other, _ = _run(capsys, dag, run_conf={"kinetic_fresh_run": ["another_task"]})
+    assert len(_jobs(base_uri)) == 3
+    assert xcom(other, "square", key="kinetic_cache")["run_id"] == named.run_id
+
+
+@pytest.mark.parametrize("base_uri", ["file", "gs"], indirect=True)
+def test_a_result_replaced_in_job_storage_is_refused_and_a_new_job_runs(base_uri, tmp_path, capsys):
+    """A bucket writer replaces the cached job's result envelope *and* its summary (all they can
+    write): the entry in the metadata DB holds the digest of the result that was verified, so the
+    replaced one is never unpickled; the task runs a new job and returns the real value."""
+    import cloudpickle
+    import kn_cache
+
+    dag = kn_cache.cache_dag("kn_cache_planted", str(tmp_path), 6)
+    first, _ = _run(capsys, dag)
+    job_id = xcom(first, "square", key="kinetic_cache")["variable"]
+    entry = _variable(job_id)
+    storage = open_storage(base_uri)
+    layout = JobLayout(entry["job_uri"])
+    planted = json.loads(storage.read_text(layout.result_summary()))
+    envelope = {**planted, "ok": True, "value": {"square": -1, "planted": True}}
+    forged = cloudpickle.dumps(envelope)
+    storage.write_bytes(layout.result(), forged)
+    import hashlib
+
+    planted["integrity"] = {"sha256": hashlib.sha256(forged).hexdigest(), "hmac": "0" * 64}
+    storage.write_text(layout.result_summary(), json.dumps(planted))
+
+    second, log = _run(capsys, dag)
+    assert ti_states(second) == {"square": "success"}
+    assert f"refused the cached result of job {entry['job_id']}" in log
+    assert "running a new job instead" in log
+    assert len(_jobs(base_uri)) == 2
+    assert xcom(second, "square")["square"] == 36 and "planted" not in xcom(second, "square")
+    assert xcom(second, "square", key="kinetic_cache")["reused"] is False
+
+
+@pytest.mark.parametrize("base_uri", ["file"], indirect=True)
+def test_a_failed_try_enters_nothing_and_its_retry_runs_a_job(base_uri, tmp_path, capsys):
+    import kn_cache
+
+    dag = kn_cache.flaky_dag("kn_cache_flaky", str(tmp_path), str(tmp_path / "marker"))
+    dr, log = _run(capsys, dag)
+    assert ti_states(dr) == {"flaky": "success"}
+    assert xcom(dr, "flaky") == "second try"
+    assert len(_jobs(base_uri)) == 2  # the failed try's job, then the retry's own
+    assert xcom(dr, "flaky", key="kinetic_cache")["reused"] is False
+    assert log.count("[kinetic] cache: no earlier result with key") == 2
+    again, _ = _run(capsys, dag)
+    assert xcom(again, "flaky") == "second try"
+    assert len(_jobs(base_uri)) == 2
