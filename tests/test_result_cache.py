@@ -10,6 +10,7 @@ and the task runs a new job; a failed try never enters a result, and its retry r
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -96,7 +97,7 @@ def test_changing_an_argument_the_code_or_cache_version_launches_a_new_job(base_
     kn_cache.cache_dag("kn_cache_base", tag, 3).test()
     assert len(_jobs(base_uri)) == 1
     # the same inputs in another DAG reuse it (the key is the job, not the DAG's name)
-    dr, log = _run(capsys, kn_cache.cache_dag("kn_cache_other_dag", tag, 3))
+    dr, _ = _run(capsys, kn_cache.cache_dag("kn_cache_other_dag", tag, 3))
     assert xcom(dr, "square", key="kinetic_cache")["reused"] is True
     assert len(_jobs(base_uri)) == 1
 
@@ -107,7 +108,7 @@ def test_changing_an_argument_the_code_or_cache_version_launches_a_new_job(base_
     }
     keys = set()
     for count, (what, dag) in enumerate(variants.items(), start=2):
-        dr, log = _run(capsys, dag)
+        dr, _ = _run(capsys, dag)
         assert ti_states(dr) == {"square": "success"}, what
         assert len(_jobs(base_uri)) == count, f"changing the {what} launched no new job"
         cached = xcom(dr, "square", key="kinetic_cache")
@@ -154,16 +155,13 @@ def test_a_result_replaced_in_job_storage_is_refused_and_a_new_job_runs(base_uri
 
     dag = kn_cache.cache_dag("kn_cache_planted", str(tmp_path), 6)
     first, _ = _run(capsys, dag)
-    job_id = xcom(first, "square", key="kinetic_cache")["variable"]
-    entry = _variable(job_id)
+    entry = _variable(xcom(first, "square", key="kinetic_cache")["variable"])
     storage = open_storage(base_uri)
     layout = JobLayout(entry["job_uri"])
     planted = json.loads(storage.read_text(layout.result_summary()))
     envelope = {**planted, "ok": True, "value": {"square": -1, "planted": True}}
     forged = cloudpickle.dumps(envelope)
     storage.write_bytes(layout.result(), forged)
-    import hashlib
-
     planted["integrity"] = {"sha256": hashlib.sha256(forged).hexdigest(), "hmac": "0" * 64}
     storage.write_text(layout.result_summary(), json.dumps(planted))
 
