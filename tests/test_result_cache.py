@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 import pytest
 from helpers import ti_states, xcom
+from ops_support import cluster, gke_env
 
 from kinetic_airflow.job.layout import RECORD_NAME, JobLayout
 from kinetic_airflow.job.storage import join_uri, open_storage
+
+__all__ = ["cluster", "gke_env"]  # fixtures
 
 
 def _jobs(base_uri: str) -> list[str]:
@@ -188,3 +192,102 @@ def test_a_failed_try_enters_nothing_and_its_retry_runs_a_job(base_uri, tmp_path
     again, _ = _run(capsys, dag)
     assert xcom(again, "flaky") == "second try"
     assert len(_jobs(base_uri)) == 2
+
+
+@pytest.mark.parametrize("backend", ["gke", "pathways", "multislice"])
+@pytest.mark.parametrize("base_uri", ["gs"], indirect=True)
+def test_on_the_cluster_backends_a_second_run_reuses_the_first_job(
+    backend, base_uri, gke_env, tmp_path, capsys
+):
+    """The emulator runs a GKE Job, a 4-host LeaderWorkerSet (pathways) and a 2-slice JobSet
+    (multislice); host 0's result is the one entered and reused."""
+    import kn_cache
+
+    dag = kn_cache.cache_dag(f"kn_cache_{backend}", str(tmp_path), 8, **kn_cache.CLUSTER[backend])
+    first, _ = _run(capsys, dag)
+    assert ti_states(first) == {"square": "success"}
+    launched = _jobs(base_uri)
+    assert len(launched) == 1
+    entry = _variable(xcom(first, "square", key="kinetic_cache")["variable"])
+    assert entry["backend"] == backend and entry["job_id"] == launched[0]
+    second, log = _run(capsys, dag)
+    assert ti_states(second) == {"square": "success"}
+    assert _jobs(base_uri) == launched
+    assert xcom(second, "square") == xcom(first, "square")
+    assert f"reused the result of job {launched[0]} from run {first.run_id}" in log
+
+
+# Parse time and the entry's own checks ---------------------------------------------------------
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"cache": "yes"}, "cache='yes' is a string, not a bool"),
+        ({"cache": 1}, "write cache=True"),
+        ({"cache_version": "2"}, "cache_version='2' given without cache=True does nothing"),
+        ({"cache": True, "cache_version": ""}, "cache_version='' is empty"),
+        ({"cache": True, "cache_version": 2}, "is an int, not a string"),
+        ({"cache": True, "debug": True}, "cache=True with debug=True: a reused result would skip the job"),
+    ],
+)
+def test_cache_options_are_checked_when_the_dag_is_parsed(options, message):
+    from airflow.sdk import task
+
+    from kinetic_airflow.options import KineticOptionError
+
+    with pytest.raises(KineticOptionError, match=re.escape(message)):
+        task.kinetic(backend="local", **options)(lambda: None)
+
+
+def _ref(accelerator: str, backend: str = "gke"):
+    from kinetic_airflow.accelerators import parse_accelerator
+    from kinetic_airflow.job.layout import JobIdentity
+    from kinetic_airflow.job.ref import JobRef
+
+    identity = JobIdentity("d", "r", "t")
+    return JobRef(job_id=identity.job_id, backend=backend, identity=identity, job_uri="file:///x",
+                  spec=parse_accelerator(accelerator))  # fmt: skip
+
+
+def test_the_key_changes_with_each_part_but_not_with_spot():
+    from kinetic_airflow.result_cache import cache_key
+
+    parts = {"payload_sha256": "a" * 64, "code_sha256": "b" * 64, "requirements": ["numpy==2.1"],
+             "image": "img:1", "client": {"python": "3.11.7"}, "cache_version": None}  # fmt: skip
+    key = cache_key(_ref("tpu-v6e-8"), **parts)
+    assert key == cache_key(_ref("tpu-v6e-8:spot"), **parts)
+    changed = {
+        cache_key(_ref("tpu-v6e-16"), **parts),
+        cache_key(_ref("tpu-v6e-8", backend="pathways"), **parts),
+        *(
+            cache_key(_ref("tpu-v6e-8"), **{**parts, name: value})
+            for name, value in (
+                ("payload_sha256", "c" * 64),
+                ("code_sha256", None),
+                ("requirements", ["numpy==2.2"]),
+                ("image", "img:2"),
+                ("client", {"python": "3.12.1"}),
+                ("cache_version", "2"),
+            )
+        ),
+    }
+    assert key not in changed and len(changed) == 8
+
+
+def test_an_entry_that_is_not_as_the_worker_writes_it_is_not_used():
+    from kinetic_airflow.result_cache import CacheEntry
+
+    good = {"key": "k", "job_id": "j", "job_uri": "file:///x/j", "backend": "local",
+            "result_sha256": "f" * 64, "dag_id": "d", "run_id": "r", "task_id": "t", "map_index": -1,
+            "try_number": 1, "accelerator": "cpu", "chip_hours": 0.0, "run_seconds": 1.5, "created": 1.0,
+            "version": 1}  # fmt: skip
+    entry = CacheEntry.from_dict(good, "k")
+    assert entry.result_uri == "file:///x/j/result.pkl" and entry.to_dict() == good
+    for change, words in (
+        ({"key": "other"}, "not the key it is stored under"),
+        ({"result_sha256": ""}, "result_sha256"),
+        ({"map_index": "0"}, "map_index"),
+        ({"chip_hours": True}, "chip_hours"),
+        ({"version": 2}, "entry version 2"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            CacheEntry.from_dict({**good, **change}, "k")

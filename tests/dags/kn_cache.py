@@ -24,7 +24,7 @@ def _square_changed(tag: str, x: int) -> dict:
 
 
 def cache_dag(dag_id: str, tag: str, x: int, *, version: str | None = None, changed: bool = False,
-              backend: str = "local", accelerator: str = "cpu"):  # fmt: skip
+              **options):  # fmt: skip
     """``square(tag, x)`` with cache=True; ``changed`` ships another function body under the
     same name (what editing the DAG file does to the shipped code)."""
     fn = _square_changed if changed else _square
@@ -32,8 +32,8 @@ def cache_dag(dag_id: str, tag: str, x: int, *, version: str | None = None, chan
 
     @dag(dag_id=dag_id, schedule=None, start_date=START, catchup=False)
     def kn_cache():
-        task.kinetic(fn, task_id="square", backend=backend, accelerator=accelerator, cache=True,
-                     cache_version=version)(tag, x)  # fmt: skip
+        kinetic = {"backend": "local", **options}  # the cluster tests name their backend
+        task.kinetic(fn, task_id="square", cache=True, cache_version=version, **kinetic)(tag, x)
 
     return kn_cache()
 
@@ -56,6 +56,13 @@ def flaky_dag(dag_id: str, tag: str, marker: str):
     return kn_cache_flaky()
 
 
+# The cluster backends' tests (the emulator): a GKE Job, a 4-host LeaderWorkerSet, a 2-slice JobSet.
+CLUSTER = {
+    "gke": {"backend": "gke"},
+    "pathways": {"backend": "auto", "accelerator": "tpu-v6e-16"},
+    "multislice": {"backend": "auto", "accelerator": "tpu-v6e-16", "slices": 2},
+}
+
 # dag.test() finds a DAG in the DAG folder by its id before it runs the copy a test built (with
 # the test's own ``tag``): every id the tests use is defined here.
 DAGS = {
@@ -65,6 +72,7 @@ DAGS = {
             cache_dag(f"kn_cache_{name}", "parsed", 0)
             for name in ("twice", "base", "other_dag", "arg", "code", "version", "fresh", "planted")
         ),
+        *(cache_dag(f"kn_cache_{name}", "parsed", 0, **CLUSTER[name]) for name in CLUSTER),
         flaky_dag("kn_cache_flaky", "parsed", "/nonexistent/marker"),
     )
 }
