@@ -24,11 +24,13 @@ from kinetic_airflow.job.storage import join_uri, open_storage
 __all__ = ["cluster", "gke_env"]  # fixtures
 
 
-def _jobs(base_uri: str) -> list[str]:
-    """The ids of every job launched under ``base_uri`` (each has its ``job.json``)."""
+def _jobs(base_uri: str, prefix: str = "") -> list[str]:
+    """The ids of every job launched under ``base_uri`` (each has its ``job.json``) that start with
+    ``prefix`` (the parameters of one test share its fake-GCS bucket)."""
     storage = open_storage(base_uri)
     listed = storage.list(join_uri(base_uri, "jobs"))
-    return sorted(uri.rsplit("/", 2)[-2] for uri in listed if uri.endswith("/" + RECORD_NAME))
+    ids = (uri.rsplit("/", 2)[-2] for uri in listed if uri.endswith("/" + RECORD_NAME))
+    return sorted(i for i in ids if i.startswith(prefix))
 
 
 def _run(capsys, dag, **kwargs):
@@ -206,13 +208,13 @@ def test_on_the_cluster_backends_a_second_run_reuses_the_first_job(
     dag = kn_cache.cache_dag(f"kn_cache_{backend}", str(tmp_path), 8, **kn_cache.CLUSTER[backend])
     first, _ = _run(capsys, dag)
     assert ti_states(first) == {"square": "success"}
-    launched = _jobs(base_uri)
+    launched = _jobs(base_uri, f"kn-cache-{backend}-")
     assert len(launched) == 1
     entry = _variable(xcom(first, "square", key="kinetic_cache")["variable"])
     assert entry["backend"] == backend and entry["job_id"] == launched[0]
     second, log = _run(capsys, dag)
     assert ti_states(second) == {"square": "success"}
-    assert _jobs(base_uri) == launched
+    assert _jobs(base_uri, f"kn-cache-{backend}-") == launched
     assert xcom(second, "square") == xcom(first, "square")
     assert f"reused the result of job {launched[0]} from run {first.run_id}" in log
 
