@@ -128,6 +128,7 @@ def lookup_key(
     dag_file: str | None,
     dags_folder: str | None,
     cache_version: str | None,
+    task_label: str = "",
 ) -> str:
     """The key of the job ``ref`` would be, before it exists: its payload prepared as
     ``ship_payload`` prepares it and digested, nothing stored but content-addressed uploads
@@ -136,7 +137,9 @@ def lookup_key(
         storage, ref.base_uri, python_callable, op_args, op_kwargs, volumes, capture_env_vars, dag_file,
         dags_folder,
     )  # fmt: skip
-    digest = payload_digest(python_callable, parts.args, parts.kwargs, env=parts.env, volumes=parts.volumes)
+    digest = payload_digest(
+        python_callable, parts.args, parts.kwargs, env=parts.env, volumes=parts.volumes, task_label=task_label
+    )
     return cache_key(
         ref,
         payload_sha256=digest,
@@ -356,6 +359,7 @@ class Lookup:
             dag_file=self.dag_file,
             dags_folder=self.dags_folder,
             cache_version=task.cache_version,
+            task_label=f"task {task.task_id!r}",
         )
         try:
             entry = read_entry(key)

@@ -293,3 +293,21 @@ def test_an_entry_that_is_not_as_the_worker_writes_it_is_not_used():
     ):
         with pytest.raises(ValueError, match=words):
             CacheEntry.from_dict({**good, **change}, "k")
+
+
+def test_the_digest_looked_up_is_the_digest_shipped(tmp_path):
+    """The look-up digests the payload without storing it; it must be what ``write_payload`` ships."""
+    import threading
+
+    import kn_cache
+
+    from kinetic_airflow.job.payload import PayloadError, payload_digest, write_payload
+
+    storage = open_storage(f"file://{tmp_path}")
+    args, kwargs, env = ["tag", 3], {"extra": [1.5, {"a": None}]}, {"KN_COLOR": "blue"}
+    uri = f"file://{tmp_path}/payload.pkl"
+    shipped = write_payload(storage, uri, kn_cache._square, args, kwargs, env=env)
+    assert payload_digest(kn_cache._square, args, kwargs, env=env) == shipped["sha256"]
+    assert payload_digest(kn_cache._square, ["tag", 4], kwargs, env=env) != shipped["sha256"]
+    with pytest.raises(PayloadError, match=r"for task 'square': positional argument 1 \(a _thread.lock\)"):
+        payload_digest(kn_cache._square, ["tag", threading.Lock()], {}, task_label="task 'square'")

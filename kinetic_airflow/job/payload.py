@@ -185,15 +185,31 @@ def payload_digest(
     *,
     env: dict[str, str] | None = None,
     volumes: dict[str, Any] | None = None,
+    task_label: str = "",
 ) -> str:
     """The SHA-256 ``write_payload`` would give these parts, without storing anything.
 
     The same pickler over the same payload shape, so in one process the digest equals the
     shipped payload's; a result cache looks itself up by it before any job exists. Pickling
     errors are those of ``write_payload`` (raised as ``PayloadError`` when it ships)."""
+    payload = _payload(fn, args, kwargs, env, volumes)
     writer = _HashingWriter(_DigestOnly())  # type: ignore[arg-type]
-    FilenamePickler(writer).dump(_payload(fn, args, kwargs, env, volumes))
+    try:
+        FilenamePickler(writer).dump(payload)
+    except Exception as exc:  # before any job exists: the same words as when it ships
+        raise _payload_error(payload, exc, task_label) from exc
     return writer.digest.hexdigest()
+
+
+def _payload_error(payload: dict[str, Any], error: Exception, task_label: str) -> PayloadError:
+    culprit = _find_unpicklable(payload, error)
+    where = f" for {task_label}" if task_label else ""
+    return PayloadError(
+        f"cannot build the job payload{where}: {culprit}. Everything the function receives is "
+        "pickled with cloudpickle and sent to the job: pass plain data, paths or Data(...) "
+        "objects instead of open files, locks, clients or connections, and create those inside "
+        "the function."
+    )
 
 
 def write_payload(
@@ -224,14 +240,7 @@ def write_payload(
     except Exception as exc:
         if pickled or writer is None or writer.sink_error is not None:
             raise  # storage failed (its own error names the bucket or permission)
-        culprit = _find_unpicklable(payload, exc)
-        where = f" for {task_label}" if task_label else ""
-        raise PayloadError(
-            f"cannot build the job payload{where}: {culprit}. Everything the function receives is "
-            "pickled with cloudpickle and sent to the job: pass plain data, paths or Data(...) "
-            "objects instead of open files, locks, clients or connections, and create those inside "
-            "the function."
-        ) from exc
+        raise _payload_error(payload, exc, task_label) from exc
     return {
         "sha256": writer.digest.hexdigest(),
         "payload_bytes": writer.size,
