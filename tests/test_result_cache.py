@@ -96,6 +96,23 @@ def test_a_dag_run_twice_launches_one_job_and_the_second_names_it(base_uri, tmp_
 
 
 @pytest.mark.parametrize("base_uri", ["file"], indirect=True)
+def test_a_run_recreated_for_the_same_logical_date_reuses_the_result(base_uri, tmp_path, capsys):
+    """A reprocess (``dag.test()`` with the logical date of a run deletes and recreates that run,
+    as a recreated DAG run does): the new run's task instance has no job record, and reuses."""
+    import kn_cache
+
+    dag = kn_cache.cache_dag("kn_cache_twice", str(tmp_path), 11)
+    first, _ = _run(capsys, dag)
+    job_id = _jobs(base_uri)[0]
+    again, log = _run(capsys, dag, logical_date=first.logical_date)
+    assert again.logical_date == first.logical_date
+    assert _jobs(base_uri) == [job_id]
+    assert xcom(again, "square", key="kinetic_cache")["job_id"] == job_id
+    assert xcom(again, "square")["square"] == 121
+    assert f"reused the result of job {job_id} from run {first.run_id}" in log
+
+
+@pytest.mark.parametrize("base_uri", ["file"], indirect=True)
 def test_changing_an_argument_the_code_or_cache_version_launches_a_new_job(base_uri, tmp_path, capsys):
     import kn_cache
 
