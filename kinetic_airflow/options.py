@@ -117,6 +117,7 @@ class OptionSpec:
     optional: bool = True
     aliases: Mapping[str, str] = field(default_factory=dict)
     type: Any = None
+    sensitive: bool = False  # a secret: Airflow masks it and reads its _CMD / _SECRET forms
 
     @property
     def parameter_default(self) -> Any:
@@ -684,6 +685,17 @@ _SETTINGS: dict[str, OptionSpec] = {
         "(default ~/.cache/kinetic-airflow/local).",
         "/var/lib/kinetic",
     ),
+    # Reusing a result (kinetic_airflow.result_cache): entries signed with it
+    "cache_signing_key": _setting(
+        "text",
+        "a secret string of 32 characters or more (e.g. the output of `openssl rand -hex 32`)",
+        "Signs the result cache's entries (cache=True, how-to/cache.md) with an HMAC: when set, an entry "
+        "without its signature (written before it was set, or changed by someone who may edit Airflow "
+        "Variables) is not used. Give it through AIRFLOW__KINETIC__CACHE_SIGNING_KEY_SECRET (a secrets "
+        "backend) or _CMD rather than in airflow.cfg; every worker needs the same one.",
+        "(a secret: 64 hex digits)",
+        sensitive=True,
+    ),
     "service_account": _setting(
         "text",
         "a Kubernetes service account name",
@@ -883,6 +895,7 @@ def provider_config() -> dict[str, dict[str, Any]]:
             "type": _CONFIG_TYPES.get(spec.kind, "string"),
             "example": spec.setting_example or None,
             "default": setting_text(spec.default),
+            **({"sensitive": True} if spec.sensitive else {}),
         }
     return declared
 

@@ -34,6 +34,7 @@ runs the same inputs); to run one fresh, delete its Variable (the log names it),
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
 import time
@@ -41,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kinetic_airflow.config import resolve_setting
+from kinetic_airflow.config import KineticSettingError, resolve_setting
 from kinetic_airflow.job.envelope import load_checked_envelope
 from kinetic_airflow.job.integrity import check_digest, verify_manifest
 from kinetic_airflow.job.layout import JobLayout
@@ -68,6 +69,7 @@ __all__ = [
     "read_entry",
     "remember",
     "reuse_words",
+    "signing_key",
     "variable_name",
     "write_entry",
 ]
@@ -237,21 +239,56 @@ class CacheEntry:
                    accelerator=str(value.get("accelerator") or "cpu"))  # fmt: skip
 
 
+_SIGNATURE = "hmac"  # the field of a signed entry holding its HMAC
+_MIN_SIGNING_KEY = 32
+
+
+def signing_key() -> str | None:
+    """``[kinetic] cache_signing_key``, checked: None when it is not set."""
+    key = resolve_setting("cache_signing_key")
+    if key and len(key) < _MIN_SIGNING_KEY:
+        raise KineticSettingError(
+            f"[kinetic] cache_signing_key is {len(key)} characters long: a signing key needs "
+            f"{_MIN_SIGNING_KEY} or more to be unguessable. Set it to the output of `openssl rand -hex 32` "
+            "(AIRFLOW__KINETIC__CACHE_SIGNING_KEY_SECRET or _CMD), the same on every worker."
+        )
+    return key or None
+
+
+def _signature(secret: str, fields: dict[str, Any]) -> str:
+    body = json.dumps({k: v for k, v in fields.items() if k != _SIGNATURE}, sort_keys=True, default=str)
+    return hmac.new(secret.encode(), b"kinetic-cache-entry-v1\n" + body.encode(), hashlib.sha256).hexdigest()
+
+
 def read_entry(key: str) -> CacheEntry | None:
-    """The entry of ``key`` in the metadata DB, or None (none, or one that cannot be read: the
-    task then runs its job, and its success writes a good entry)."""
+    """The entry of ``key`` in the metadata DB, or None (none, or one that cannot be used: the
+    task then runs its job, and its success writes a good entry). With ``[kinetic]
+    cache_signing_key`` set, an entry must carry its HMAC under that key."""
     # Airflow start-up cost: loaded when called, not when this module is imported.
     from airflow.sdk import Variable
 
+    secret = signing_key()
     name = variable_name(key)
     text = Variable.get(name, default=None)
     if text is None:
         return None
     try:
-        return CacheEntry.from_dict(json.loads(text) if isinstance(text, str) else text, key)
+        fields = json.loads(text) if isinstance(text, str) else text
+        entry = CacheEntry.from_dict(fields, key)
     except ValueError as exc:
         log.warning("the result cache entry %s cannot be used (%s): running the job", name, exc)
         return None
+    if secret is not None and not hmac.compare_digest(
+        str(fields.get(_SIGNATURE) or ""), _signature(secret, fields)
+    ):
+        log.warning(
+            "the result cache entry %s is not signed with [kinetic] cache_signing_key (it was written "
+            "before the key was set, or changed by someone who may edit Airflow Variables): not used; "
+            "running the job",
+            name,
+        )
+        return None
+    return entry
 
 
 def write_entry(entry: CacheEntry) -> str:
@@ -259,9 +296,13 @@ def write_entry(entry: CacheEntry) -> str:
     from airflow.sdk import Variable  # (as above)
 
     name = variable_name(entry.key)
+    fields = entry.to_dict()
+    secret = signing_key()
+    if secret is not None:
+        fields[_SIGNATURE] = _signature(secret, fields)
     Variable.set(
         name,
-        json.dumps(entry.to_dict(), sort_keys=True),
+        json.dumps(fields, sort_keys=True),
         description=(
             f"kinetic-airflow result cache: tasks with cache=True and this key reuse the result of "
             f"job {entry.job_id} ({entry.dag_id}.{entry.task_id}, run {entry.run_id}). Delete it to run "
@@ -361,6 +402,7 @@ class Lookup:
             cache_version=task.cache_version,
             task_label=f"task {task.task_id!r}",
         )
+        signing_key()  # a bad [kinetic] cache_signing_key fails the task here, naming the fix
         try:
             entry = read_entry(key)
         except Exception as exc:  # the index is a convenience: the job can still run

@@ -198,6 +198,44 @@ def test_a_result_replaced_in_job_storage_is_refused_and_a_new_job_runs(base_uri
 
 
 @pytest.mark.parametrize("base_uri", ["file"], indirect=True)
+def test_with_a_signing_key_an_entry_changed_in_the_variables_is_not_used(
+    base_uri, tmp_path, capsys, monkeypatch
+):
+    """[kinetic] cache_signing_key: someone who may edit Variables (and write the bucket) points the
+    entry at an envelope they planted, with its right digest; the entry's HMAC no longer matches."""
+    import cloudpickle
+    import kn_cache
+    from airflow.models.variable import Variable
+
+    monkeypatch.setenv("AIRFLOW__KINETIC__CACHE_SIGNING_KEY", "k" * 40)
+    dag = kn_cache.cache_dag("kn_cache_planted", str(tmp_path), 9)
+    first, _ = _run(capsys, dag)
+    name = xcom(first, "square", key="kinetic_cache")["variable"]
+    entry = _variable(name)
+    assert len(entry["hmac"]) == 64
+    reused, _ = _run(capsys, dag)
+    assert xcom(reused, "square", key="kinetic_cache")["reused"] is True  # signed entries are used
+
+    storage = open_storage(base_uri)
+    planted = join_uri(base_uri, "planted", "result.pkl")
+    storage.write_bytes(planted, cloudpickle.dumps({"ok": True, "value": {"square": -1}}))
+    forged = {**entry, "job_uri": join_uri(base_uri, "planted")}
+    forged["result_sha256"] = hashlib.sha256(storage.read_bytes(planted)).hexdigest()
+    Variable.set(name, json.dumps(forged))
+    third, log = _run(capsys, dag)
+    assert f"the result cache entry {name} is not signed with [kinetic] cache_signing_key" in log
+    assert xcom(third, "square")["square"] == 81
+    assert len(_jobs(base_uri)) == 2
+    assert len(_variable(name)["hmac"]) == 64  # the new job's result is entered, signed
+
+    monkeypatch.setenv("AIRFLOW__KINETIC__CACHE_SIGNING_KEY", "short")
+    fourth, log = _run(capsys, dag)
+    assert ti_states(fourth) == {"square": "failed"}
+    assert "[kinetic] cache_signing_key is 5 characters long" in log and "openssl rand -hex 32" in log
+    assert len(_jobs(base_uri)) == 2  # failed before any job existed
+
+
+@pytest.mark.parametrize("base_uri", ["file"], indirect=True)
 def test_a_failed_try_enters_nothing_and_its_retry_runs_a_job(base_uri, tmp_path, capsys):
     import kn_cache
 
