@@ -260,13 +260,15 @@ def _signature(secret: str, fields: dict[str, Any]) -> str:
     return hmac.new(secret.encode(), b"kinetic-cache-entry-v1\n" + body.encode(), hashlib.sha256).hexdigest()
 
 
-def read_entry(key: str) -> CacheEntry | None:
+def read_entry(key: str, logger: Any = None) -> CacheEntry | None:
     """The entry of ``key`` in the metadata DB, or None (none, or one that cannot be used: the
     task then runs its job, and its success writes a good entry). With ``[kinetic]
-    cache_signing_key`` set, an entry must carry its HMAC under that key."""
+    cache_signing_key`` set, an entry must carry its HMAC under that key. Why an entry is not used
+    goes to ``logger`` (the task's)."""
     # Airflow start-up cost: loaded when called, not when this module is imported.
     from airflow.sdk import Variable
 
+    logger = logger or log
     secret = signing_key()
     name = variable_name(key)
     text = Variable.get(name, default=None)
@@ -276,12 +278,12 @@ def read_entry(key: str) -> CacheEntry | None:
         fields = json.loads(text) if isinstance(text, str) else text
         entry = CacheEntry.from_dict(fields, key)
     except ValueError as exc:
-        log.warning("the result cache entry %s cannot be used (%s): running the job", name, exc)
+        logger.warning("the result cache entry %s cannot be used (%s): running the job", name, exc)
         return None
     if secret is not None and not hmac.compare_digest(
         str(fields.get(_SIGNATURE) or ""), _signature(secret, fields)
     ):
-        log.warning(
+        logger.warning(
             "the result cache entry %s is not signed with [kinetic] cache_signing_key (it was written "
             "before the key was set, or changed by someone who may edit Airflow Variables): not used; "
             "running the job",
@@ -404,7 +406,7 @@ class Lookup:
         )
         signing_key()  # a bad [kinetic] cache_signing_key fails the task here, naming the fix
         try:
-            entry = read_entry(key)
+            entry = read_entry(key, task.log)
         except Exception as exc:  # the index is a convenience: the job can still run
             task.log.warning("[kinetic] cache: could not read the result cache (%s); running the job", exc)
             return False, None
