@@ -103,7 +103,7 @@ class JobDriver:
         task.kinetic_links = {}
         self.integrity: dict[str, Any] | None = None
         self.active_job: JobRef | None = None
-        self.cache_key: str | None = None  # cache=True: the key this run looked up
+        self.cache_keys: list[str] = []  # cache=True: the keys this run looked up
         self.result_sha256: str | None = None  # the digest of the result _outcome verified
         self.bind(context)
 
@@ -231,7 +231,7 @@ class JobDriver:
             dags_folder=airflow_dags_folder(),
         )
         hit, value = lookup.reuse(ref, deadline, record)
-        self.cache_key = lookup.key
+        self.cache_keys = lookup.keys
         return hit, value
 
     def _remember(self, ref: JobRef, job_key: str | None) -> None:
@@ -239,7 +239,7 @@ class JobDriver:
         if getattr(self.task, "cache", False) and self.result_sha256 and job_key:
             result_cache.remember(
                 self.task, self.context, self.store, self._storage(ref.job_uri), ref, job_key,
-                self.result_sha256, looked_up=self.cache_key,
+                self.result_sha256, looked_up=self.cache_keys,
             )  # fmt: skip
 
     # Stop -------------------------------------------------------------------------------------

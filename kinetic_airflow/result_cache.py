@@ -38,7 +38,7 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -131,10 +131,12 @@ def lookup_key(
     dags_folder: str | None,
     cache_version: str | None,
     task_label: str = "",
-) -> str:
-    """The key of the job ``ref`` would be, before it exists: its payload prepared as
-    ``ship_payload`` prepares it and digested, nothing stored but content-addressed uploads
-    (the code archive, ``Data``) the job would make anyway."""
+    others: Sequence[JobRef] = (),
+) -> list[str]:
+    """The key of the job ``ref`` would be, before it exists, then those of ``others`` (the other
+    rungs of a capacity ladder: the same payload on another accelerator or image): its payload
+    prepared as ``ship_payload`` prepares it and digested, nothing stored but content-addressed
+    uploads (the code archive, ``Data``) the job would make anyway."""
     parts = prepare_payload(
         storage, ref.base_uri, python_callable, op_args, op_kwargs, volumes, capture_env_vars, dag_file,
         dags_folder,
@@ -142,15 +144,18 @@ def lookup_key(
     digest = payload_digest(
         python_callable, parts.args, parts.kwargs, env=parts.env, volumes=parts.volumes, task_label=task_label
     )
-    return cache_key(
-        ref,
-        payload_sha256=digest,
-        code_sha256=(parts.code or {}).get("sha256"),
-        requirements=ref.requirements,
-        image=ref.k8s.image if ref.k8s is not None else None,
-        client=fingerprint(),
-        cache_version=cache_version,
-    )
+    return [
+        cache_key(
+            each,
+            payload_sha256=digest,
+            code_sha256=(parts.code or {}).get("sha256"),
+            requirements=each.requirements,
+            image=each.k8s.image if each.k8s is not None else None,
+            client=fingerprint(),
+            cache_version=cache_version,
+        )
+        for each in (ref, *others)
+    ]
 
 
 def key_of_manifest(ref: JobRef, storage: Storage, job_key: str, cache_version: str | None) -> str:
@@ -378,7 +383,18 @@ class Lookup:
         self.now = now
         self.dag_file = dag_file
         self.dags_folder = dags_folder
-        self.key: str | None = None
+        self.keys: list[str] = []  # the keys looked up (one a rung of a capacity ladder)
+
+    def _other_rungs(self, ref: JobRef) -> list[JobRef]:
+        """The jobs the other rungs of the task's capacity ladder would run (none without one)."""
+        ladder = getattr(self.task, "ladder", None) or []
+        others = []
+        for index in range(1, len(ladder)):
+            try:
+                others.append(self.task._rung_job_ref(ref.job_identity, ref.base_uri, index))
+            except Exception as exc:  # that rung cannot be looked up; the others still can
+                self.task.log.warning("[kinetic] cache: not looking up rung %d: %s", index + 1, exc)
+        return others
 
     def reuse(self, ref: JobRef, deadline: float | None, record: Any) -> tuple[bool, Any]:
         """On a hit (its result verified against the entry): record the reuse (phase ``reused``),
@@ -391,7 +407,7 @@ class Lookup:
                 "[kinetic] cache: not reusing a result (%s); the job's result replaces the entry", fresh
             )
             return False, None
-        self.key = key = lookup_key(
+        self.keys = keys = lookup_key(
             ref,
             self.storage_for(ref.job_uri),
             python_callable=task.python_callable,
@@ -403,15 +419,20 @@ class Lookup:
             dags_folder=self.dags_folder,
             cache_version=task.cache_version,
             task_label=f"task {task.task_id!r}",
+            others=self._other_rungs(ref),
         )
         signing_key()  # a bad [kinetic] cache_signing_key fails the task here, naming the fix
+        entry = None
         try:
-            entry = read_entry(key, task.log)
+            for key in keys:  # a ladder's rungs in order: a result of any of them will do
+                entry = read_entry(key, task.log)
+                if entry is not None:
+                    break
         except Exception as exc:  # the index is a convenience: the job can still run
             task.log.warning("[kinetic] cache: could not read the result cache (%s); running the job", exc)
             return False, None
         if entry is None:
-            task.log.info("[kinetic] cache: no earlier result with key %s; running the job", key)
+            task.log.info("[kinetic] cache: no earlier result with key %s; running the job", ", ".join(keys))
             return False, None
         try:
             envelope, sha256 = load_cached_envelope(self.storage_for(entry.job_uri), entry)
@@ -486,7 +507,7 @@ def remember(
     job_key: str,
     result_sha256: str,
     *,
-    looked_up: str | None,
+    looked_up: Sequence[str] = (),
 ) -> None:
     """Enter a job's delivered, verified result (``result_sha256``), keyed by its HMAC-checked
     manifest; push XCom ``kinetic_cache``. Never fails the task: its result is delivered."""
@@ -495,11 +516,11 @@ def remember(
         usage = record.usage if record is not None and record.job.job_id == ref.job_id else None
         key = key_of_manifest(ref, storage, job_key, task.cache_version)
         name = write_entry(new_entry(key, ref, result_sha256, usage))
-        if looked_up and looked_up != key:
+        if looked_up and key not in looked_up:
             log.warning(
                 "kinetic cache: the payload shipped pickled differently from the one looked up (key %s, "
                 "shipped %s): later runs may not reuse it; see how-to/cache.md",
-                looked_up,
+                ", ".join(looked_up),
                 key,
             )
         pushed = {"reused": False, "cache_key": key, "variable": name}
