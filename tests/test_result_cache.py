@@ -274,6 +274,23 @@ def test_on_the_cluster_backends_a_second_run_reuses_the_first_job(
     assert f"reused the result of job {launched[0]} from run {first.run_id}" in log
 
 
+@pytest.mark.parametrize("base_uri", ["file"], indirect=True)
+def test_with_a_capacity_ladder_a_result_of_a_later_rung_is_reused(base_uri, gke_env, tmp_path, capsys):
+    import kn_cache
+
+    dag = kn_cache.cache_dag("kn_cache_ladder", str(tmp_path), 12, **kn_cache.CLUSTER["ladder"])
+    first, _ = _run(capsys, dag)
+    assert ti_states(first) == {"square": "success"}
+    launched = _jobs(base_uri)
+    assert [job[-4:] for job in launched] == ["t1a1", "t1a2"]  # rung 1 withdrawn, rung 2 ran
+    entry = _variable(xcom(first, "square", key="kinetic_cache")["variable"])
+    assert entry["job_id"].endswith("t1a2") and entry["accelerator"] == "gpu-l4"
+    second, log = _run(capsys, dag)
+    assert _jobs(base_uri) == launched  # not even rung 1 was submitted
+    assert xcom(second, "square", key="kinetic_cache")["job_id"] == entry["job_id"]
+    assert f"reused the result of job {entry['job_id']}" in log
+
+
 # Parse time and the entry's own checks ---------------------------------------------------------
 @pytest.mark.parametrize(
     ("options", "message"),

@@ -61,6 +61,8 @@ CLUSTER = {
     "gke": {"backend": "gke"},
     "pathways": {"backend": "auto", "accelerator": "tpu-v6e-16"},
     "multislice": {"backend": "auto", "accelerator": "tpu-v6e-16", "slices": 2},
+    # a capacity ladder whose first rung never starts (no A100 pool): rung 2 (L4) runs the job
+    "ladder": {"backend": "gke", "accelerator": [("gpu-a100", 2), "gpu-l4"]},
 }
 
 # dag.test() finds a DAG in the DAG folder by its id before it runs the copy a test built (with
