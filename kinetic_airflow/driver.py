@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk.exceptions import AirflowTaskTimeout
 
-from kinetic_airflow import lifecycle
+from kinetic_airflow import lifecycle, result_cache
 from kinetic_airflow.backends import BackendStatus, JobRef, JobState
 from kinetic_airflow.backends.gke.console import is_gke_cluster, job_links
 from kinetic_airflow.backends.registry import get_backend
@@ -103,6 +103,8 @@ class JobDriver:
         task.kinetic_links = {}
         self.integrity: dict[str, Any] | None = None
         self.active_job: JobRef | None = None
+        self.cache_keys: list[str] = []  # cache=True: the keys this run looked up
+        self.result_sha256: str | None = None  # the digest of the result _outcome verified
         self.bind(context)
 
     def bind(self, context: Any) -> None:
@@ -151,6 +153,10 @@ class JobDriver:
             if decision.replaces is not None:
                 self._cancel(decision.replaces, by="a new try", reason=decision.reason)
             ref = self.task._job_ref(identity, target.backend, target.base_uri, target.spec)
+            if getattr(self.task, "cache", False):
+                hit, value = self._reuse(ref, deadline, record)
+                if hit:
+                    return value
             return self._run_job(ref, deadline, record, Action.NEW_JOB)
         assert job is not None and record is not None
         if decision.action is Action.COLLECT:
@@ -210,6 +216,31 @@ class JobDriver:
         """Report how an ended job ended (its result or its failure), running nothing."""
         event = asyncio.run(self._watcher(ref, None, wait_settings(self.task)).wait())
         return self.task.execute_complete(self.context, event)
+
+    # Reuse (cache=True: kinetic_airflow.result_cache) -----------------------------------------
+    def _reuse(self, ref: JobRef, deadline: float | None, record: JobRecord | None) -> tuple[bool, Any]:
+        """``(True, value)`` when an earlier job's verified result is reused instead of ``ref``."""
+        dag = self.context.get("dag")
+        lookup = result_cache.Lookup(
+            self.task,
+            self.context,
+            self.store,
+            self._storage,
+            self.now,
+            dag_file=getattr(dag, "fileloc", None) if dag is not None else None,
+            dags_folder=airflow_dags_folder(),
+        )
+        hit, value = lookup.reuse(ref, deadline, record)
+        self.cache_keys = lookup.keys
+        return hit, value
+
+    def _remember(self, ref: JobRef, job_key: str | None) -> None:
+        """cache=True: enter this job's delivered, verified result in the result cache."""
+        if getattr(self.task, "cache", False) and self.result_sha256 and job_key:
+            result_cache.remember(
+                self.task, self.context, self.store, self._storage(ref.job_uri), ref, job_key,
+                self.result_sha256, looked_up=self.cache_keys,
+            )  # fmt: skip
 
     # Stop -------------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -430,6 +461,7 @@ class JobDriver:
             raise
         self._delivered(ref, "success", record)
         self._publish_metrics(ref, record)
+        self._remember(ref, key)
         return value
 
     def _publish_metrics(self, ref: JobRef, record: JobRecord | None) -> None:
@@ -499,6 +531,7 @@ class JobDriver:
         identity = ref.job_identity
         summary = self._summary(storage, ref, 0, {})
         envelope, sha256 = load_verified_envelope(storage, result_uri, summary, key, 0)
+        self.result_sha256 = sha256
         # its timings are in the job's own "finished in" line, streamed above
         log.info("kinetic job %s succeeded on attempt %d", ref.job_id, identity.attempt)
         return to_xcom(

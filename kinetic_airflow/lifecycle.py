@@ -19,11 +19,15 @@ writes both, and the one place that decides what a new ``execute`` does::
     cancelled  stopped on purpose (user kill/clear/mark,      operator.on_kill, trigger.on_kill,
                timeout, a replacing try, a worker error       listener, a replacing try,
                before a watcher held the job)                 the worker (until_watched)
+    reused     no job: the try returned an earlier job's      worker (cache=True, result_cache)
+               verified result; ``reused`` names that job
     (finished  the job ended: result.json or process exit;    runner / backend, observed only)
 
     recorded -> created -> shipped -> waiting -> delivered
     any state -> cancelled            waiting -> recorded (next attempt after a preemption)
     recorded -> recorded              (a second execute of the try resumes an unfinished submit)
+    (none) -> reused -> reused        (a cache hit; a second execute of the try looks it up again)
+    reused -> recorded                (that lookup missed: the try runs its own job after all)
 
 The invariant all of this serves: *a job exists only while a try of its task watches it
 or has delivered it.* The watcher (the trigger, or the in-worker wait) owns a job from the
@@ -104,17 +108,19 @@ class Phase(str, enum.Enum):
     WAITING = "waiting"
     DELIVERED = "delivered"
     CANCELLED = "cancelled"
+    REUSED = "reused"  # no job ran: an earlier job's result was reused (cache=True)
 
 
 # Who may move the record from one phase to the next (the worker writes every record).
 _ALLOWED: dict[Phase | None, set[Phase]] = {
-    None: {Phase.RECORDED},
+    None: {Phase.RECORDED, Phase.REUSED},
     Phase.RECORDED: {Phase.RECORDED, Phase.CREATED, Phase.CANCELLED},  # again: a resumed submit
     Phase.CREATED: {Phase.SHIPPED, Phase.CANCELLED},
     Phase.SHIPPED: {Phase.WAITING, Phase.DELIVERED, Phase.CANCELLED},
     Phase.WAITING: {Phase.WAITING, Phase.DELIVERED, Phase.RECORDED, Phase.CANCELLED},
     Phase.DELIVERED: {Phase.DELIVERED},
     Phase.CANCELLED: {Phase.CANCELLED, Phase.DELIVERED},
+    Phase.REUSED: {Phase.REUSED, Phase.RECORDED},
 }
 
 
@@ -155,7 +161,7 @@ class Decision:
 
 # The record ----------------------------------------------------------------------------------
 _BASE_KEYS = ("version", "phase", "job", "try_number", "ti_id", "max_tries", "deadline", "updated")
-_EXTRA_KEYS = ("outcome", "usage", "cancelled", "integrity")  # what a transition may add
+_EXTRA_KEYS = ("outcome", "usage", "cancelled", "integrity", "reused")  # what a transition may add
 _KNOWN_KEYS = (*_BASE_KEYS, *_EXTRA_KEYS, "jobs")
 
 
@@ -266,6 +272,8 @@ class HistoryEntry:
             value = getattr(self, key)
             if key in self.stored or value is not None:
                 out[key] = value.to_dict() if isinstance(value, Cancellation) else value
+        for key, value in self.extra.items():  # one a change added (``reused``)
+            out.setdefault(key, value)
         return out
 
     def replace(self, **changes: Any) -> HistoryEntry:
@@ -300,6 +308,8 @@ class JobRecord:
     cancelled: Cancellation | None = None
     integrity: dict[str, Any] | None = None
     jobs: tuple[HistoryEntry, ...] | None = None
+    # a cache hit (phase reused): the reused job, the run and task that made it, what it saved
+    reused: dict[str, Any] | None = None
     unknown: dict[str, Any] = field(default_factory=dict)
     # The stored keys, in their order ((): a new record, in the usual order). Not compared: a
     # decoded record equals the one that was saved.
@@ -342,6 +352,7 @@ class JobRecord:
             cancelled=Cancellation.from_dict(_typed(record, "cancelled", (dict,), "an object")),
             integrity=_typed(record, "integrity", (dict,), "an object"),
             jobs=tuple(HistoryEntry.from_dict(j) for j in jobs) if jobs is not None else None,
+            reused=_typed(record, "reused", (dict,), "an object"),
             unknown={key: value for key, value in record.items() if key not in _KNOWN_KEYS},
             keys=tuple(record),
         )
@@ -362,6 +373,7 @@ class JobRecord:
             "cancelled": self.cancelled.to_dict() if self.cancelled is not None else None,
             "integrity": self.integrity,
             "jobs": [j.to_dict() for j in self.jobs] if self.jobs is not None else None,
+            "reused": self.reused,
         }
         present = set(self.keys) if self.keys else {"job", *_BASE_KEYS}
         out: dict[str, Any] = {}
@@ -452,6 +464,7 @@ def save_record(
     usage: dict[str, Any] | None = None,
     cancelled: Cancellation | None = None,
     integrity: dict[str, Any] | None = None,
+    reused: dict[str, Any] | None = None,
 ) -> JobRecord:
     """Write the record in ``phase``; refuses transitions the table above does not allow.
 
@@ -463,7 +476,7 @@ def save_record(
     # record only (the metadata DB), never in ``job`` (the reference trigger kwargs carry).
     if integrity is None:  # the job's key (and payload digest) stay with its record
         integrity = job_integrity(earlier, job.job_id) or None
-    extra = {"outcome": outcome, "usage": usage, "cancelled": cancelled}
+    extra = {"outcome": outcome, "usage": usage, "cancelled": cancelled, "reused": reused}
     record = JobRecord(
         job=job,
         phase=phase,
@@ -511,6 +524,8 @@ def job_history(
         jobs.append(history_entry(job))
         at = len(jobs) - 1
     changes = {key: extra[key] for key in ("outcome", "usage", "cancelled") if key in extra}
+    if extra.get("reused") is not None:  # the view reads it from the entry (HistoryEntry.extra)
+        changes["extra"] = {**jobs[at].extra, "reused": extra["reused"]}
     jobs[at] = jobs[at].replace(phase=phase.value, **changes)
     return jobs[-_HISTORY_LIMIT:]
 
@@ -531,6 +546,8 @@ def recorded_status(record: JobRecord) -> JobStatus | None:
     """The status of a record's job from the record alone (``job.states.status_of``): final once
     its outcome was delivered or it was cancelled; None while its files and backend decide."""
     phase = record.current_phase
+    if phase is Phase.REUSED:
+        return status_of(ok=True, cancelled=None)
     if phase not in (Phase.DELIVERED, Phase.CANCELLED):
         return None
     return status_of(
@@ -724,6 +741,13 @@ def decide(record: JobRecord | None, now: TryInfo) -> Decision:
     job = record.job
     phase = record.current_phase
     recorded_try = record.try_number or 0
+    if phase is Phase.REUSED:
+        # No job ran: nothing to reattach to or stop. A duplicate execute, a retry and a clear
+        # all look the cache up again (a clear reuses too, unless the run asks for a fresh one).
+        reused = (record.reused or {}).get("job_id", "an earlier job")
+        return Decision(
+            Action.NEW_JOB, f"try {recorded_try} reused the result of {reused}; looking the cache up again"
+        )
     recorded_id = record.ti_id or ""
     same_incarnation = not recorded_id or not now.ti_id or recorded_id == now.ti_id
 

@@ -117,6 +117,7 @@ class OptionSpec:
     optional: bool = True
     aliases: Mapping[str, str] = field(default_factory=dict)
     type: Any = None
+    sensitive: bool = False  # a secret: Airflow masks it and reads its _CMD / _SECRET forms
 
     @property
     def parameter_default(self) -> Any:
@@ -572,6 +573,32 @@ class TaskOptions(TypedDict, total=False):
             minimum=1,
         ),
     ]
+    # Reusing a result (kinetic_airflow.result_cache): checked together in validate_options
+    cache: Annotated[
+        bool,
+        _row(
+            "bool",
+            _A_BOOL,
+            "cache=True",
+            doc="Reuse the result of an earlier successful job whose function code, arguments (as "
+            "shipped), DAG code, requirements, image, backend, accelerator and cache_version are the "
+            "same, instead of launching a job; the task log, XCom `kinetic_cache` and the Kinetic view "
+            'name the reused job. A run triggered with conf `{"kinetic_fresh_run": true}` runs '
+            "fresh (how-to/cache.md).",
+            default=False,
+            optional=False,
+        ),
+    ]
+    cache_version: Annotated[
+        str | None,
+        _row(
+            "text",
+            "a non-empty string (str), with cache=True",
+            'cache_version="2"',
+            doc="Part of the cache key: change it to stop reusing results made before (e.g. the data "
+            "behind a path changed while the arguments did not).",
+        ),
+    ]
     # Remote debugging (kinetic_airflow.job.debugging): checked together in validate_options
     debug: Annotated[
         bool,
@@ -657,6 +684,17 @@ _SETTINGS: dict[str, OptionSpec] = {
         "Where local jobs keep pid/exit/log files when storage is gs:// "
         "(default ~/.cache/kinetic-airflow/local).",
         "/var/lib/kinetic",
+    ),
+    # Reusing a result (kinetic_airflow.result_cache): entries signed with it
+    "cache_signing_key": _setting(
+        "text",
+        "a secret string of 32 characters or more (e.g. the output of `openssl rand -hex 32`)",
+        "Signs the result cache's entries (cache=True, how-to/cache.md) with an HMAC: when set, an entry "
+        "without its signature (written before it was set, or changed by someone who may edit Airflow "
+        "Variables) is not used. Give it through AIRFLOW__KINETIC__CACHE_SIGNING_KEY_SECRET (a secrets "
+        "backend) or _CMD rather than in airflow.cfg; every worker needs the same one.",
+        "(a secret: 64 hex digits)",
+        sensitive=True,
     ),
     "service_account": _setting(
         "text",
@@ -857,6 +895,7 @@ def provider_config() -> dict[str, dict[str, Any]]:
             "type": _CONFIG_TYPES.get(spec.kind, "string"),
             "example": spec.setting_example or None,
             "default": setting_text(spec.default),
+            **({"sensitive": True} if spec.sensitive else {}),
         }
     return declared
 
@@ -1447,6 +1486,7 @@ def validate_options(values: Mapping[str, Any]) -> dict[str, Any]:
             "preempted job resubmits on): give capacity or accelerator as a list of rungs, e.g. "
             "capacity=['spot', 'on-demand'], or leave out rung_after_preemption"
         )
+    _check_cache_options(checked)
     return checked
 
 
@@ -1498,6 +1538,21 @@ def _check_rungs_together(checked: dict[str, Any], rungs: Any, backend: str | No
                 check_slices(checked["slices"], accelerator, backend, spot=checked.get("spot"))
         except (TypeError, ValueError) as exc:
             raise KineticOptionError(f"capacity ladder rung {index} ({rung.label()}): {exc}") from None
+
+
+def _check_cache_options(checked: Mapping[str, Any]) -> None:
+    """``cache_version`` only means something with ``cache=True``; ``debug=True`` wants its job to
+    run, which a reused result would skip."""
+    if checked.get("cache_version") is not None and checked.get("cache") is not True:
+        raise KineticOptionError(
+            f"cache_version={checked['cache_version']!r} given without cache=True does nothing (it is part "
+            "of the cache key); write cache=True to reuse results, or leave out cache_version."
+        )
+    if checked.get("cache") is True and checked.get("debug") is True:
+        raise KineticOptionError(
+            "cache=True with debug=True: a reused result would skip the job you want to debug; leave out "
+            "cache=True while debugging (or debug=True to reuse results)."
+        )
 
 
 # Configured values ------------------------------------------------------------------------------

@@ -48,11 +48,13 @@ from kinetic_airflow.options import check_rendered_options, validate_backend
 from kinetic_airflow.validation import callable_name, check_backend_fits, check_base_uri, check_local_volumes
 
 __all__ = [
+    "PayloadParts",
     "RenderedTask",
     "Target",
     "check_settings",
     "machine_has",
     "preflight",
+    "prepare_payload",
     "publish_job",
     "resolve_backend",
     "resolve_base_uri",
@@ -290,6 +292,45 @@ def stage_args(
     return [convert(a) for a in op_args], {k: convert(v) for k, v in op_kwargs.items()}
 
 
+@dataclass(frozen=True)
+class PayloadParts:
+    """What a job's payload is made of, as shipped: the DAG code archive's entry (uploaded, content
+    addressed), the arguments with ``Data`` staged and upstream results as refs, the volumes staged
+    and the captured environment."""
+
+    code: dict[str, Any] | None
+    args: list[Any]
+    kwargs: dict[str, Any]
+    volumes: dict[str, Any]
+    env: dict[str, str]
+
+
+def prepare_payload(
+    storage: Storage,
+    base_uri: str,
+    python_callable: Any,
+    op_args: Sequence[Any],
+    op_kwargs: Mapping[str, Any],
+    volumes: Mapping[str, Data],
+    capture_env_vars: Any,
+    dag_file: str | None,
+    dags_folder: str | None,
+) -> PayloadParts:
+    """The steps before pickling, in one place: ``ship_payload`` ships what they give, and the
+    result cache (``result_cache``) digests the same parts before any job exists. Uploads are
+    content addressed (code archive, ``Data``), so doing this twice uploads nothing twice."""
+    roots = [dags_folder]
+    if dag_file:
+        roots.append(os.path.dirname(dag_file))
+    code = ship_code_bundle(storage, base_uri, *code_roots(dags_folder, dag_file))
+    by_value = register_dag_modules_by_value(python_callable, roots)
+    if by_value:
+        log.info("pickling DAG-folder modules by value: %s", ", ".join(map(user_names, by_value)))
+    args, kwargs = stage_args(op_args, op_kwargs, storage, base_uri)
+    staged = {m: d.stage(storage, base_uri) for m, d in volumes.items()}
+    return PayloadParts(code, args, kwargs, staged, capture_env(capture_env_vars))
+
+
 def ship_payload(
     storage: Storage,
     ref: JobRef,
@@ -310,23 +351,19 @@ def ship_payload(
     """Upload a created job's payload, code and data, then its manifest; returns the payload's
     size, the job's ``KINETIC_OUTPUT_DIR`` and the payload's digest (for the job record)."""
     layout = JobLayout(ref.job_uri)
-    roots = [dags_folder]
-    if dag_file:
-        roots.append(os.path.dirname(dag_file))
-    code = ship_code_bundle(storage, ref.base_uri, *code_roots(dags_folder, dag_file))
-    by_value = register_dag_modules_by_value(python_callable, roots)
-    if by_value:
-        log.info("pickling DAG-folder modules by value: %s", ", ".join(map(user_names, by_value)))
-    args, kwargs = stage_args(op_args, op_kwargs, storage, ref.base_uri)
-    staged = {m: d.stage(storage, ref.base_uri) for m, d in volumes.items()}
+    parts = prepare_payload(
+        storage, ref.base_uri, python_callable, op_args, op_kwargs, volumes, capture_env_vars, dag_file,
+        dags_folder,
+    )  # fmt: skip
+    code = parts.code
     fields = write_payload(
         storage,
         layout.payload,
         python_callable,
-        args,
-        kwargs,
-        env=capture_env(capture_env_vars),
-        volumes=staged,
+        parts.args,
+        parts.kwargs,
+        env=parts.env,
+        volumes=parts.volumes,
         task_label=f"task {task_id!r}",
     )
     output_dir = output_dir or output_dir_uri(ref.base_uri, identity)

@@ -40,6 +40,7 @@ __all__ = [
     "chips_of",
     "emit_metrics",
     "ended_usage",
+    "reused_usage",
     "totals",
 ]
 
@@ -157,6 +158,31 @@ def attempt_usage(storage: Storage, ref: JobRef, outcome: str, *, ended: float |
 
 def _model(spot: bool) -> str:
     return "spot" if spot else "on-demand"
+
+
+def reused_usage(ref: JobRef, reused_job_id: str) -> dict[str, Any]:
+    """The cost of a try that reused an earlier job's result (``cache=True``): nothing ran, so no
+    chip-hours; the earlier job's own usage stays with the task instance that ran it."""
+    identity = ref.job_identity
+    now = time.time()
+    return {
+        "job_id": ref.job_id,
+        "try_number": identity.try_number,
+        "attempt": identity.attempt,
+        "backend": ref.backend,
+        "accelerator": ref.accelerator or "cpu",
+        "device": "local CPU" if ref.backend == "local" else ref.accelerator or "cpu",
+        "chips": 0,
+        "spot": False,
+        "submitted_at": None,
+        "started_at": None,
+        "finished_at": now,
+        "queue_seconds": None,
+        "run_seconds": 0.0,
+        "chip_hours": 0.0,
+        "outcome": "reused",
+        "reused_job_id": reused_job_id,
+    }
 
 
 def totals(attempts: list[dict[str, Any]]) -> dict[str, Any]:

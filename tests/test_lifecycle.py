@@ -18,8 +18,9 @@ from jobkit import key_of, make_job
 
 from kinetic_airflow.backends.gke.classify import classify
 from kinetic_airflow.backends.local import LocalBackend
-from kinetic_airflow.job.layout import JobIdentity
+from kinetic_airflow.job.layout import STATE_KEY, JobIdentity
 from kinetic_airflow.job.ref import JobRef
+from kinetic_airflow.job.states import JobStatus
 from kinetic_airflow.job.storage import open_storage, uri_to_local_path
 from kinetic_airflow.lifecycle import (
     Action,
@@ -29,6 +30,8 @@ from kinetic_airflow.lifecycle import (
     after_observing,
     cancel_job,
     decide,
+    decode_record,
+    recorded_status,
     save_record,
 )
 from kinetic_airflow.watch import JobWatcher
@@ -110,7 +113,7 @@ def test_a_second_execute_of_the_same_try_finishes_what_the_first_left(phase, ac
     assert not decision.observe and decision.replaces is None
 
 
-@pytest.mark.parametrize("phase", list(Phase))
+@pytest.mark.parametrize("phase", [p for p in Phase if p is not Phase.REUSED])  # reused: no job to stop
 def test_a_clear_always_runs_a_new_job_and_stops_the_old_one(phase):
     # clear_task_instances sets max_tries = try_number + retries: 1 + 0 here, where it was 0.
     decision = decide(_record(phase, outcome="success"), TryInfo(2, "ti-2", 1))
@@ -296,3 +299,55 @@ def test_on_kill_has_the_driver_stop_the_job_it_watches(tmp_path):
         == "the job was cancelled by operator.on_kill: the task was killed (timeout, SIGTERM, a user)"
     )
     assert not {"_integrity", "_active_job"} & set(vars(op))  # the job's state is the driver's
+
+
+@pytest.mark.parametrize(
+    ("now", "why"),
+    [
+        (TryInfo(1, "ti-1", 0), "a second execute of the same try"),
+        (TryInfo(2, "ti-2", 1), "a clear"),
+        (TryInfo(2, "ti-2", 0), "a retry"),
+    ],
+)
+def test_a_try_that_reused_a_result_is_followed_by_another_look_at_the_cache(now, why):
+    """cache=True (result_cache): a reused try ran no job, so nothing is reattached to or stopped;
+    whatever makes the next execute looks the cache up again (a clear reuses too)."""
+    record = save_record(
+        None,
+        Phase.REUSED,
+        job=_job(),
+        now=TryInfo(1, "ti-1", 0),
+        deadline=None,
+        outcome="success",
+        reused={"job_id": "kinetic-earlier", "run_id": "run-0"},
+    )
+    decision = decide(record, now)
+    assert decision.action is Action.NEW_JOB, why
+    assert decision.replaces is None and decision.job is None, why
+    assert "reused the result of kinetic-earlier" in decision.reason
+    assert recorded_status(record) == JobStatus.SUCCEEDED
+
+
+def test_a_reused_try_is_kept_in_the_record_and_its_history():
+    store = Store()
+    first = save_record(
+        store,
+        Phase.REUSED,
+        job=_job(),
+        now=TryInfo(1, "ti-1", 0),
+        deadline=None,
+        outcome="success",
+        usage={"chip_hours": 0.0, "outcome": "reused"},
+        reused={"job_id": "kinetic-earlier", "run_id": "run-0"},
+    )
+    stored = store.get(STATE_KEY)
+    assert stored["phase"] == "reused" and stored["reused"]["job_id"] == "kinetic-earlier"
+    assert stored["jobs"][-1]["reused"] == {"job_id": "kinetic-earlier", "run_id": "run-0"}
+    decoded = decode_record(json.dumps(stored))
+    assert decoded == first and decoded.to_dict() == stored
+    # the same try again (a duplicate execute) may reuse again, or run its own job after a miss
+    save_record(store, Phase.REUSED, job=_job(), now=TryInfo(1, "ti-1", 0), deadline=None, previous=first)
+    save_record(store, Phase.RECORDED, job=_job(), now=TryInfo(1, "ti-1", 0), deadline=None, previous=first)
+    with pytest.raises(RuntimeError, match="is not a lifecycle transition"):
+        save_record(store, Phase.REUSED, job=_job(), now=TryInfo(1, "ti-1", 0), deadline=None,
+                    previous=decode_record(store.get(STATE_KEY)))  # fmt: skip

@@ -44,6 +44,7 @@ def test_every_phase_maps_or_leaves_it_to_the_files_and_backend():
         Phase.WAITING: None,
         Phase.DELIVERED: None,
         Phase.CANCELLED: JobStatus.CANCELLED,
+        Phase.REUSED: JobStatus.SUCCEEDED,  # cache=True: no job ran, an earlier result was returned
     }
     assert from_phase(None) is None  # a record from before the lifecycle
 

@@ -24,7 +24,7 @@ from kinetic_airflow import __version__
 from kinetic_airflow.job.envelope import FORMAT_VERSION
 from kinetic_airflow.job.tracebacks import FilenamePickler
 
-__all__ = ["PayloadError", "fingerprint", "register_dag_modules_by_value", "write_payload"]
+__all__ = ["PayloadError", "fingerprint", "payload_digest", "register_dag_modules_by_value", "write_payload"]
 
 _SLICE = 8 * 1024 * 1024
 
@@ -160,6 +160,58 @@ def _find_unpicklable(payload: dict[str, Any], error: Exception) -> str:
     return f"the payload cannot be pickled ({error})"
 
 
+def _payload(
+    fn: Any,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    env: dict[str, str] | None,
+    volumes: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The one shape of a payload: ``write_payload`` ships it, ``payload_digest`` digests it."""
+    return {"fn": fn, "args": list(args), "kwargs": dict(kwargs), "env": env or {}, "volumes": volumes}
+
+
+class _DigestOnly:
+    """A sink that keeps nothing: what ``payload_digest`` pickles into."""
+
+    def write(self, data: Any) -> int:
+        return memoryview(data).nbytes
+
+
+def payload_digest(
+    fn: Any,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    *,
+    env: dict[str, str] | None = None,
+    volumes: dict[str, Any] | None = None,
+    task_label: str = "",
+) -> str:
+    """The SHA-256 ``write_payload`` would give these parts, without storing anything.
+
+    The same pickler over the same payload shape, so in one process the digest equals the
+    shipped payload's; a result cache looks itself up by it before any job exists. Pickling
+    errors are those of ``write_payload`` (raised as ``PayloadError`` when it ships)."""
+    payload = _payload(fn, args, kwargs, env, volumes)
+    writer = _HashingWriter(_DigestOnly())  # type: ignore[arg-type]
+    try:
+        FilenamePickler(writer).dump(payload)
+    except Exception as exc:  # before any job exists: the same words as when it ships
+        raise _payload_error(payload, exc, task_label) from exc
+    return writer.digest.hexdigest()
+
+
+def _payload_error(payload: dict[str, Any], error: Exception, task_label: str) -> PayloadError:
+    culprit = _find_unpicklable(payload, error)
+    where = f" for {task_label}" if task_label else ""
+    return PayloadError(
+        f"cannot build the job payload{where}: {culprit}. Everything the function receives is "
+        "pickled with cloudpickle and sent to the job: pass plain data, paths or Data(...) "
+        "objects instead of open files, locks, clients or connections, and create those inside "
+        "the function."
+    )
+
+
 def write_payload(
     storage: Any,
     uri: str,
@@ -176,7 +228,7 @@ def write_payload(
     No temp file and no second read: building a payload costs cloudpickle plus the upload.
     Returns the manifest fields (sha256, size, fingerprint, pickling time).
     """
-    payload = {"fn": fn, "args": list(args), "kwargs": dict(kwargs), "env": env or {}, "volumes": volumes}
+    payload = _payload(fn, args, kwargs, env, volumes)
     started = time.perf_counter()
     writer: _HashingWriter | None = None
     pickled = False
@@ -188,14 +240,7 @@ def write_payload(
     except Exception as exc:
         if pickled or writer is None or writer.sink_error is not None:
             raise  # storage failed (its own error names the bucket or permission)
-        culprit = _find_unpicklable(payload, exc)
-        where = f" for {task_label}" if task_label else ""
-        raise PayloadError(
-            f"cannot build the job payload{where}: {culprit}. Everything the function receives is "
-            "pickled with cloudpickle and sent to the job: pass plain data, paths or Data(...) "
-            "objects instead of open files, locks, clients or connections, and create those inside "
-            "the function."
-        ) from exc
+        raise _payload_error(payload, exc, task_label) from exc
     return {
         "sha256": writer.digest.hexdigest(),
         "payload_bytes": writer.size,

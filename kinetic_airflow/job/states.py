@@ -101,6 +101,7 @@ _PHASE_STATUS = {
     "created": JobStatus.PENDING,  # it exists but has no payload
     "shipped": JobStatus.PENDING,  # it can run: the backend says whether it does
     "cancelled": JobStatus.CANCELLED,
+    "reused": JobStatus.SUCCEEDED,  # no job ran: an earlier job's verified result was returned
 }
 
 

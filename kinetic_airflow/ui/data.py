@@ -40,6 +40,7 @@ from kinetic_airflow.job.states import (
 )
 from kinetic_airflow.job.tracebacks import clean_remote_traceback, type_name, user_summary
 from kinetic_airflow.lifecycle import HistoryEntry, JobRecord, Phase, decode_record, recorded_jobs
+from kinetic_airflow.result_cache import reuse_words
 from kinetic_airflow.usage import ended_usage
 
 __all__ = ["JobView", "TaskRow", "device_of", "job_details", "rows_of", "run_costs", "task_rows"]
@@ -188,6 +189,13 @@ def _cancellation(entry: HistoryEntry, files: dict[str, Any]) -> Cancellation | 
 
 
 UNREADABLE = "unreadable"  # the ending of a job whose files are not as kinetic-airflow writes them
+REUSED = "reused"  # the ending of a try that reused an earlier job's result (cache=True)
+
+
+def _reused(entry: HistoryEntry) -> dict[str, Any] | None:
+    """The earlier job a try reused (``result_cache``), from the record's history; None otherwise."""
+    reused = entry.extra.get("reused")
+    return reused if isinstance(reused, dict) and entry.phase == Phase.REUSED.value else None
 
 
 def _unreadable(entry: HistoryEntry, files: dict[str, Any]) -> str | None:
@@ -237,11 +245,15 @@ def _ending(
     """(what it is doing or how it ended, ending) of one job, for people.
 
     ``ending`` is "" while the job is live, else one of succeeded, failed, preempted, cancelled,
-    failed_while_packaging, failed_before_start and orphaned (a job whose task ended, or moved on
+    failed_while_packaging, failed_before_start, reused (no job ran: the try returned an earlier
+    job's result, ``cache=True``) and orphaned (a job whose task ended, or moved on
     to another job, without its outcome: nobody watches it). Every branch reads a field (the
     result summary, the cancellation's cause, the record's phase and outcome), never prose; or
     unreadable (its files are not as kinetic-airflow writes them, and its record tells no outcome).
     """
+    reused = _reused(entry)
+    if reused is not None:  # no job ran: the try returned an earlier job's result (cache=True)
+        return reuse_words(reused), REUSED
     unreadable = _unreadable(entry, files)
     if unreadable:
         return unreadable, UNREADABLE
@@ -324,6 +336,8 @@ class JobView:
     rung: int | None = None
     rungs: int | None = None
     capacity: str | None = None
+    # cache=True: the job whose result this try reused, its run and task, what it saved
+    reused: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -390,6 +404,7 @@ def _job_view(
         else None,
         history=progress.get("history") or [],
         **_rung_of(entry, usage),
+        reused=_reused(entry),
     )
 
 
