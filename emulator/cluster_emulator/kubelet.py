@@ -504,14 +504,7 @@ class PodRuntime:
                 message = scale_up_message(spec, len(nodes))
                 if not announced_scale_up:
                     announced_scale_up = True
-                    group = f"gke-emulator-{node.pool.name}-grp"
-                    self.event(
-                        "Normal",
-                        "TriggeredScaleUp",
-                        "pod triggered scale-up: [{https://www.googleapis.com/compute/v1/projects/emulator/"
-                        f"zones/us-central1-a/instanceGroups/{group} 0->1 (max: 10)}}]",
-                        component="cluster-autoscaler",
-                    )
+                    self._announce_scale_up(node.pool.name)
             elif (stocked := stocked_out_pool(spec, nodes)) is not None:
                 # find_node's message counts the stocked-out pool's node as Insufficient
                 if not announced_stockout:
@@ -532,6 +525,17 @@ class PodRuntime:
             if await self._sleep_or_kill(wait, self.kubelet.nodes_changed):
                 return False
 
+    def _announce_scale_up(self, pool: str) -> None:
+        """The cluster-autoscaler's ``TriggeredScaleUp`` event: the pod made it grow ``pool``'s group."""
+        group = f"gke-emulator-{pool}-grp"
+        self.event(
+            "Normal",
+            "TriggeredScaleUp",
+            "pod triggered scale-up: [{https://www.googleapis.com/compute/v1/projects/emulator/"
+            f"zones/us-central1-a/instanceGroups/{group} 0->1 (max: 10)}}]",
+            component="cluster-autoscaler",
+        )
+
     def _announce_failed_scale_up(self, pool: str) -> None:
         """The cluster-autoscaler's events for a pod whose only fitting pool cannot grow (GCE has
         no VMs for it: ``NodePool.stockout``): it triggers a scale-up, the scale-up fails and the
@@ -541,14 +545,7 @@ class PodRuntime:
         being scheduled.", "GCE out of resources") and kubernetes/autoscaler
         cluster-autoscaler/core/scaleup/orchestrator (``BackoffReason``: "in backoff after failed
         scale-up", in ``NotTriggerScaleUp``)."""
-        group = f"gke-emulator-{pool}-grp"
-        self.event(
-            "Normal",
-            "TriggeredScaleUp",
-            "pod triggered scale-up: [{https://www.googleapis.com/compute/v1/projects/emulator/"
-            f"zones/us-central1-a/instanceGroups/{group} 0->1 (max: 10)}}]",
-            component="cluster-autoscaler",
-        )
+        self._announce_scale_up(pool)
         self.event(
             "Warning",
             "FailedScaleUp",
