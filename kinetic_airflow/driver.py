@@ -67,7 +67,13 @@ from kinetic_airflow.results import (
     to_xcom,
 )
 from kinetic_airflow.resume_window import DeferringProcess
-from kinetic_airflow.submission import Target, publish_job, resolve_gcp_conn_id, ship_payload
+from kinetic_airflow.submission import (
+    PayloadParts,
+    Target,
+    publish_job,
+    resolve_gcp_conn_id,
+    ship_payload,
+)
 from kinetic_airflow.triggers import KineticJobTrigger
 from kinetic_airflow.usage import USAGE_XCOM_KEY, attempt_usage, emit_metrics, totals
 from kinetic_airflow.validation import callable_name
@@ -104,6 +110,8 @@ class JobDriver:
         self.integrity: dict[str, Any] | None = None
         self.active_job: JobRef | None = None
         self.cache_keys: list[str] = []  # cache=True: the keys this run looked up
+        # ... and the payload it prepared for the job's base URI: shipped as it is on a miss
+        self.prepared: tuple[str, PayloadParts] | None = None
         self.result_sha256: str | None = None  # the digest of the result _outcome verified
         self.bind(context)
 
@@ -232,6 +240,7 @@ class JobDriver:
         )
         hit, value = lookup.reuse(ref, deadline, record)
         self.cache_keys = lookup.keys
+        self.prepared = (ref.base_uri, lookup.parts) if lookup.parts is not None else None
         return hit, value
 
     def _remember(self, ref: JobRef, job_key: str | None) -> None:
@@ -352,7 +361,14 @@ class JobDriver:
             dags_folder=airflow_dags_folder(),
             task_id=task.task_id,
             key=key,
+            parts=self._take_prepared(ref),
         )
+
+    def _take_prepared(self, ref: JobRef) -> PayloadParts | None:
+        """The payload the cache look-up prepared for this job's storage, once (later attempts
+        prepare their own)."""
+        prepared, self.prepared = self.prepared, None
+        return prepared[1] if prepared is not None and prepared[0] == ref.base_uri else None
 
     # Watch ------------------------------------------------------------------------------------
     def _watcher(self, ref: JobRef, deadline: float | None, settings: WaitSettings) -> JobWatcher:

@@ -52,7 +52,7 @@ from kinetic_airflow.job.states import EVENT_SUCCESS
 from kinetic_airflow.job.storage import Storage
 from kinetic_airflow.lifecycle import Phase, load_record, save_record
 from kinetic_airflow.results import KineticJobError, check_envelope_format, to_xcom
-from kinetic_airflow.submission import prepare_payload
+from kinetic_airflow.submission import PayloadParts, prepare_payload
 from kinetic_airflow.usage import USAGE_XCOM_KEY, reused_usage, totals
 
 __all__ = [
@@ -132,11 +132,12 @@ def lookup_key(
     cache_version: str | None,
     task_label: str = "",
     others: Sequence[JobRef] = (),
-) -> list[str]:
+) -> tuple[list[str], PayloadParts]:
     """The key of the job ``ref`` would be, before it exists, then those of ``others`` (the other
     rungs of a capacity ladder: the same payload on another accelerator or image): its payload
     prepared as ``ship_payload`` prepares it and digested, nothing stored but content-addressed
-    uploads (the code archive, ``Data``) the job would make anyway."""
+    uploads (the code archive, ``Data``) the job would make anyway. Also the prepared parts: on a
+    miss the job ships them as they are (``ship_payload(parts=...)``), not prepared again."""
     parts = prepare_payload(
         storage, ref.base_uri, python_callable, op_args, op_kwargs, volumes, capture_env_vars, dag_file,
         dags_folder,
@@ -144,7 +145,7 @@ def lookup_key(
     digest = payload_digest(
         python_callable, parts.args, parts.kwargs, env=parts.env, volumes=parts.volumes, task_label=task_label
     )
-    return [
+    keys = [
         cache_key(
             each,
             payload_sha256=digest,
@@ -156,6 +157,7 @@ def lookup_key(
         )
         for each in (ref, *others)
     ]
+    return keys, parts
 
 
 def key_of_manifest(ref: JobRef, storage: Storage, job_key: str, cache_version: str | None) -> str:
@@ -384,6 +386,7 @@ class Lookup:
         self.dag_file = dag_file
         self.dags_folder = dags_folder
         self.keys: list[str] = []  # the keys looked up (one a rung of a capacity ladder)
+        self.parts: PayloadParts | None = None  # the payload's parts as the look-up prepared them
 
     def _other_rungs(self, ref: JobRef) -> list[JobRef]:
         """The jobs the other rungs of the task's capacity ladder would run (none without one)."""
@@ -407,7 +410,7 @@ class Lookup:
                 "[kinetic] cache: not reusing a result (%s); the job's result replaces the entry", fresh
             )
             return False, None
-        self.keys = keys = lookup_key(
+        keys, self.parts = lookup_key(
             ref,
             self.storage_for(ref.job_uri),
             python_callable=task.python_callable,
@@ -421,6 +424,7 @@ class Lookup:
             task_label=f"task {task.task_id!r}",
             others=self._other_rungs(ref),
         )
+        self.keys = keys
         signing_key()  # a bad [kinetic] cache_signing_key fails the task here, naming the fix
         entry = None
         try:

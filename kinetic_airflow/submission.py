@@ -347,14 +347,17 @@ def ship_payload(
     dags_folder: str | None,
     task_id: str,
     key: str,
+    parts: PayloadParts | None = None,
 ) -> tuple[int, str, str]:
     """Upload a created job's payload, code and data, then its manifest; returns the payload's
-    size, the job's ``KINETIC_OUTPUT_DIR`` and the payload's digest (for the job record)."""
+    size, the job's ``KINETIC_OUTPUT_DIR`` and the payload's digest (for the job record).
+    ``parts``: the payload already prepared (a result cache's look-up in this process)."""
     layout = JobLayout(ref.job_uri)
-    parts = prepare_payload(
-        storage, ref.base_uri, python_callable, op_args, op_kwargs, volumes, capture_env_vars, dag_file,
-        dags_folder,
-    )  # fmt: skip
+    if parts is None:
+        parts = prepare_payload(
+            storage, ref.base_uri, python_callable, op_args, op_kwargs, volumes, capture_env_vars,
+            dag_file, dags_folder,
+        )  # fmt: skip
     code = parts.code
     fields = write_payload(
         storage,

@@ -383,3 +383,25 @@ def test_the_digest_looked_up_is_the_digest_shipped(tmp_path):
     assert payload_digest(kn_cache._square, ["tag", 4], kwargs, env=env) != shipped["sha256"]
     with pytest.raises(PayloadError, match=r"for task 'square': positional argument 1 \(a _thread.lock\)"):
         payload_digest(kn_cache._square, ["tag", threading.Lock()], {}, task_label="task 'square'")
+
+
+@pytest.mark.parametrize("base_uri", ["file"], indirect=True)
+def test_a_miss_ships_the_payload_the_look_up_prepared(base_uri, tmp_path, capsys, monkeypatch):
+    """The look-up's prepared parts (code bundle, staged arguments, captured environment) are
+    what the job ships: a miss prepares the payload once, not once more to ship it."""
+    import kn_cache
+
+    from kinetic_airflow import result_cache, submission
+
+    calls = []
+    prepare = submission.prepare_payload
+
+    def counting(*args, **kwargs):
+        calls.append(args[1])
+        return prepare(*args, **kwargs)
+
+    monkeypatch.setattr(submission, "prepare_payload", counting)
+    monkeypatch.setattr(result_cache, "prepare_payload", counting)
+    dr, _ = _run(capsys, kn_cache.cache_dag("kn_cache_once", str(tmp_path), 5))
+    assert ti_states(dr) == {"square": "success"} and xcom(dr, "square")["square"] == 25
+    assert len(_jobs(base_uri)) == 1 and calls == [base_uri]

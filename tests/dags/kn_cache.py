@@ -72,7 +72,7 @@ DAGS = {
     for d in (
         *(
             cache_dag(f"kn_cache_{name}", "parsed", 0)
-            for name in ("twice", "base", "other_dag", "arg", "code", "version", "fresh", "planted")
+            for name in ("twice", "base", "other_dag", "arg", "code", "version", "fresh", "planted", "once")
         ),
         *(cache_dag(f"kn_cache_{name}", "parsed", 0, **CLUSTER[name]) for name in CLUSTER),
         flaky_dag("kn_cache_flaky", "parsed", "/nonexistent/marker"),
